@@ -1,0 +1,3 @@
+//! `lace`: the CNI plugin containerd executes.
+#![forbid(unsafe_code)]
+fn main() {}

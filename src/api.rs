@@ -1,0 +1,309 @@
+//! The Lace API (group `lace.io`, version `v1alpha1`, all cluster-scoped).
+//!
+//! The spec types are plain serde structs so the pure core (validation, allocation, planner,
+//! the YAML loader) builds without kube. With the `kube` feature the same structs also derive
+//! `CustomResource` + `JsonSchema`, so the CRDs are generated from this one source of truth.
+
+use std::collections::BTreeMap;
+
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+
+/// API group of every Lace kind.
+pub const GROUP: &str = "lace.io";
+/// API version of every Lace kind.
+pub const VERSION: &str = "v1alpha1";
+/// `apiVersion` string of every Lace kind.
+pub const API_VERSION: &str = "lace.io/v1alpha1";
+
+/// Lowest binding-policy priority (the catch-all `default` Network binds at this priority).
+pub const PRIORITY_MIN: i32 = 0;
+/// Highest binding-policy priority (the `system` Network binds at this priority).
+pub const PRIORITY_MAX: i32 = 1000;
+
+/// One CIDR of a Network and the size of the block each node gets from it.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "kube", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct Subnet {
+    /// The Network's address range, e.g. `10.244.0.0/16` or `fd00:10:244::/56`.
+    #[cfg_attr(feature = "kube", schemars(with = "String"))]
+    pub cidr: IpNet,
+    /// Prefix length of the per-node block carved from `cidr`, e.g. 24 (IPv4) or 64 (IPv6).
+    pub block_prefix: u8,
+}
+
+/// An isolated L3 domain. On each node it is one VRF.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "kube", derive(kube::CustomResource, schemars::JsonSchema))]
+#[cfg_attr(
+    feature = "kube",
+    kube(
+        group = "lace.io",
+        version = "v1alpha1",
+        kind = "Network",
+        status = "NetworkStatus",
+        shortname = "lnet",
+        printcolumn = r#"{"name":"External","type":"boolean","jsonPath":".spec.external"}"#,
+        printcolumn = r#"{"name":"Subnets","type":"string","jsonPath":".spec.subnets[*].cidr"}"#,
+        printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+        printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkSpec {
+    /// At most one IPv4 and one IPv6 subnet. Empty for an external Network.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub subnets: Vec<Subnet>,
+    /// An external Network stands for everything outside the cluster (e.g. `internet`).
+    /// Pods are never bound to it; Services may be, and traffic to it uses host routing.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub external: bool,
+}
+
+/// A Kubernetes-style condition, kept kube-free.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "kube", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    #[serde(rename = "type")]
+    pub type_: String,
+    pub status: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<String>,
+}
+
+/// Status of a Network, written by the controller.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "kube", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkStatus {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// Per-node blocks allocated so far.
+    #[serde(default)]
+    pub blocks_used: u32,
+    /// Addresses assigned to pods so far (summed over nodes).
+    #[serde(default)]
+    pub addresses_used: u64,
+}
+
+/// Status shared by the policy kinds.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "kube", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct PolicyStatus {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// The operator of a label selector requirement, as in Kubernetes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "kube", derive(schemars::JsonSchema))]
+pub enum SelectorOperator {
+    In,
+    NotIn,
+    Exists,
+    DoesNotExist,
+}
+
+/// One `matchExpressions` entry.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "kube", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct SelectorRequirement {
+    pub key: String,
+    pub operator: SelectorOperator,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub values: Vec<String>,
+}
+
+/// A Kubernetes label selector. The empty selector matches everything.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "kube", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct LabelSelector {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub match_labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub match_expressions: Vec<SelectorRequirement>,
+}
+
+/// Binds pods to one Network. The highest priority wins; ties break by policy name.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "kube", derive(kube::CustomResource, schemars::JsonSchema))]
+#[cfg_attr(
+    feature = "kube",
+    kube(
+        group = "lace.io",
+        version = "v1alpha1",
+        kind = "NetworkBindingPolicy",
+        status = "PolicyStatus",
+        shortname = "lnbp",
+        printcolumn = r#"{"name":"Network","type":"string","jsonPath":".spec.network"}"#,
+        printcolumn = r#"{"name":"Priority","type":"integer","jsonPath":".spec.priority"}"#,
+        printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkBindingPolicySpec {
+    /// The Network matching pods are bound to.
+    pub network: String,
+    /// `PRIORITY_MIN..=PRIORITY_MAX`; higher wins.
+    #[serde(default)]
+    pub priority: i32,
+    /// Namespaces whose pods this policy considers; empty matches all.
+    #[serde(default)]
+    pub namespace_selector: LabelSelector,
+    /// Pods (within those namespaces) this policy binds; empty matches all.
+    #[serde(default)]
+    pub pod_selector: LabelSelector,
+}
+
+/// A Service named by namespace and name.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "kube", derive(schemars::JsonSchema))]
+pub struct ServiceRef {
+    pub namespace: String,
+    pub name: String,
+}
+
+/// Binds Services to one Network. Binding alone grants no reachability.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "kube", derive(kube::CustomResource, schemars::JsonSchema))]
+#[cfg_attr(
+    feature = "kube",
+    kube(
+        group = "lace.io",
+        version = "v1alpha1",
+        kind = "ServiceBindingPolicy",
+        status = "PolicyStatus",
+        shortname = "lsbp",
+        printcolumn = r#"{"name":"Network","type":"string","jsonPath":".spec.network"}"#,
+        printcolumn = r#"{"name":"Priority","type":"integer","jsonPath":".spec.priority"}"#,
+        printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceBindingPolicySpec {
+    pub network: String,
+    #[serde(default)]
+    pub priority: i32,
+    #[serde(default)]
+    pub namespace_selector: LabelSelector,
+    #[serde(default)]
+    pub service_selector: LabelSelector,
+    /// Services named explicitly; when non-empty the selectors are ignored.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub services: Vec<ServiceRef>,
+}
+
+/// Lets pods of Network `from` open connections to pods (or, for an external Network, to
+/// destinations) of Network `to`. `from == to` is what makes a Network reach itself. Replies
+/// flow back; the reverse direction needs its own policy.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "kube", derive(kube::CustomResource, schemars::JsonSchema))]
+#[cfg_attr(
+    feature = "kube",
+    kube(
+        group = "lace.io",
+        version = "v1alpha1",
+        kind = "NetworkRoutingPolicy",
+        status = "PolicyStatus",
+        shortname = "lnrp",
+        printcolumn = r#"{"name":"From","type":"string","jsonPath":".spec.from"}"#,
+        printcolumn = r#"{"name":"To","type":"string","jsonPath":".spec.to"}"#,
+        printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkRoutingPolicySpec {
+    pub from: String,
+    pub to: String,
+}
+
+/// Lets pods of Network `from` reach the Services bound to Network `to` that the selectors
+/// (or `services`) pick, and through them their backends wherever they live. The keys shared
+/// with [`NetworkRoutingPolicySpec`] are the same, so one chart entry can render to both.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "kube", derive(kube::CustomResource, schemars::JsonSchema))]
+#[cfg_attr(
+    feature = "kube",
+    kube(
+        group = "lace.io",
+        version = "v1alpha1",
+        kind = "ServiceRoutingPolicy",
+        status = "PolicyStatus",
+        shortname = "lsrp",
+        printcolumn = r#"{"name":"From","type":"string","jsonPath":".spec.from"}"#,
+        printcolumn = r#"{"name":"To","type":"string","jsonPath":".spec.to"}"#,
+        printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceRoutingPolicySpec {
+    pub from: String,
+    pub to: String,
+    #[serde(default)]
+    pub namespace_selector: LabelSelector,
+    #[serde(default)]
+    pub service_selector: LabelSelector,
+    /// Services named explicitly; when non-empty the selectors are ignored.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub services: Vec<ServiceRef>,
+}
+
+/// Internal, derived by the controller per Network: its SID function, which is also what the
+/// VRF table id on every node is derived from. Owned by the Network.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "kube", derive(kube::CustomResource, schemars::JsonSchema))]
+#[cfg_attr(
+    feature = "kube",
+    kube(
+        group = "lace.io",
+        version = "v1alpha1",
+        kind = "NetworkAllocation",
+        shortname = "lnetalloc",
+        printcolumn = r#"{"name":"Function","type":"integer","jsonPath":".spec.function"}"#
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkAllocationSpec {
+    /// The SID function (16 bits) of this Network on every node's locator.
+    pub function: u16,
+}
+
+/// Internal, derived by the controller per Node: its locator, underlay address and per-Network
+/// address blocks. Owned by the Node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "kube", derive(kube::CustomResource, schemars::JsonSchema))]
+#[cfg_attr(
+    feature = "kube",
+    kube(
+        group = "lace.io",
+        version = "v1alpha1",
+        kind = "NodeAllocation",
+        shortname = "lnodealloc",
+        printcolumn = r#"{"name":"Index","type":"integer","jsonPath":".spec.index"}"#,
+        printcolumn = r#"{"name":"Locator","type":"string","jsonPath":".spec.locator"}"#,
+        printcolumn = r#"{"name":"Underlay","type":"string","jsonPath":".spec.underlay"}"#
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeAllocationSpec {
+    /// Stable index of the node within the locator prefix.
+    pub index: u32,
+    /// The node's SRv6 locator, carved from `srv6LocatorPrefix`.
+    #[cfg_attr(feature = "kube", schemars(with = "String"))]
+    pub locator: ipnet::Ipv6Net,
+    /// The node's underlay IPv6 address (other nodes route its locator via it).
+    pub underlay: std::net::Ipv6Addr,
+    /// Per Network (by name), the blocks of this node: one per subnet of the Network.
+    #[serde(default)]
+    #[cfg_attr(feature = "kube", schemars(with = "BTreeMap<String, Vec<String>>"))]
+    pub blocks: BTreeMap<String, Vec<IpNet>>,
+}

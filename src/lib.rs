@@ -1,0 +1,12 @@
+//! Lace: Kubernetes cluster networking as isolated L3 Networks, forwarded by the kernel's own
+//! routing (VRFs, SRv6 seg6/seg6local) and policed by nftables.
+//!
+//! The seam is **state → plan → diff → apply**: [`state`] holds the cluster state without
+//! Kubernetes types, the planner turns it into one node's desired kernel state, and only the
+//! reconciler talks to the kernel.
+// `unsafe` is denied workspace-wide; only the syscall wrapper module (setns, bpf) may allow it.
+#![deny(unsafe_code)]
+
+pub mod wire;
+pub mod api;
+pub mod state;

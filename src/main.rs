@@ -1,0 +1,4 @@
+//! `lace-agent`: the node agent.
+fn main() -> anyhow::Result<()> {
+    Ok(())
+}
