@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Chart tier: both charts rendered by the real helm 3 and helm 4, strict schema validation,
+# the values contract, and the rendered Networks checked by Lace's own validator.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+need=()
+python3 -c 'import pytest' 2>/dev/null || need+=(pytest)
+python3 -c 'import yaml' 2>/dev/null || need+=(pyyaml)
+command -v kubernetes-validate >/dev/null || need+=(kubernetes-validate)
+if [ ${#need[@]} -gt 0 ]; then
+  python3 -m pip install -q --disable-pip-version-check "${need[@]}" ||
+    { echo "test-charts: could not pip install ${need[*]}" >&2; exit 1; }
+fi
+./scripts/install-helm.sh >/dev/null
+exec python3 -m pytest -q tests/charts "$@"
