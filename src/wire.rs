@@ -84,7 +84,11 @@ impl CniVersion {
     }
 
     fn supported_list() -> String {
-        Self::SUPPORTED.iter().map(|v| v.as_str()).collect::<Vec<_>>().join(", ")
+        Self::SUPPORTED
+            .iter()
+            .map(|v| v.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 }
 
@@ -176,7 +180,11 @@ impl fmt::Display for ErrorCode {
 #[error("CNI error {code}: {msg}")]
 pub struct CniError {
     /// The version of the configuration the error answers; filled in by the plugin.
-    #[serde(rename = "cniVersion", default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        rename = "cniVersion",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
     pub cni_version: Option<String>,
     /// What kind of error (see [`ErrorCode`]).
     pub code: ErrorCode,
@@ -190,7 +198,12 @@ pub struct CniError {
 impl CniError {
     /// An error with `code` and `msg` and no details.
     pub fn new(code: ErrorCode, msg: impl Into<String>) -> Self {
-        Self { cni_version: None, code, msg: msg.into(), details: None }
+        Self {
+            cni_version: None,
+            code,
+            msg: msg.into(),
+            details: None,
+        }
     }
 
     /// The same error with `details` set.
@@ -209,7 +222,11 @@ impl CniError {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CniResult {
     /// Set on output to the configuration's version; ignored on input.
-    #[serde(rename = "cniVersion", default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        rename = "cniVersion",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
     pub cni_version: Option<String>,
     /// Interfaces the plugin created or configured.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -240,7 +257,11 @@ pub struct Interface {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox: Option<String>,
     /// vhost-user socket path (1.1.0).
-    #[serde(rename = "socketPath", default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        rename = "socketPath",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
     pub socket_path: Option<String>,
     /// PCI address of a device (1.1.0).
     #[serde(rename = "pciID", default, skip_serializing_if = "Option::is_none")]
@@ -374,7 +395,11 @@ impl CniResult {
         if version == CniVersion::V0_4_0 {
             if let Some(Value::Array(ips)) = json.get_mut("ips") {
                 for (ip, cfg) in ips.iter_mut().zip(&self.ips) {
-                    let family = if cfg.address.addr().is_ipv4() { "4" } else { "6" };
+                    let family = if cfg.address.addr().is_ipv4() {
+                        "4"
+                    } else {
+                        "6"
+                    };
                     if let Value::Object(map) = ip {
                         map.insert("version".to_owned(), Value::from(family));
                     }
@@ -571,7 +596,9 @@ fn field<T: DeserializeOwned>(
 ) -> Result<Option<T>, NetConfError> {
     match obj.get(key) {
         None | Some(Value::Null) => Ok(None),
-        Some(v) => T::deserialize(v).map(Some).map_err(|source| NetConfError::Field { field: key, source }),
+        Some(v) => T::deserialize(v)
+            .map(Some)
+            .map_err(|source| NetConfError::Field { field: key, source }),
     }
 }
 
@@ -634,7 +661,9 @@ impl NetConf {
                 Some(t) => t,
                 None => defaults.timeout_seconds,
             },
-            log_file: field(&raw, "logFile")?.map(|p| absolute("logFile", p)).transpose()?,
+            log_file: field(&raw, "logFile")?
+                .map(|p| absolute("logFile", p))
+                .transpose()?,
             log_level: field(&raw, "logLevel")?.unwrap_or(defaults.log_level),
         };
         let prev_result = field(&raw, "prevResult")?;
@@ -642,7 +671,14 @@ impl NetConf {
             Some(list) => Some(list),
             None => field(&raw, LEGACY_ATTACHMENTS_KEY)?,
         };
-        Ok(NetConf { cni_version, name, settings, prev_result, valid_attachments, raw })
+        Ok(NetConf {
+            cni_version,
+            name,
+            settings,
+            prev_result,
+            valid_attachments,
+            raw,
+        })
     }
 }
 
@@ -690,7 +726,10 @@ impl ConfList {
             cni_version: CniVersion::LATEST,
             cni_versions: CniVersion::SUPPORTED.to_vec(),
             name: name.into(),
-            plugins: vec![PluginEntry { plugin_type: PLUGIN_TYPE.to_owned(), settings }],
+            plugins: vec![PluginEntry {
+                plugin_type: PLUGIN_TYPE.to_owned(),
+                settings,
+            }],
         }
     }
 }
@@ -752,7 +791,10 @@ pub fn validate_ifname(name: &str) -> Result<(), IfnameError> {
     if name == "." || name == ".." {
         return Err(IfnameError::Reserved(name.to_owned()));
     }
-    if let Some(c) = name.chars().find(|&c| c == '/' || c == ':' || c.is_whitespace()) {
+    if let Some(c) = name
+        .chars()
+        .find(|&c| c == '/' || c == ':' || c.is_whitespace())
+    {
         return Err(IfnameError::BadChar(name.to_owned(), c));
     }
     Ok(())
@@ -806,7 +848,9 @@ fn is_dns_subdomain(s: &str) -> bool {
             !label.is_empty()
                 && !label.starts_with('-')
                 && !label.ends_with('-')
-                && label.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                && label
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
         })
 }
 
@@ -820,8 +864,9 @@ impl CniArgs {
         let mut unknown = Vec::new();
         let mut ignore_unknown = false;
         for part in s.split(';').filter(|p| !p.is_empty()) {
-            let (key, value) =
-                part.split_once('=').ok_or_else(|| CniArgsError::NotKeyValue(part.to_owned()))?;
+            let (key, value) = part
+                .split_once('=')
+                .ok_or_else(|| CniArgsError::NotKeyValue(part.to_owned()))?;
             if !seen.insert(key) {
                 return Err(CniArgsError::Duplicate(key.to_owned()));
             }
@@ -850,12 +895,16 @@ impl CniArgs {
         if !unknown.is_empty() && !ignore_unknown {
             return Err(CniArgsError::Unknown(unknown));
         }
-        for (key, value) in
-            [("K8S_POD_NAMESPACE", &args.pod_namespace), ("K8S_POD_NAME", &args.pod_name)]
-        {
+        for (key, value) in [
+            ("K8S_POD_NAMESPACE", &args.pod_namespace),
+            ("K8S_POD_NAME", &args.pod_name),
+        ] {
             if let Some(value) = value {
                 if !is_dns_subdomain(value) {
-                    return Err(CniArgsError::BadName { key, value: value.clone() });
+                    return Err(CniArgsError::BadName {
+                        key,
+                        value: value.clone(),
+                    });
                 }
             }
         }
@@ -897,9 +946,15 @@ impl Command {
 
     /// Parses a `CNI_COMMAND` value other than `VERSION`.
     pub fn parse(s: &str) -> Option<Command> {
-        [Command::Add, Command::Del, Command::Check, Command::Status, Command::Gc]
-            .into_iter()
-            .find(|c| c.as_str() == s)
+        [
+            Command::Add,
+            Command::Del,
+            Command::Check,
+            Command::Status,
+            Command::Gc,
+        ]
+        .into_iter()
+        .find(|c| c.as_str() == s)
     }
 }
 
@@ -1034,18 +1089,27 @@ pub mod del_queue {
     }
 
     fn io(path: &Path) -> impl FnOnce(std::io::Error) -> DelQueueError + '_ {
-        move |source| DelQueueError::Io { path: path.to_owned(), source }
+        move |source| DelQueueError::Io {
+            path: path.to_owned(),
+            source,
+        }
     }
 
     /// Writes `req` (a DEL) into `dir`, creating `dir` if needed; returns the file written.
     /// Queuing the same attachment twice overwrites the earlier copy.
     pub fn enqueue(dir: &Path, req: &Request) -> Result<PathBuf, DelQueueError> {
-        let (Command::Del, Some(id), Some(ifname)) =
-            (req.command, req.container_id.as_deref(), req.ifname.as_deref())
-        else {
+        let (Command::Del, Some(id), Some(ifname)) = (
+            req.command,
+            req.container_id.as_deref(),
+            req.ifname.as_deref(),
+        ) else {
             return Err(DelQueueError::NotADel(req.command));
         };
-        fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(io(dir))?;
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(io(dir))?;
         let name = format!("{id}.{ifname}.json");
         let path = dir.join(&name);
         let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
@@ -1060,9 +1124,13 @@ pub mod del_queue {
             .mode(0o600)
             .open(&tmp)
             .map_err(io(&tmp))?;
-        file.write_all(&line).and_then(|()| file.sync_all()).map_err(io(&tmp))?;
+        file.write_all(&line)
+            .and_then(|()| file.sync_all())
+            .map_err(io(&tmp))?;
         fs::rename(&tmp, &path).map_err(io(&path))?;
-        File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))?;
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io(dir))?;
         Ok(path)
     }
 
@@ -1078,13 +1146,17 @@ pub mod del_queue {
         for entry in entries {
             let path = entry.map_err(io(dir))?.path();
             let queued = path.extension().is_some_and(|e| e == "json")
-                && path.file_name().is_some_and(|n| !n.to_string_lossy().starts_with('.'));
+                && path
+                    .file_name()
+                    .is_some_and(|n| !n.to_string_lossy().starts_with('.'));
             if !queued {
                 continue;
             }
             let bytes = fs::read(&path).map_err(io(&path))?;
-            let req = decode_line(&bytes)
-                .map_err(|source| DelQueueError::Decode { path: path.clone(), source })?;
+            let req = decode_line(&bytes).map_err(|source| DelQueueError::Decode {
+                path: path.clone(),
+                source,
+            })?;
             out.push((path, req));
         }
         out.sort_by(|a, b| a.0.cmp(&b.0));
@@ -1114,19 +1186,27 @@ mod tests {
         let conf = NetConf::parse(CONTAINERD_ADD.as_bytes()).unwrap();
         assert_eq!(conf.cni_version, CniVersion::V1_1_0);
         assert_eq!(conf.name, "lace");
-        assert_eq!(conf.settings.agent_socket, PathBuf::from("/run/lace/cni.sock"));
+        assert_eq!(
+            conf.settings.agent_socket,
+            PathBuf::from("/run/lace/cni.sock")
+        );
         assert_eq!(conf.settings.log_level, LogLevel::Info);
-        assert_eq!(conf.settings.del_queue_dir, PathBuf::from(DEFAULT_DEL_QUEUE_DIR));
+        assert_eq!(
+            conf.settings.del_queue_dir,
+            PathBuf::from(DEFAULT_DEL_QUEUE_DIR)
+        );
         assert_eq!(conf.raw["somethingElse"], json!({"nested": [1, 2, 3]}));
         assert!(conf.prev_result.is_none() && conf.valid_attachments.is_none());
     }
 
     #[test]
     fn defaults_apply_when_lace_keys_are_absent() {
-        let conf =
-            NetConf::parse(br#"{"cniVersion":"1.0.0","name":"n","type":"lace"}"#).unwrap();
+        let conf = NetConf::parse(br#"{"cniVersion":"1.0.0","name":"n","type":"lace"}"#).unwrap();
         assert_eq!(conf.settings, PluginSettings::default());
-        assert_eq!(conf.settings.agent_socket, PathBuf::from("/run/lace/cni.sock"));
+        assert_eq!(
+            conf.settings.agent_socket,
+            PathBuf::from("/run/lace/cni.sock")
+        );
     }
 
     #[test]
@@ -1146,7 +1226,10 @@ mod tests {
         assert_eq!(prev.ips.len(), 2);
         assert_eq!(prev.ips[0].address.to_string(), "10.1.0.5/24");
         assert_eq!(prev.ips[0].gateway, Some("169.254.1.1".parse().unwrap()));
-        assert_eq!(prev.interfaces[1].sandbox.as_deref(), Some("/var/run/netns/cni-1"));
+        assert_eq!(
+            prev.interfaces[1].sandbox.as_deref(),
+            Some("/var/run/netns/cni-1")
+        );
         prev.validate().unwrap();
     }
 
@@ -1162,7 +1245,10 @@ mod tests {
             .unwrap();
             assert_eq!(
                 conf.valid_attachments,
-                Some(vec![Attachment { container_id: "abc".into(), ifname: "eth0".into() }]),
+                Some(vec![Attachment {
+                    container_id: "abc".into(),
+                    ifname: "eth0".into()
+                }]),
                 "{key}"
             );
         }
@@ -1174,26 +1260,78 @@ mod tests {
             ("{not json", 6, "not valid JSON"),
             ("[1]", 6, "an array"),
             (r#"{"name":"n","type":"lace"}"#, 1, "no cniVersion"),
-            (r#"{"cniVersion":"0.3.1","name":"n","type":"lace"}"#, 1, "\"0.3.1\""),
-            (r#"{"cniVersion":1,"name":"n","type":"lace"}"#, 7, "\"cniVersion\""),
-            (r#"{"cniVersion":"1.1.0","name":"n","type":"bridge"}"#, 7, "\"bridge\""),
+            (
+                r#"{"cniVersion":"0.3.1","name":"n","type":"lace"}"#,
+                1,
+                "\"0.3.1\"",
+            ),
+            (
+                r#"{"cniVersion":1,"name":"n","type":"lace"}"#,
+                7,
+                "\"cniVersion\"",
+            ),
+            (
+                r#"{"cniVersion":"1.1.0","name":"n","type":"bridge"}"#,
+                7,
+                "\"bridge\"",
+            ),
             (r#"{"cniVersion":"1.1.0","name":"n"}"#, 7, "\"type\""),
             (r#"{"cniVersion":"1.1.0","type":"lace"}"#, 7, "\"name\""),
-            (r#"{"cniVersion":"1.1.0","name":"-x","type":"lace"}"#, 7, "\"-x\""),
-            (r#"{"cniVersion":"1.1.0","name":"n","type":"lace","agentSocket":5}"#, 7, "agentSocket"),
-            (r#"{"cniVersion":"1.1.0","name":"n","type":"lace","agentSocket":"x.sock"}"#, 7, "absolute"),
-            (r#"{"cniVersion":"1.1.0","name":"n","type":"lace","logLevel":"loud"}"#, 7, "logLevel"),
-            (r#"{"cniVersion":"1.1.0","name":"n","type":"lace","timeoutSeconds":0}"#, 7, "timeoutSeconds"),
-            (r#"{"cniVersion":"1.1.0","name":"n","type":"lace","timeoutSeconds":-1}"#, 7, "timeoutSeconds"),
-            (r#"{"cniVersion":"1.1.0","name":"n","type":"lace","ipam":{"type":"host-local"}}"#, 2, "host-local"),
-            (r#"{"cniVersion":"1.1.0","name":"n","type":"lace","prevResult":{"ips":[{"address":"x"}]}}"#, 7, "prevResult"),
-            (r#"{"cniVersion":"1.1.0","name":"n","type":"lace","cni.dev/valid-attachments":{}}"#, 7, "valid-attachments"),
+            (
+                r#"{"cniVersion":"1.1.0","name":"-x","type":"lace"}"#,
+                7,
+                "\"-x\"",
+            ),
+            (
+                r#"{"cniVersion":"1.1.0","name":"n","type":"lace","agentSocket":5}"#,
+                7,
+                "agentSocket",
+            ),
+            (
+                r#"{"cniVersion":"1.1.0","name":"n","type":"lace","agentSocket":"x.sock"}"#,
+                7,
+                "absolute",
+            ),
+            (
+                r#"{"cniVersion":"1.1.0","name":"n","type":"lace","logLevel":"loud"}"#,
+                7,
+                "logLevel",
+            ),
+            (
+                r#"{"cniVersion":"1.1.0","name":"n","type":"lace","timeoutSeconds":0}"#,
+                7,
+                "timeoutSeconds",
+            ),
+            (
+                r#"{"cniVersion":"1.1.0","name":"n","type":"lace","timeoutSeconds":-1}"#,
+                7,
+                "timeoutSeconds",
+            ),
+            (
+                r#"{"cniVersion":"1.1.0","name":"n","type":"lace","ipam":{"type":"host-local"}}"#,
+                2,
+                "host-local",
+            ),
+            (
+                r#"{"cniVersion":"1.1.0","name":"n","type":"lace","prevResult":{"ips":[{"address":"x"}]}}"#,
+                7,
+                "prevResult",
+            ),
+            (
+                r#"{"cniVersion":"1.1.0","name":"n","type":"lace","cni.dev/valid-attachments":{}}"#,
+                7,
+                "valid-attachments",
+            ),
         ];
         for (input, code, needle) in cases {
             let err = NetConf::parse(input.as_bytes()).unwrap_err();
             let cni: CniError = err.into();
             assert_eq!(cni.code, ErrorCode(*code), "{input}: {cni}");
-            assert!(cni.msg.contains(needle), "{input}: {:?} lacks {needle:?}", cni.msg);
+            assert!(
+                cni.msg.contains(needle),
+                "{input}: {:?} lacks {needle:?}",
+                cni.msg
+            );
         }
     }
 
@@ -1228,7 +1366,10 @@ mod tests {
         assert_eq!(args.pod_namespace.as_deref(), Some("kube-system"));
         assert_eq!(args.pod_name.as_deref(), Some("coredns-5d78c9869d-abcde"));
         assert_eq!(args.infra_container_id.as_deref(), Some("0123456789abcdef"));
-        assert_eq!(args.pod_uid.as_deref(), Some("1b4e28ba-2fa1-11d2-883f-0016d3cca427"));
+        assert_eq!(
+            args.pod_uid.as_deref(),
+            Some("1b4e28ba-2fa1-11d2-883f-0016d3cca427")
+        );
         // containerd may add keys Lace does not know (e.g. for port mappings), and a trailing ';'.
         let args = CniArgs::parse("K8S_POD_NAME=a;FUTURE_KEY=x;IgnoreUnknown=true;").unwrap();
         assert_eq!(args.pod_name.as_deref(), Some("a"));
@@ -1258,7 +1399,17 @@ mod tests {
         for ok in ["eth0", "net1", "a", "x-y_z.1", "123456789012345"] {
             validate_ifname(ok).unwrap();
         }
-        for bad in ["", ".", "..", "1234567890123456", "a/b", "a:b", "a b", "a\tb", "ä23456789012345"] {
+        for bad in [
+            "",
+            ".",
+            "..",
+            "1234567890123456",
+            "a/b",
+            "a:b",
+            "a b",
+            "a\tb",
+            "ä23456789012345",
+        ] {
             assert!(validate_ifname(bad).is_err(), "{bad:?} accepted");
         }
     }
@@ -1275,7 +1426,11 @@ mod tests {
         CniResult {
             cni_version: None,
             interfaces: vec![
-                Interface { name: "lace0a1b2c3d".into(), mac: Some("aa:bb:cc:dd:ee:ff".into()), ..Default::default() },
+                Interface {
+                    name: "lace0a1b2c3d".into(),
+                    mac: Some("aa:bb:cc:dd:ee:ff".into()),
+                    ..Default::default()
+                },
                 Interface {
                     name: "eth0".into(),
                     mac: Some("aa:bb:cc:dd:ee:00".into()),
@@ -1285,8 +1440,16 @@ mod tests {
                 },
             ],
             ips: vec![
-                IpConfig { address: "10.1.0.5/24".parse().unwrap(), gateway: Some("169.254.1.1".parse().unwrap()), interface: Some(1) },
-                IpConfig { address: "fd00::5/64".parse().unwrap(), gateway: Some("fe80::1".parse().unwrap()), interface: Some(1) },
+                IpConfig {
+                    address: "10.1.0.5/24".parse().unwrap(),
+                    gateway: Some("169.254.1.1".parse().unwrap()),
+                    interface: Some(1),
+                },
+                IpConfig {
+                    address: "fd00::5/64".parse().unwrap(),
+                    gateway: Some("fe80::1".parse().unwrap()),
+                    interface: Some(1),
+                },
             ],
             routes: vec![Route {
                 dst: "0.0.0.0/0".parse().unwrap(),
@@ -1306,7 +1469,10 @@ mod tests {
         let r = sample_result();
         let v11 = r.to_json(CniVersion::V1_1_0);
         assert_eq!(v11["cniVersion"], "1.1.0");
-        assert_eq!(v11["ips"][0], json!({"address":"10.1.0.5/24","gateway":"169.254.1.1","interface":1}));
+        assert_eq!(
+            v11["ips"][0],
+            json!({"address":"10.1.0.5/24","gateway":"169.254.1.1","interface":1})
+        );
         assert_eq!(v11["interfaces"][1]["mtu"], 1410);
         assert_eq!(v11["routes"][0]["mtu"], 1410);
         assert!(v11.get("dns").is_none());
@@ -1332,7 +1498,11 @@ mod tests {
         let mut r = sample_result();
         r.validate().unwrap();
         r.ips[0].interface = Some(2);
-        assert!(r.validate().unwrap_err().to_string().contains("ips[0].interface is 2"));
+        assert!(r
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("ips[0].interface is 2"));
     }
 
     #[test]
@@ -1346,13 +1516,20 @@ mod tests {
             pod_name: Some("web-0".into()),
             pod_uid: None,
             cni_version: CniVersion::V1_0_0,
-            config: json!({"cniVersion":"1.0.0","x":1}).as_object().unwrap().clone(),
+            config: json!({"cniVersion":"1.0.0","x":1})
+                .as_object()
+                .unwrap()
+                .clone(),
             prev_result: Some(sample_result()),
             valid_attachments: None,
         };
         let line = encode_line(&req).unwrap();
         assert_eq!(line.last(), Some(&b'\n'));
-        assert_eq!(line.iter().filter(|&&b| b == b'\n').count(), 1, "exactly one line");
+        assert_eq!(
+            line.iter().filter(|&&b| b == b'\n').count(),
+            1,
+            "exactly one line"
+        );
         let text = String::from_utf8(line.clone()).unwrap();
         assert!(text.contains(r#""command":"ADD""#) && text.contains(r#""cni_version":"1.0.0""#));
         assert_eq!(decode_line::<Request>(&line).unwrap(), req);
@@ -1365,10 +1542,15 @@ mod tests {
             let line = encode_line(&resp).unwrap();
             assert_eq!(decode_line::<Response>(&line).unwrap(), resp);
         }
-        assert_eq!(encode_line(&Response::Ok(None)).unwrap(), b"{\"ok\":null}\n");
-        let err: Response =
-            decode_line(br#"{"err":{"code":50,"msg":"not ready"}}"#).unwrap();
-        assert_eq!(err, Response::Err(CniError::new(ErrorCode::NOT_AVAILABLE, "not ready")));
+        assert_eq!(
+            encode_line(&Response::Ok(None)).unwrap(),
+            b"{\"ok\":null}\n"
+        );
+        let err: Response = decode_line(br#"{"err":{"code":50,"msg":"not ready"}}"#).unwrap();
+        assert_eq!(
+            err,
+            Response::Err(CniError::new(ErrorCode::NOT_AVAILABLE, "not ready"))
+        );
         assert!(matches!(
             decode_line::<Response>(&vec![b' '; MAX_MESSAGE_BYTES + 2]),
             Err(FrameError::TooLong)
@@ -1412,17 +1594,26 @@ mod tests {
             prev_result: None,
             valid_attachments: None,
         };
-        assert!(del_queue::pending(&dir).unwrap().is_empty(), "missing dir is an empty queue");
+        assert!(
+            del_queue::pending(&dir).unwrap().is_empty(),
+            "missing dir is an empty queue"
+        );
         let path = del_queue::enqueue(&dir, &req).unwrap();
         assert_eq!(path.file_name().unwrap(), "c1.eth0.json");
         let mut second = req.clone();
         second.container_id = Some("c0".into());
         del_queue::enqueue(&dir, &second).unwrap();
         let pending = del_queue::pending(&dir).unwrap();
-        assert_eq!(pending.iter().map(|(_, r)| r.clone()).collect::<Vec<_>>(), vec![second, req.clone()]);
+        assert_eq!(
+            pending.iter().map(|(_, r)| r.clone()).collect::<Vec<_>>(),
+            vec![second, req.clone()]
+        );
         let mut add = req;
         add.command = Command::Add;
-        assert!(matches!(del_queue::enqueue(&dir, &add), Err(del_queue::DelQueueError::NotADel(_))));
+        assert!(matches!(
+            del_queue::enqueue(&dir, &add),
+            Err(del_queue::DelQueueError::NotADel(_))
+        ));
         std::fs::remove_dir_all(dir.parent().unwrap()).unwrap();
     }
 }
