@@ -9,6 +9,7 @@
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use lace::wire::{CniError, ErrorCode};
@@ -91,14 +92,20 @@ fn kind_of(meta: &std::fs::Metadata) -> &'static str {
     }
 }
 
-fn read_link(path: &Path, link: String) -> Result<String, NetnsError> {
-    std::fs::read_link(&link)
-        .map(|target| target.to_string_lossy().into_owned())
-        .map_err(|source| NetnsError::Verify {
-            path: path.to_owned(),
-            link,
-            source,
-        })
+fn read_proc(
+    path: &Path,
+    link: String,
+    read: fn(&str) -> io::Result<String>,
+) -> Result<String, NetnsError> {
+    read(&link).map_err(|source| NetnsError::Verify {
+        path: path.to_owned(),
+        link,
+        source,
+    })
+}
+
+fn readlink(p: &str) -> io::Result<String> {
+    std::fs::read_link(p).map(|target| target.to_string_lossy().into_owned())
 }
 
 /// Checks that `path` is a network namespace other than the host's.
@@ -121,32 +128,74 @@ pub fn check(path: &Path) -> Result<(), NetnsError> {
         path: path.to_owned(),
         source,
     })?;
-    let target = read_link(path, format!("/proc/self/fd/{}", file.as_raw_fd()))?;
-    let Some(kind) = namespace_kind(&target) else {
-        return Err(NetnsError::NotNamespace(path.to_owned()));
+    let fd = file.as_raw_fd();
+    let target = read_proc(path, format!("/proc/self/fd/{fd}"), readlink)?;
+    let kind = match namespace_kind(&target) {
+        // Opened through nsfs's own mount (`/proc/<pid>/ns/net`): the link names the kind.
+        Some((kind, _)) => kind.to_owned(),
+        // Opened through a bind mount (`/run/netns/<name>`): the link is the mount point, and
+        // the mount's root in mountinfo names the namespace, if the mount is nsfs at all.
+        None => {
+            let fdinfo = read_proc(path, format!("/proc/self/fdinfo/{fd}"), |p| {
+                std::fs::read_to_string(p)
+            })?;
+            let mountinfo = read_proc(path, "/proc/self/mountinfo".to_owned(), |p| {
+                std::fs::read_to_string(p)
+            })?;
+            mount_id(&fdinfo)
+                .and_then(|id| nsfs_root(&mountinfo, id))
+                .and_then(namespace_kind)
+                .filter(|(_, inode)| *inode == meta.ino())
+                .map(|(kind, _)| kind.to_owned())
+                .ok_or_else(|| NetnsError::NotNamespace(path.to_owned()))?
+        }
     };
     if kind != "net" {
         return Err(NetnsError::WrongKind {
             path: path.to_owned(),
-            kind: kind.to_owned(),
+            kind,
         });
     }
-    if target == read_link(path, "/proc/self/ns/net".to_owned())? {
+    let host = std::fs::metadata("/proc/self/ns/net").map_err(|source| NetnsError::Verify {
+        path: path.to_owned(),
+        link: "/proc/self/ns/net".to_owned(),
+        source,
+    })?;
+    if (host.dev(), host.ino()) == (meta.dev(), meta.ino()) {
         return Err(NetnsError::HostNamespace(path.to_owned()));
     }
     Ok(())
 }
 
-/// `net` for `net:[4026531833]`; `None` for anything not of the form `kind:[digits]` (a
-/// path, which is what an ordinary file's fd link reads).
-fn namespace_kind(link: &str) -> Option<&str> {
+/// `("net", 4026531833)` for `net:[4026531833]`; `None` for anything not of the form
+/// `kind:[inode]` (a path, which is what an ordinary file's fd link reads).
+fn namespace_kind(link: &str) -> Option<(&str, u64)> {
     let (kind, rest) = link.split_once(":[")?;
-    let inode = rest.strip_suffix(']')?;
-    let valid = !kind.is_empty()
-        && kind.chars().all(|c| c.is_ascii_lowercase() || c == '_')
-        && !inode.is_empty()
-        && inode.chars().all(|c| c.is_ascii_digit());
-    valid.then_some(kind)
+    let inode = rest.strip_suffix(']')?.parse().ok()?;
+    let valid = !kind.is_empty() && kind.chars().all(|c| c.is_ascii_lowercase() || c == '_');
+    valid.then_some((kind, inode))
+}
+
+/// The `mnt_id:` line of `/proc/self/fdinfo/<fd>`.
+fn mount_id(fdinfo: &str) -> Option<u64> {
+    fdinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("mnt_id:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// The root (4th field) of mount `id` in mountinfo, if that mount is nsfs. Line format:
+/// `id parent major:minor root mountpoint options [optional...] - fstype source superoptions`.
+fn nsfs_root(mountinfo: &str, id: u64) -> Option<&str> {
+    mountinfo.lines().find_map(|line| {
+        let mut fields = line.split(' ');
+        if fields.next()?.parse::<u64>().ok()? != id {
+            return None;
+        }
+        let root = fields.nth(2)?;
+        let fstype = line.split(" - ").nth(1)?.split(' ').next()?;
+        (fstype == "nsfs").then_some(root)
+    })
 }
 
 #[cfg(test)]
@@ -155,15 +204,34 @@ mod tests {
 
     #[test]
     fn namespace_kind_parses_proc_links() {
-        assert_eq!(namespace_kind("net:[4026531833]"), Some("net"));
+        assert_eq!(namespace_kind("net:[4026531833]"), Some(("net", 4026531833)));
         assert_eq!(
             namespace_kind("pid_for_children:[4026531836]"),
-            Some("pid_for_children")
+            Some(("pid_for_children", 4026531836))
         );
         assert_eq!(namespace_kind("/run/netns/x"), None);
         assert_eq!(namespace_kind("/tmp/net:[1]"), None);
         assert_eq!(namespace_kind("net:[]"), None);
         assert_eq!(namespace_kind("socket:[12x]"), None);
+    }
+
+    #[test]
+    fn mountinfo_lookup() {
+        let mountinfo = "22 1 0:21 / /proc rw,nosuid shared:12 - proc proc rw\n\
+                         634 29 0:4 net:[4026532281] /run/netns/a rw shared:300 - nsfs nsfs rw\n\
+                         635 29 0:4 / /run/other\\040dir rw - tmpfs tmpfs rw\n";
+        assert_eq!(nsfs_root(mountinfo, 634), Some("net:[4026532281]"));
+        assert_eq!(nsfs_root(mountinfo, 635), None, "not nsfs");
+        assert_eq!(nsfs_root(mountinfo, 22), None);
+        assert_eq!(
+            nsfs_root(mountinfo, 63),
+            None,
+            "ids match exactly, not by prefix"
+        );
+        assert_eq!(
+            mount_id("pos:\t0\nflags:\t02100000\nmnt_id:\t634\nino:\t4026532281\n"),
+            Some(634)
+        );
     }
 
     #[test]
