@@ -32,6 +32,8 @@ pub const DEFAULT_DEL_QUEUE_DIR: &str = "/var/lib/lace/cni-del-queue";
 /// Below kubelet's default runtime request timeout (2 min) so the runtime sees our error,
 /// not its own deadline.
 pub const DEFAULT_TIMEOUT_SECONDS: u64 = 60;
+/// Largest accepted `timeoutSeconds`: anything longer outlasts every runtime's own deadline.
+pub const MAX_TIMEOUT_SECONDS: u64 = 3600;
 /// Upper bound of one protocol message (request or response line), so that neither side
 /// can be made to buffer without limit.
 pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
@@ -549,9 +551,12 @@ pub enum NetConfError {
         /// Its value.
         value: PathBuf,
     },
-    /// `timeoutSeconds` is zero.
-    #[error("network configuration key \"timeoutSeconds\" must be at least 1")]
-    ZeroTimeout,
+    /// `timeoutSeconds` out of range.
+    #[error(
+        "network configuration key \"timeoutSeconds\" is {0}, it must be between 1 and \
+         {MAX_TIMEOUT_SECONDS}"
+    )]
+    Timeout(u64),
     /// A key Lace deliberately does not support.
     #[error("unsupported network configuration key {field:?} = {value}: {why}")]
     Unsupported {
@@ -578,7 +583,7 @@ impl NetConfError {
             | NetConfError::WrongType(_)
             | NetConfError::InvalidName(_)
             | NetConfError::RelativePath { .. }
-            | NetConfError::ZeroTimeout => ErrorCode::INVALID_NETCONF,
+            | NetConfError::Timeout(_) => ErrorCode::INVALID_NETCONF,
         }
     }
 }
@@ -657,8 +662,8 @@ impl NetConf {
                 field(&raw, "delQueueDir")?.unwrap_or(defaults.del_queue_dir),
             )?,
             timeout_seconds: match field(&raw, "timeoutSeconds")? {
-                Some(0) => return Err(NetConfError::ZeroTimeout),
-                Some(t) => t,
+                Some(t) if (1..=MAX_TIMEOUT_SECONDS).contains(&t) => t,
+                Some(t) => return Err(NetConfError::Timeout(t)),
                 None => defaults.timeout_seconds,
             },
             log_file: field(&raw, "logFile")?
@@ -1306,6 +1311,11 @@ mod tests {
                 r#"{"cniVersion":"1.1.0","name":"n","type":"lace","timeoutSeconds":-1}"#,
                 7,
                 "timeoutSeconds",
+            ),
+            (
+                r#"{"cniVersion":"1.1.0","name":"n","type":"lace","timeoutSeconds":18446744073709551615}"#,
+                7,
+                "between 1 and 3600",
             ),
             (
                 r#"{"cniVersion":"1.1.0","name":"n","type":"lace","ipam":{"type":"host-local"}}"#,

@@ -4,7 +4,8 @@
 //! What happens when the agent cannot be reached (socket missing, connection refused, no
 //! answer in time):
 //! - `ADD`, `CHECK`, `GC`: code 11 "try again later", naming the socket; the runtime retries.
-//! - `STATUS`: code 50 "not available", so the runtime does not schedule ADDs.
+//! - `STATUS`: code 50 "not available", so the runtime does not schedule ADDs (after at most
+//!   5 s even if `timeoutSeconds` is longer).
 //! - `DEL`: queued on disk ([`lace::wire::del_queue`]) and reported as success. A DEL that
 //!   fails keeps the pod `Terminating` until one succeeds, and an agent that is gone for good
 //!   would wedge every pod on the node. Succeeding without the agent leaks nothing: the
@@ -26,6 +27,9 @@ use crate::agent::{self, AgentError};
 use crate::env::{self, EnvError, Verb};
 use crate::log::Logger;
 use crate::netns;
+
+/// Upper bound for the STATUS round trip.
+const STATUS_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What a verb prints on success: JSON bytes, or nothing.
 type Output = Option<Vec<u8>>;
@@ -201,7 +205,12 @@ fn call(ctx: &Ctx, request: &Request) -> Result<Response, AgentError> {
             ctx.conf.settings.agent_socket.display()
         );
     }
-    let timeout = Duration::from_secs(ctx.conf.settings.timeout_seconds);
+    let mut timeout = Duration::from_secs(ctx.conf.settings.timeout_seconds);
+    if request.command == Command::Status {
+        // The runtime polls STATUS to decide node readiness; a hung agent must turn into
+        // "not available" quickly, not after a full ADD-sized timeout.
+        timeout = timeout.min(STATUS_TIMEOUT);
+    }
     agent::call(&ctx.conf.settings.agent_socket, timeout, request)
 }
 

@@ -204,7 +204,10 @@ mod tests {
 
     #[test]
     fn namespace_kind_parses_proc_links() {
-        assert_eq!(namespace_kind("net:[4026531833]"), Some(("net", 4026531833)));
+        assert_eq!(
+            namespace_kind("net:[4026531833]"),
+            Some(("net", 4026531833))
+        );
         assert_eq!(
             namespace_kind("pid_for_children:[4026531836]"),
             Some(("pid_for_children", 4026531836))

@@ -294,6 +294,19 @@ fn status_reports_readiness() {
 }
 
 #[test]
+fn status_with_hung_agent_is_not_available_within_five_seconds() {
+    let dir = TempDir::new();
+    let agent = FakeAgent::start(dir.path(), |_| Reply::Hang);
+    let env = vec![("CNI_COMMAND".to_owned(), "STATUS".to_owned())];
+    let mut conf = netconf("1.1.0", &agent.socket, dir.path());
+    conf["timeoutSeconds"] = json!(600);
+    let (code, msg) = run_plugin(&env, &conf.to_string()).error();
+    assert_eq!(code, 50);
+    // The message carries the timeout actually used: STATUS caps the configured one.
+    assert!(msg.contains("did not answer within 5s"), "{msg}");
+}
+
+#[test]
 fn status_passes_on_the_agents_not_ready() {
     let dir = TempDir::new();
     let agent = FakeAgent::start(dir.path(), |_| {
