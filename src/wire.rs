@@ -1065,7 +1065,10 @@ pub mod del_queue {
     use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
     use std::path::{Path, PathBuf};
 
-    use super::{decode_line, encode_line, Command, FrameError, Request};
+    use super::{
+        decode_line, encode_line, validate_container_id, validate_ifname, Command, FrameError,
+        Request,
+    };
 
     /// Why the queue could not be written or read.
     #[derive(Debug, thiserror::Error)]
@@ -1073,6 +1076,9 @@ pub mod del_queue {
         /// Only DELs with a container id and interface name can be queued.
         #[error("only DEL requests with container id and ifname can be queued, got {0}")]
         NotADel(Command),
+        /// A container id or ifname that is not safe as part of a file name.
+        #[error("cannot queue a DEL for attachment {0:?}: invalid container id or ifname")]
+        BadName(String),
         /// File-system failure.
         #[error("DEL queue {path}: {source}")]
         Io {
@@ -1110,6 +1116,10 @@ pub mod del_queue {
         ) else {
             return Err(DelQueueError::NotADel(req.command));
         };
+        // Both end up in a file name: refuse anything that could leave `dir`.
+        if validate_container_id(id).is_err() || validate_ifname(ifname).is_err() {
+            return Err(DelQueueError::BadName(format!("{id}.{ifname}")));
+        }
         fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
@@ -1620,6 +1630,13 @@ mod tests {
         );
         let mut add = req;
         add.command = Command::Add;
+        let mut escape = add.clone();
+        escape.command = Command::Del;
+        escape.container_id = Some("../../etc/x".into());
+        assert!(matches!(
+            del_queue::enqueue(&dir, &escape),
+            Err(del_queue::DelQueueError::BadName(_))
+        ));
         assert!(matches!(
             del_queue::enqueue(&dir, &add),
             Err(del_queue::DelQueueError::NotADel(_))

@@ -55,7 +55,7 @@ fn main() {
     let status_env = vec![("CNI_COMMAND".to_owned(), "STATUS".to_owned())];
     let add_env = containerd_env("ADD", &id, netns);
     let del_env = containerd_env("DEL", &id, netns);
-    let cases: [(&str, &[(String, String)], &str); 4] = [
+    let cases: [(&str, &EnvVars, &str); 4] = [
         ("VERSION", &version_env, r#"{"cniVersion":"1.1.0"}"#),
         ("STATUS", &status_env, &conf),
         ("ADD", &add_env, &conf),

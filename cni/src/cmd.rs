@@ -15,7 +15,6 @@
 //!   DEL fail with 11. Errors the agent itself reports are passed on unchanged for every verb.
 
 use std::io::{IsTerminal, Read};
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use lace::wire::{
@@ -242,6 +241,8 @@ fn expect_empty(ctx: &Ctx, command: Command, response: Response) -> Result<Outpu
 
 /// `ADD`: attach the container. Needs container id, ifname, a real network namespace and the
 /// pod's identity (Lace binds pods to Networks by namespace and labels).
+/// A `prevResult` (Lace chained after another plugin) goes to the agent with the request; the
+/// agent's result is what the runtime gets.
 fn cmd_add(ctx: &Ctx) -> Result<Output, CniError> {
     let mut req = attachment_request(ctx, Command::Add)?;
     let netns = env::required_netns(Command::Add)?;
@@ -296,7 +297,7 @@ fn cmd_del(ctx: &Ctx) -> Result<Output, CniError> {
 }
 
 fn queue_del(ctx: &Ctx, req: &Request, cause: &AgentError) -> Result<Output, CniError> {
-    let dir: &PathBuf = &ctx.conf.settings.del_queue_dir;
+    let dir = &ctx.conf.settings.del_queue_dir;
     match del_queue::enqueue(dir, req) {
         Ok(path) => {
             log!(

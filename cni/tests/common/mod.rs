@@ -174,6 +174,9 @@ impl Drop for FakeAgent {
     }
 }
 
+/// An exact process environment.
+pub type EnvVars = [(String, String)];
+
 /// What one plugin run produced.
 #[derive(Debug)]
 pub struct Outcome {
@@ -243,7 +246,7 @@ pub fn container_id() -> String {
 }
 
 /// Execs the real plugin with exactly `env` (nothing inherited) and `stdin`.
-pub fn run_plugin(env: &[(String, String)], stdin: &str) -> Outcome {
+pub fn run_plugin(env: &EnvVars, stdin: &str) -> Outcome {
     let mut child = Command::new(env!("CARGO_BIN_EXE_lace"))
         .env_clear()
         .envs(env.iter().map(|(k, v)| (k, v)))
