@@ -7,6 +7,10 @@
 // `unsafe` is denied workspace-wide; only the syscall wrapper module (setns, bpf) may allow it.
 #![deny(unsafe_code)]
 
-pub mod wire;
 pub mod api;
+#[cfg(feature = "agent")]
+pub mod probe;
 pub mod state;
+#[cfg(feature = "agent")]
+pub mod sys;
+pub mod wire;
