@@ -319,7 +319,10 @@ fn replace_link(
         sys::BPF_CGROUP_INET_SOCK_CREATE,
     )
     .map_err(bpf_err("attach the kubelet probe program to", &cfg.cgroup))?;
-    let tmp = pin.with_extension("new");
+    // bpffs refuses names with a dot (EPERM): they are reserved for its own entries.
+    let mut tmp = pin.as_os_str().to_owned();
+    tmp.push("-new");
+    let tmp = PathBuf::from(tmp);
     remove_if_present(&tmp)?;
     sys::obj_pin(link.as_fd(), &c_path(&tmp)?).map_err(bpf_err("pin", &tmp))?;
     std::fs::rename(&tmp, pin).map_err(io_err("move the new pin over", pin))?;
