@@ -28,7 +28,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use nix::sys::statfs::{statfs, BPF_FS_MAGIC, CGROUP2_SUPER_MAGIC};
+use nix::sys::statfs::{statfs, FsType, BPF_FS_MAGIC, CGROUP2_SUPER_MAGIC};
 
 use crate::sys::{self, BpfError, LinkInfo, ProgInfo};
 use insn::{Insn, Reg};
@@ -81,7 +81,7 @@ pub enum ProbeError {
         /// The path looked at (the configured one, or its nearest existing ancestor).
         path: PathBuf,
         /// The filesystem magic found there.
-        fs_type: i64,
+        fs_type: u64,
     },
     /// The kubelet cgroup does not exist (yet).
     #[error(
@@ -109,7 +109,7 @@ pub enum ProbeError {
         /// The nearest existing ancestor of the pin directory.
         path: PathBuf,
         /// The filesystem magic found there.
-        fs_type: i64,
+        fs_type: u64,
     },
     /// The kernel refused the program; the message carries the verifier log.
     #[error("the kernel refused the kubelet probe program: {0}")]
@@ -293,7 +293,7 @@ pub fn ensure_attached(cfg: &ProbeConfig) -> Result<Attachment, ProbeError> {
                 Some(old) => tracing::info!(old_link_id = old.info.id, link_id,
                     cgroup = %cfg.cgroup.display(), "kubelet cgroup changed (or is gone), replaced the pinned link"),
                 None => tracing::info!(link_id, pin = %pin.display(),
-                    "node.releasePinnedMaps: attached a new kubelet probe link and replaced the pinned objects"),
+                    "node.releasePinnedMaps: attached a fresh kubelet probe link in place of any pinned one"),
             }
             if cfg.release_pinned {
                 for removed in release_except(&cfg.pin_dir, Some(&pin))? {
@@ -399,13 +399,13 @@ fn open_cgroup(path: &Path) -> Result<(File, u64), ProbeError> {
         Ok(st) => {
             return Err(ProbeError::CgroupNotV2 {
                 path: path.to_path_buf(),
-                fs_type: st.filesystem_type().0 as i64,
+                fs_type: magic(st.filesystem_type()),
             })
         }
         Err(nix::errno::Errno::ENOENT) => {
             // Missing is worth waiting for only if it would be created on cgroup2.
             let (ancestor, fs_type) = nearest_existing_fs(path)?;
-            return Err(if fs_type == CGROUP2_SUPER_MAGIC.0 as i64 {
+            return Err(if fs_type == magic(CGROUP2_SUPER_MAGIC) {
                 ProbeError::CgroupMissing {
                     path: path.to_path_buf(),
                 }
@@ -432,14 +432,14 @@ fn open_cgroup(path: &Path) -> Result<(File, u64), ProbeError> {
 /// Checks that the pin directory is (or will be) on bpffs and creates it.
 fn prepare_pin_dir(pin_dir: &Path) -> Result<(), ProbeError> {
     let (at, fs_type) = nearest_existing_fs(pin_dir)?;
-    if fs_type != BPF_FS_MAGIC.0 as i64 {
+    if fs_type != magic(BPF_FS_MAGIC) {
         return Err(ProbeError::BpffsNotMounted { path: at, fs_type });
     }
     std::fs::create_dir_all(pin_dir).map_err(io_err("create pin directory", pin_dir))
 }
 
 /// The nearest existing path among `path` and its ancestors, with its filesystem magic.
-fn nearest_existing_fs(path: &Path) -> Result<(PathBuf, i64), ProbeError> {
+fn nearest_existing_fs(path: &Path) -> Result<(PathBuf, u64), ProbeError> {
     for candidate in path.ancestors() {
         // A relative path ends in "": look at the working directory.
         let candidate = if candidate.as_os_str().is_empty() {
@@ -448,7 +448,7 @@ fn nearest_existing_fs(path: &Path) -> Result<(PathBuf, i64), ProbeError> {
             candidate
         };
         match statfs(candidate) {
-            Ok(st) => return Ok((candidate.to_path_buf(), st.filesystem_type().0 as i64)),
+            Ok(st) => return Ok((candidate.to_path_buf(), magic(st.filesystem_type()))),
             Err(nix::errno::Errno::ENOENT) => continue,
             Err(e) => return Err(io_err("inspect", candidate)(e.into())),
         }
@@ -523,6 +523,11 @@ fn remove_if_present(path: &Path) -> Result<(), ProbeError> {
         Err(e) if e.kind() != io::ErrorKind::NotFound => Err(io_err("remove", path)(e)),
         _ => Ok(()),
     }
+}
+
+/// A filesystem magic number as `statfs(2)` reports it (the C type differs by platform).
+fn magic(fs_type: FsType) -> u64 {
+    fs_type.0 as u64
 }
 
 fn c_path(path: &Path) -> Result<CString, ProbeError> {
@@ -622,7 +627,7 @@ mod tests {
         match err {
             ProbeError::CgroupNotV2 { path, fs_type } => {
                 assert_eq!(path, Path::new("/tmp"));
-                assert_ne!(fs_type, CGROUP2_SUPER_MAGIC.0 as i64);
+                assert_ne!(fs_type, magic(CGROUP2_SUPER_MAGIC));
             }
             other => panic!("unexpected {other}"),
         }
