@@ -441,6 +441,7 @@ fn agent_restarts_keep_the_pinned_link_and_probes_never_fail() {
     let stop = std::env::temp_dir().join("lace-probe-loop-stop");
     let _ = std::fs::remove_file(&stop);
     let probes = probe_loop(&kubelet, &stop);
+    let sockets = MarkLoop::start(&kubelet, "restart");
     // Each call is what a restarted agent does; the loader's fds are gone after each.
     for _ in 0..3 {
         let again = probe::ensure_attached(&pins.config(&kubelet)).unwrap();
@@ -465,6 +466,11 @@ fn agent_restarts_keep_the_pinned_link_and_probes_never_fail() {
     let (ok, fail) = finish_probe_loop(probes, &stop);
     assert_eq!(fail, 0, "probes failed during restarts ({ok} succeeded)");
     assert!(ok >= 5, "the probe loop barely ran ({ok} probes)");
+    // Sockets created back to back the whole time: every one was marked, even while the
+    // release swapped links.
+    let marks = sockets.finish();
+    assert_eq!(marks.len(), 1, "sockets without the mark: {marks:?}");
+    assert_eq!(marks[0].0, PROBE_MARK, "{marks:?}");
 
     // The old link is gone from the cgroup: exactly one program is attached.
     let shown = run("bpftool", &["cgroup", "show", kubelet.0.to_str().unwrap()]);
@@ -484,6 +490,46 @@ while not os.path.exists(sys.argv[1]):
 print(" ".join("%d=%d" % kv for kv in sorted(seen.items())))
 "#;
 
+/// A process in a cgroup that creates sockets as fast as it can and counts their marks.
+struct MarkLoop {
+    child: Child,
+    out: BufReader<ChildStdout>,
+    stop: PathBuf,
+}
+
+impl MarkLoop {
+    fn start(cgroup: &Cgroup, name: &str) -> Self {
+        let stop = std::env::temp_dir().join(format!("lace-mark-loop-stop-{name}"));
+        let _ = std::fs::remove_file(&stop);
+        let mut child = in_cgroup(
+            Some(cgroup),
+            python(),
+            &["-c", MARK_LOOP, stop.to_str().unwrap()],
+        )
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        wait_started(&mut out);
+        MarkLoop { child, out, stop }
+    }
+
+    /// Stops the loop; returns (mark, sockets seen with it), sorted by mark.
+    fn finish(mut self) -> Vec<(u32, u32)> {
+        std::fs::write(&self.stop, b"").unwrap();
+        let mut seen = String::new();
+        self.out.read_line(&mut seen).unwrap();
+        assert!(self.child.wait().unwrap().success());
+        std::fs::remove_file(&self.stop).unwrap();
+        seen.split_whitespace()
+            .map(|kv| {
+                let (m, n) = kv.split_once('=').unwrap();
+                (m.parse().unwrap(), n.parse().unwrap())
+            })
+            .collect()
+    }
+}
+
 #[test]
 fn a_changed_program_is_swapped_in_place_without_detaching() {
     require_environment();
@@ -491,29 +537,14 @@ fn a_changed_program_is_swapped_in_place_without_detaching() {
     let pins = Pins::new("lace-test-update");
     let first = probe::ensure_attached(&pins.config(&kubelet)).unwrap();
 
-    let stop = std::env::temp_dir().join("lace-mark-loop-stop");
-    let _ = std::fs::remove_file(&stop);
-    let mut marks = in_cgroup(
-        Some(&kubelet),
-        python(),
-        &["-c", MARK_LOOP, stop.to_str().unwrap()],
-    )
-    .stdout(Stdio::piped())
-    .spawn()
-    .unwrap();
-    let mut marks_out = BufReader::new(marks.stdout.take().unwrap());
-    wait_started(&mut marks_out);
+    let sockets = MarkLoop::start(&kubelet, "update");
     let changed = ProbeConfig {
         mark: 0x2000,
         ..pins.config(&kubelet)
     };
     let updated = probe::ensure_attached(&changed).unwrap();
     std::thread::sleep(Duration::from_millis(500));
-    std::fs::write(&stop, b"").unwrap();
-    let mut seen = String::new();
-    marks_out.read_line(&mut seen).unwrap();
-    assert!(marks.wait().unwrap().success());
-    std::fs::remove_file(&stop).unwrap();
+    let marks = sockets.finish();
 
     assert_eq!(updated.outcome, Outcome::Updated);
     assert_eq!(
@@ -522,19 +553,12 @@ fn a_changed_program_is_swapped_in_place_without_detaching() {
     );
     assert_ne!(updated.prog_id, first.prog_id);
     // Every socket created meanwhile had one of the two marks: never none.
-    let marks: Vec<(u32, u32)> = seen
-        .split_whitespace()
-        .map(|kv| {
-            let (m, n) = kv.split_once('=').unwrap();
-            (m.parse().unwrap(), n.parse().unwrap())
-        })
-        .collect();
     assert!(
         marks.iter().all(|&(m, _)| m == PROBE_MARK || m == 0x2000),
-        "sockets without the mark during the update: {seen}"
+        "sockets without the mark during the update: {marks:?}"
     );
-    assert!(marks.iter().any(|&(m, _)| m == PROBE_MARK), "{seen}");
-    assert!(marks.iter().any(|&(m, _)| m == 0x2000), "{seen}");
+    assert!(marks.iter().any(|&(m, _)| m == PROBE_MARK), "{marks:?}");
+    assert!(marks.iter().any(|&(m, _)| m == 0x2000), "{marks:?}");
     assert_eq!(socket_marks(Some(&kubelet)), vec![0x2000, 0x2000]);
 
     let again = probe::ensure_attached(&changed).unwrap();
