@@ -14,6 +14,12 @@
 //! place with `BPF_LINK_UPDATE` when the program changed, and replaces the link when the
 //! cgroup changed or `node.releasePinnedMaps` asks for fresh objects.
 //!
+//! What the rest of the node must provide (verified by `netns-tests/tests/probe.rs` in a VM):
+//! `ip rule fwmark PROBE_MARK/PROBE_MARK_MASK lookup <probe table>` with a route to each local
+//! pod (`<pod ip> dev <host-side veth>`, the veth being a VRF port); nftables accepting host →
+//! pod packets carrying the mark; and `net.ipv4.tcp_l3mdev_accept=1`, because the pod's replies
+//! arrive through the VRF and the kubelet's socket is bound to no VRF.
+//!
 //! All functions here are blocking (a few syscalls; [`wait_for_cgroup`] sleeps): call them from
 //! a blocking thread in async code.
 
