@@ -8,5 +8,9 @@
 #![deny(unsafe_code)]
 
 pub mod api;
+#[cfg(feature = "agent")]
+pub mod probe;
 pub mod state;
+#[cfg(feature = "agent")]
+pub mod sys;
 pub mod wire;
