@@ -7,6 +7,8 @@
 // `unsafe` is denied workspace-wide; only the syscall wrapper module (setns, bpf) may allow it.
 #![deny(unsafe_code)]
 
-pub mod wire;
 pub mod api;
+pub mod sid;
 pub mod state;
+pub mod validate;
+pub mod wire;
