@@ -7,6 +7,7 @@
 // `unsafe` is denied workspace-wide; only the syscall wrapper module (setns, bpf) may allow it.
 #![deny(unsafe_code)]
 
+pub mod alloc;
 pub mod api;
 pub mod sid;
 pub mod state;
