@@ -9,6 +9,7 @@
 
 pub mod alloc;
 pub mod api;
+pub mod load;
 pub mod sid;
 pub mod state;
 pub mod validate;
