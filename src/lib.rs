@@ -9,6 +9,8 @@
 
 pub mod alloc;
 pub mod api;
+#[cfg(feature = "kube")]
+pub mod crd;
 pub mod load;
 pub mod sid;
 pub mod state;
