@@ -17,7 +17,7 @@
 //! adding a node or Network never moves an existing allocation, and removing one frees its
 //! values for reuse (lowest free first).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
@@ -111,70 +111,99 @@ pub fn allocate(state: &ClusterState) -> Result<Allocation, AllocError> {
     })
 }
 
-/// Hands out the lowest free values of `first..=last`, after the existing ones were claimed.
+/// Hands out the lowest free values of `first..=last` once the existing claims are settled.
+///
+/// A sorted vector and a forward cursor instead of a set: the claims are known up front and
+/// new values only go out in ascending order, so this stays linear after one sort.
 #[derive(Debug)]
 struct LowestFree {
-    used: BTreeSet<u128>,
-    next: u128,
+    /// Claimed values, sorted and distinct.
+    used: Vec<u128>,
+    /// Position in `used` of the first value not below `next`.
+    pos: usize,
+    /// The next candidate; `None` once the range is used up.
+    next: Option<u128>,
     last: u128,
 }
 
 impl LowestFree {
-    fn new(first: u128, last: u128) -> Self {
-        Self {
-            used: BTreeSet::new(),
-            next: first,
-            last,
+    /// Settles the existing claims: `claims[i]` is the value owner `i` holds, if any, with the
+    /// owners in name order. A value out of range, or already held by an earlier owner, is
+    /// rejected. Returns the pool and the accepted value of each owner.
+    fn settle(first: u128, last: u128, claims: &[Option<u128>]) -> (Self, Vec<Option<u128>>) {
+        let mut by_value: Vec<(u128, usize)> = claims
+            .iter()
+            .enumerate()
+            .filter_map(|(owner, claim)| {
+                claim
+                    .filter(|v| (first..=last).contains(v))
+                    .map(|v| (v, owner))
+            })
+            .collect();
+        // Sorting by (value, owner) puts the earliest owner of a value first.
+        by_value.sort_unstable();
+        let mut accepted = vec![None; claims.len()];
+        let mut used = Vec::with_capacity(by_value.len());
+        for (value, owner) in by_value {
+            if used.last() != Some(&value) {
+                used.push(value);
+                accepted[owner] = Some(value);
+            }
         }
+        (
+            Self {
+                used,
+                pos: 0,
+                next: Some(first),
+                last,
+            },
+            accepted,
+        )
     }
 
-    /// Claims an existing value; false if it is out of range or already claimed.
-    fn claim(&mut self, value: u128) -> bool {
-        (self.next..=self.last).contains(&value) && self.used.insert(value)
-    }
-
-    /// The lowest unclaimed value, now claimed. Claims must all come before takes: the cursor
-    /// only moves forward.
+    /// The lowest value neither claimed nor taken yet.
     fn take(&mut self) -> Option<u128> {
-        while self.next <= self.last && self.used.contains(&self.next) {
-            self.next += 1;
+        loop {
+            let candidate = self.next.filter(|c| *c <= self.last)?;
+            self.next = candidate.checked_add(1);
+            while self.used.get(self.pos).is_some_and(|u| *u < candidate) {
+                self.pos += 1;
+            }
+            if self.used.get(self.pos) != Some(&candidate) {
+                return Some(candidate);
+            }
         }
-        if self.next > self.last {
-            return None;
-        }
-        self.used.insert(self.next);
-        let value = self.next;
-        // `next` may pass `last` only when `last == u128::MAX`, which no pool here reaches.
-        self.next = self.next.saturating_add(1);
-        Some(value)
     }
 }
 
 fn allocate_functions(
     state: &ClusterState,
 ) -> Result<BTreeMap<String, NetworkAllocationSpec>, AllocError> {
-    let mut free = LowestFree::new(1, u128::from(u16::MAX));
-    let mut out = BTreeMap::new();
-    for name in state.networks.keys() {
-        if let Some(existing) = state.network_allocations.get(name) {
-            if free.claim(u128::from(existing.function)) {
-                out.insert(name.clone(), existing.clone());
-            }
-        }
-    }
-    for name in state.networks.keys() {
-        if out.contains_key(name) {
-            continue;
-        }
-        let function = free
-            .take()
-            .and_then(|f| u16::try_from(f).ok())
-            .ok_or_else(|| AllocError::FunctionsExhausted {
-                network: name.clone(),
-            })?;
-        out.insert(name.clone(), NetworkAllocationSpec { function });
-    }
-    Ok(out)
+    let claims: Vec<Option<u128>> = state
+        .networks
+        .keys()
+        .map(|name| {
+            state
+                .network_allocations
+                .get(name)
+                .map(|a| u128::from(a.function))
+        })
+        .collect();
+    let (mut free, accepted) = LowestFree::settle(1, u128::from(u16::MAX), &claims);
+    state
+        .networks
+        .keys()
+        .zip(accepted)
+        .map(|(name, kept)| {
+            let function = kept
+                .or_else(|| free.take())
+                .and_then(|f| u16::try_from(f).ok())
+                .ok_or_else(|| AllocError::FunctionsExhausted {
+                    network: name.clone(),
+                })?;
+            Ok((name.clone(), NetworkAllocationSpec { function }))
+        })
+        .collect()
 }
 
 /// The blocks of one subnet, numbered from 0 at the subnet's first address.
@@ -264,88 +293,77 @@ fn allocate_nodes(
         })?;
     let max = sid::max_node_index(prefix)?;
 
-    // Node indices: keep the existing ones, then the lowest free for new nodes.
-    let mut free = LowestFree::new(1, u128::from(max));
-    let mut index: BTreeMap<&str, u32> = BTreeMap::new();
-    for name in state.nodes.keys() {
-        if let Some(existing) = state.node_allocations.get(name) {
-            if free.claim(u128::from(existing.index)) {
-                index.insert(name, existing.index);
-            }
-        }
-    }
-    let mut out = BTreeMap::new();
-    for (name, node) in &state.nodes {
+    // Looked up once; every per-Network pass below walks the nodes in this same order.
+    let existing: Vec<Option<&NodeAllocationSpec>> = state
+        .nodes
+        .keys()
+        .map(|name| state.node_allocations.get(name))
+        .collect();
+    let claims: Vec<Option<u128>> = existing
+        .iter()
+        .map(|e| e.map(|a| u128::from(a.index)))
+        .collect();
+    let (mut free, accepted) = LowestFree::settle(1, u128::from(max), &claims);
+    let mut out = Vec::with_capacity(state.nodes.len());
+    for ((name, node), kept) in state.nodes.iter().zip(accepted) {
         let underlay = node
             .underlay_v6()
             .ok_or_else(|| AllocError::NoUnderlay { node: name.clone() })?;
-        let index = match index.get(name.as_str()) {
-            Some(&index) => index,
-            None => free
-                .take()
-                .and_then(|i| u32::try_from(i).ok())
-                .ok_or_else(|| AllocError::LocatorsExhausted {
-                    prefix,
-                    max,
-                    node: name.clone(),
-                })?,
-        };
+        let index = kept
+            .or_else(|| free.take())
+            .and_then(|i| u32::try_from(i).ok())
+            .ok_or_else(|| AllocError::LocatorsExhausted {
+                prefix,
+                max,
+                node: name.clone(),
+            })?;
         let locator = sid::node_locator(prefix, index)?;
-        out.insert(
-            name.clone(),
-            NodeAllocationSpec {
-                index,
-                locator,
-                underlay,
-                blocks: BTreeMap::new(),
-            },
-        );
+        out.push(NodeAllocationSpec {
+            index,
+            locator,
+            underlay,
+            blocks: BTreeMap::new(),
+        });
     }
 
-    for (network, spec) in &state.networks {
-        if spec.external {
-            continue;
-        }
+    for (network, spec) in state.networks.iter().filter(|(_, spec)| !spec.external) {
+        let mut per_node = vec![Vec::with_capacity(spec.subnets.len()); out.len()];
         for subnet in &spec.subnets {
-            allocate_blocks(state, network, subnet, &mut out)?;
+            let blocks = allocate_blocks(state, network, subnet, &existing)?;
+            for (node_blocks, block) in per_node.iter_mut().zip(blocks) {
+                node_blocks.push(block);
+            }
+        }
+        for (alloc, blocks) in out.iter_mut().zip(per_node) {
+            alloc.blocks.insert(network.clone(), blocks);
         }
     }
-    Ok(out)
+    Ok(state.nodes.keys().cloned().zip(out).collect())
 }
 
-/// One block of `subnet` (of `network`) for every node in `out`, appended to the node's blocks
-/// of the Network (so each node's list follows the order of the Network's subnets).
+/// One block of `subnet` (of `network`) for every node (in name order; `existing` holds their
+/// current allocations).
 fn allocate_blocks(
     state: &ClusterState,
     network: &str,
     subnet: &Subnet,
-    out: &mut BTreeMap<String, NodeAllocationSpec>,
-) -> Result<(), AllocError> {
+    existing: &[Option<&NodeAllocationSpec>],
+) -> Result<Vec<IpNet>, AllocError> {
     let pool = BlockPool::new(subnet);
-    let mut free = LowestFree::new(0, pool.count - 1);
-    let mut kept: BTreeMap<&str, IpNet> = BTreeMap::new();
-    for name in out.keys() {
-        let existing = state
-            .node_allocations
-            .get(name)
-            .and_then(|a| a.blocks.get(network))
-            .and_then(|blocks| {
-                blocks
-                    .iter()
-                    .find_map(|b| pool.offset_of(b).map(|o| (b, o)))
-            });
-        if let Some((block, offset)) = existing {
-            if free.claim(offset) {
-                kept.insert(name, *block);
-            }
-        }
-    }
-    let mut assigned = Vec::with_capacity(out.len());
-    for name in out.keys() {
-        let block = match kept.get(name.as_str()) {
-            Some(block) => *block,
-            None => free
-                .take()
+    let claims: Vec<Option<u128>> = existing
+        .iter()
+        .map(|e| {
+            let blocks = (*e)?.blocks.get(network)?;
+            blocks.iter().find_map(|b| pool.offset_of(b))
+        })
+        .collect();
+    let (mut free, accepted) = LowestFree::settle(0, pool.count - 1, &claims);
+    state
+        .nodes
+        .keys()
+        .zip(accepted)
+        .map(|(name, kept)| {
+            kept.or_else(|| free.take())
                 .and_then(|offset| pool.block(offset))
                 .ok_or_else(|| AllocError::BlocksExhausted {
                     network: network.to_string(),
@@ -353,22 +371,15 @@ fn allocate_blocks(
                     block_prefix: subnet.block_prefix,
                     blocks: pool.count,
                     node: name.clone(),
-                })?,
-        };
-        assigned.push(block);
-    }
-    for (alloc, block) in out.values_mut().zip(assigned) {
-        alloc
-            .blocks
-            .entry(network.to_string())
-            .or_default()
-            .push(block);
-    }
-    Ok(())
+                })
+        })
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
     use super::*;
     use crate::api::NetworkSpec;
     use crate::state::Node;
