@@ -87,7 +87,7 @@ pub fn validate_cluster(state: &ClusterState) -> Result<(), Vec<ValidationError>
     for (name, spec) in &state.service_routes {
         check_service_routing_policy(name, spec, &state.networks, &mut out);
     }
-    check_config(&state.config, state.nodes.len(), &mut out);
+    check_config(&state.config, state.nodes.len(), &state.networks, &mut out);
     finish(out)
 }
 
@@ -152,14 +152,17 @@ pub fn validate_service_routing_policy(
     finish(out)
 }
 
-/// Validates the cluster configuration for a cluster of `node_count` nodes: the locator prefix
-/// must leave 32 bits for SID function + argument and enough node bits for every node.
+/// Validates the cluster configuration for a cluster of `node_count` nodes and these
+/// `networks`: the locator prefix must leave 32 bits for SID function + argument, enough node
+/// bits for every node, and must not overlap a Network's subnet (a SID would then also be a
+/// pod address). Admission of a new Network should run this too.
 pub fn validate_config(
     config: &ClusterConfig,
     node_count: usize,
+    networks: &BTreeMap<String, NetworkSpec>,
 ) -> Result<(), Vec<ValidationError>> {
     let mut out = Vec::new();
-    check_config(config, node_count, &mut out);
+    check_config(config, node_count, networks, &mut out);
     finish(out)
 }
 
@@ -423,7 +426,12 @@ fn check_service_routing_policy(
     check_selector("spec.serviceSelector", &spec.service_selector, &mut e);
 }
 
-fn check_config(config: &ClusterConfig, node_count: usize, out: &mut Vec<ValidationError>) {
+fn check_config(
+    config: &ClusterConfig,
+    node_count: usize,
+    networks: &BTreeMap<String, NetworkSpec>,
+    out: &mut Vec<ValidationError>,
+) {
     let Some(prefix) = config.srv6_locator_prefix else {
         return;
     };
@@ -440,6 +448,17 @@ fn check_config(config: &ClusterConfig, node_count: usize, out: &mut Vec<Validat
             sid::LOCATOR_LEN - prefix.prefix_len()
         )),
         Ok(_) => {}
+    }
+    let prefix = IpNet::V6(prefix.trunc());
+    for (name, spec) in networks.iter().filter(|(_, spec)| !spec.external) {
+        for subnet in &spec.subnets {
+            let cidr = subnet.cidr.trunc();
+            if prefix.contains(&cidr.network()) || cidr.contains(&prefix.network()) {
+                push(format!(
+                    "srv6LocatorPrefix {prefix} overlaps subnet {cidr} of Network {name}"
+                ));
+            }
+        }
     }
 }
 
@@ -706,6 +725,11 @@ mod tests {
                 vec!["config: srv6LocatorPrefix: srv6LocatorPrefix 2001:db8::1/64 has host bits set (did you mean 2001:db8::/64?)"],
             ),
             (
+                "locator prefix overlapping a Network",
+                |s| { s.config.srv6_locator_prefix = Some("fd00:244::/64".parse().unwrap()); },
+                vec!["config: srv6LocatorPrefix: srv6LocatorPrefix fd00:244::/64 overlaps subnet fd00:244::/56 of Network system"],
+            ),
+            (
                 "too few node bits",
                 |s| { s.config.srv6_locator_prefix = Some("2001:db8::/95".parse().unwrap()); },
                 vec!["config: srv6LocatorPrefix: srv6LocatorPrefix 2001:db8::/95 has 1 node bits, room for 1 nodes, but the cluster has 3"],
@@ -752,7 +776,7 @@ mod tests {
             validate_networks_disjoint(&nets).unwrap_err()[0].to_string(),
             "Network/system: spec.subnets[0].cidr: 10.244.0.0/18 overlaps 10.244.1.0/24 of Network new"
         );
-        assert!(validate_config(&s.config, 3).is_ok());
+        assert!(validate_config(&s.config, 3, &s.networks).is_ok());
     }
 
     #[test]
