@@ -10,7 +10,9 @@
 //! - the cluster configuration from the ConfigMap `kube-system/lace-config`, key
 //!   `srv6LocatorPrefix`.
 //!
-//! Every other kind is ignored. The core kinds are parsed with small private structs of only
+//! Every other kind is ignored. Namespaced objects without `metadata.namespace` are in
+//! `default` (as `kubectl apply` would put them), and every Namespace gets the
+//! `kubernetes.io/metadata.name` label the API server adds. The core kinds are parsed with small private structs of only
 //! the fields Lace reads, so this module builds without kube.
 //!
 //! [`write_allocations`] records an [`Allocation`] as one file of internal objects in the same
