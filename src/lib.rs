@@ -7,10 +7,16 @@
 // `unsafe` is denied workspace-wide; only the syscall wrapper module (setns, bpf) may allow it.
 #![deny(unsafe_code)]
 
+pub mod alloc;
 pub mod api;
+#[cfg(feature = "kube")]
+pub mod crd;
+pub mod load;
 #[cfg(feature = "agent")]
 pub mod probe;
+pub mod sid;
 pub mod state;
 #[cfg(feature = "agent")]
 pub mod sys;
+pub mod validate;
 pub mod wire;

@@ -1,0 +1,847 @@
+//! Deterministic, stable allocation of SID functions, node locators and per-node blocks.
+//!
+//! Given a [`ClusterState`] (with whatever allocations already exist in it), [`allocate`]
+//! returns the complete new set of [`NetworkAllocationSpec`]s and [`NodeAllocationSpec`]s:
+//!
+//! - every Network (external ones included, so every Network has a stable number the planner
+//!   can derive table ids from) gets a SID function, the lowest free one from 1;
+//! - every node gets an index, the lowest free one from 1 (index 0 would make the locator the
+//!   prefix's own address), its /96 locator derived from the index (see [`crate::sid`]), and as
+//!   underlay its IPv6 InternalIP;
+//! - every node gets, for every non-external Network, one block of `blockPrefix` from each of
+//!   the Network's subnets, the lowest free one.
+//!
+//! Stability: an existing allocation that is still valid (its Network or node still exists,
+//! the value is in range and not claimed twice) is kept as it is, before anything new is
+//! handed out; new things are handled in name order. So re-running gives the same result,
+//! adding a node or Network never moves an existing allocation, and removing one frees its
+//! values for reuse (lowest free first).
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+
+use crate::api::{NetworkAllocationSpec, NodeAllocationSpec, Subnet};
+use crate::sid::{self, SidError};
+use crate::state::ClusterState;
+use crate::validate::{self, ValidationError};
+
+/// The complete allocation of a cluster: what the controller writes as internal objects.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Allocation {
+    /// Per Network name.
+    pub network_allocations: BTreeMap<String, NetworkAllocationSpec>,
+    /// Per node name.
+    pub node_allocations: BTreeMap<String, NodeAllocationSpec>,
+}
+
+impl Allocation {
+    /// Replaces the allocations recorded in `state` with these.
+    pub fn store_in(self, state: &mut ClusterState) {
+        state.network_allocations = self.network_allocations;
+        state.node_allocations = self.node_allocations;
+    }
+}
+
+/// Why an allocation could not be made.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AllocError {
+    /// A Network's subnets are invalid (the allocator relies on the validation rules).
+    #[error("cannot allocate for invalid Networks: {}", join(.0))]
+    InvalidNetworks(Vec<ValidationError>),
+    /// The locator prefix is unusable.
+    #[error(transparent)]
+    Locator(#[from] SidError),
+    /// There are nodes but no locator prefix to carve their locators from.
+    #[error("no srv6LocatorPrefix is configured: cannot allocate locators for {nodes} nodes")]
+    NoLocatorPrefix { nodes: usize },
+    /// The node has no address usable as SRv6 underlay.
+    #[error("Node {node} has no IPv6 InternalIP in status.addresses: it is needed as the SRv6 underlay address")]
+    NoUnderlay { node: String },
+    /// Every node index of the locator prefix is taken.
+    #[error("srv6LocatorPrefix {prefix} is exhausted: all {max} node locators are taken, none left for Node {node}")]
+    LocatorsExhausted {
+        prefix: Ipv6Net,
+        max: u32,
+        node: String,
+    },
+    /// Every SID function is taken.
+    #[error(
+        "SID functions are exhausted: all {} are taken, none left for Network {network}",
+        u16::MAX
+    )]
+    FunctionsExhausted { network: String },
+    /// Every block of a Network's subnet is taken.
+    #[error("Network {network}: subnet {cidr} is exhausted: all {blocks} blocks of /{block_prefix} are taken, none left for Node {node}")]
+    BlocksExhausted {
+        network: String,
+        cidr: IpNet,
+        block_prefix: u8,
+        blocks: u128,
+        node: String,
+    },
+}
+
+fn join(errors: &[ValidationError]) -> String {
+    errors
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Computes the complete allocation for `state`, keeping every still-valid allocation that
+/// `state` already records. See the module docs for the rules.
+pub fn allocate(state: &ClusterState) -> Result<Allocation, AllocError> {
+    let mut invalid = Vec::new();
+    for (name, spec) in &state.networks {
+        if let Err(errors) = validate::validate_network(name, spec) {
+            invalid.extend(errors);
+        }
+    }
+    if !invalid.is_empty() {
+        return Err(AllocError::InvalidNetworks(invalid));
+    }
+    let network_allocations = allocate_functions(state)?;
+    let node_allocations = allocate_nodes(state)?;
+    Ok(Allocation {
+        network_allocations,
+        node_allocations,
+    })
+}
+
+/// Hands out the lowest free values of `first..=last` once the existing claims are settled.
+///
+/// A sorted vector and a forward cursor instead of a set: the claims are known up front and
+/// new values only go out in ascending order, so this stays linear after one sort.
+#[derive(Debug)]
+struct LowestFree {
+    /// Claimed values, sorted and distinct.
+    used: Vec<u128>,
+    /// Position in `used` of the first value not below `next`.
+    pos: usize,
+    /// The next candidate; `None` once the range is used up.
+    next: Option<u128>,
+    last: u128,
+}
+
+impl LowestFree {
+    /// Settles the existing claims: `claims[i]` is the value owner `i` holds, if any, with the
+    /// owners in name order. A value out of range, or already held by an earlier owner, is
+    /// rejected. Returns the pool and the accepted value of each owner.
+    fn settle(first: u128, last: u128, claims: &[Option<u128>]) -> (Self, Vec<Option<u128>>) {
+        let mut by_value: Vec<(u128, usize)> = claims
+            .iter()
+            .enumerate()
+            .filter_map(|(owner, claim)| {
+                claim
+                    .filter(|v| (first..=last).contains(v))
+                    .map(|v| (v, owner))
+            })
+            .collect();
+        // Sorting by (value, owner) puts the earliest owner of a value first.
+        by_value.sort_unstable();
+        let mut accepted = vec![None; claims.len()];
+        let mut used = Vec::with_capacity(by_value.len());
+        for (value, owner) in by_value {
+            if used.last() != Some(&value) {
+                used.push(value);
+                accepted[owner] = Some(value);
+            }
+        }
+        (
+            Self {
+                used,
+                pos: 0,
+                next: Some(first),
+                last,
+            },
+            accepted,
+        )
+    }
+
+    /// The lowest value neither claimed nor taken yet.
+    fn take(&mut self) -> Option<u128> {
+        loop {
+            let candidate = self.next.filter(|c| *c <= self.last)?;
+            self.next = candidate.checked_add(1);
+            while self.used.get(self.pos).is_some_and(|u| *u < candidate) {
+                self.pos += 1;
+            }
+            if self.used.get(self.pos) != Some(&candidate) {
+                return Some(candidate);
+            }
+        }
+    }
+}
+
+fn allocate_functions(
+    state: &ClusterState,
+) -> Result<BTreeMap<String, NetworkAllocationSpec>, AllocError> {
+    let claims: Vec<Option<u128>> = state
+        .networks
+        .keys()
+        .map(|name| {
+            state
+                .network_allocations
+                .get(name)
+                .map(|a| u128::from(a.function))
+        })
+        .collect();
+    let (mut free, accepted) = LowestFree::settle(1, u128::from(u16::MAX), &claims);
+    state
+        .networks
+        .keys()
+        .zip(accepted)
+        .map(|(name, kept)| {
+            let function = kept
+                .or_else(|| free.take())
+                .and_then(|f| u16::try_from(f).ok())
+                .ok_or_else(|| AllocError::FunctionsExhausted {
+                    network: name.clone(),
+                })?;
+            Ok((name.clone(), NetworkAllocationSpec { function }))
+        })
+        .collect()
+}
+
+/// The blocks of one subnet, numbered from 0 at the subnet's first address.
+#[derive(Debug)]
+struct BlockPool {
+    cidr: IpNet,
+    block_prefix: u8,
+    /// Host bits of one block (`max_prefix_len - block_prefix`).
+    shift: u32,
+    /// Number of blocks (saturated at `u128::MAX`).
+    count: u128,
+}
+
+fn addr_bits(addr: IpAddr) -> u128 {
+    match addr {
+        IpAddr::V4(a) => u128::from(u32::from(a)),
+        IpAddr::V6(a) => u128::from(a),
+    }
+}
+
+impl BlockPool {
+    /// `subnet` must be valid (see [`validate::validate_network`]).
+    fn new(subnet: &Subnet) -> Self {
+        let cidr = subnet.cidr;
+        let shift = u32::from(cidr.max_prefix_len().saturating_sub(subnet.block_prefix));
+        let count = 1u128
+            .checked_shl(u32::from(
+                subnet.block_prefix.saturating_sub(cidr.prefix_len()),
+            ))
+            .unwrap_or(u128::MAX);
+        Self {
+            cidr,
+            block_prefix: subnet.block_prefix,
+            shift,
+            count,
+        }
+    }
+
+    /// The number of `block` in this pool, if it is one of its blocks.
+    fn offset_of(&self, block: &IpNet) -> Option<u128> {
+        let same_family = matches!(
+            (block, self.cidr),
+            (IpNet::V4(_), IpNet::V4(_)) | (IpNet::V6(_), IpNet::V6(_))
+        );
+        if !same_family
+            || block.prefix_len() != self.block_prefix
+            || block.trunc() != *block
+            || !self.cidr.contains(block)
+        {
+            return None;
+        }
+        let delta = addr_bits(block.network()) - addr_bits(self.cidr.network());
+        Some(delta.checked_shr(self.shift).unwrap_or(0))
+    }
+
+    /// Block number `offset`; `None` if the pool has no such block.
+    fn block(&self, offset: u128) -> Option<IpNet> {
+        if offset >= self.count {
+            return None;
+        }
+        let start = addr_bits(self.cidr.network()) + offset.checked_shl(self.shift).unwrap_or(0);
+        let block = match self.cidr {
+            IpNet::V4(_) => IpNet::V4(
+                Ipv4Net::new(
+                    Ipv4Addr::from(u32::try_from(start).ok()?),
+                    self.block_prefix,
+                )
+                .ok()?,
+            ),
+            IpNet::V6(_) => IpNet::V6(Ipv6Net::new(Ipv6Addr::from(start), self.block_prefix).ok()?),
+        };
+        Some(block)
+    }
+}
+
+fn allocate_nodes(
+    state: &ClusterState,
+) -> Result<BTreeMap<String, NodeAllocationSpec>, AllocError> {
+    if state.nodes.is_empty() {
+        return Ok(BTreeMap::new());
+    }
+    let prefix = state
+        .config
+        .srv6_locator_prefix
+        .ok_or(AllocError::NoLocatorPrefix {
+            nodes: state.nodes.len(),
+        })?;
+    let max = sid::max_node_index(prefix)?;
+
+    // Looked up once; every per-Network pass below walks the nodes in this same order.
+    let existing: Vec<Option<&NodeAllocationSpec>> = state
+        .nodes
+        .keys()
+        .map(|name| state.node_allocations.get(name))
+        .collect();
+    let claims: Vec<Option<u128>> = existing
+        .iter()
+        .map(|e| e.map(|a| u128::from(a.index)))
+        .collect();
+    let (mut free, accepted) = LowestFree::settle(1, u128::from(max), &claims);
+    let mut out = Vec::with_capacity(state.nodes.len());
+    for ((name, node), kept) in state.nodes.iter().zip(accepted) {
+        let underlay = node
+            .underlay_v6()
+            .ok_or_else(|| AllocError::NoUnderlay { node: name.clone() })?;
+        let index = kept
+            .or_else(|| free.take())
+            .and_then(|i| u32::try_from(i).ok())
+            .ok_or_else(|| AllocError::LocatorsExhausted {
+                prefix,
+                max,
+                node: name.clone(),
+            })?;
+        let locator = sid::node_locator(prefix, index)?;
+        out.push(NodeAllocationSpec {
+            index,
+            locator,
+            underlay,
+            blocks: BTreeMap::new(),
+        });
+    }
+
+    for (network, spec) in state.networks.iter().filter(|(_, spec)| !spec.external) {
+        let mut per_node = vec![Vec::with_capacity(spec.subnets.len()); out.len()];
+        for subnet in &spec.subnets {
+            let blocks = allocate_blocks(state, network, subnet, &existing)?;
+            for (node_blocks, block) in per_node.iter_mut().zip(blocks) {
+                node_blocks.push(block);
+            }
+        }
+        for (alloc, blocks) in out.iter_mut().zip(per_node) {
+            alloc.blocks.insert(network.clone(), blocks);
+        }
+    }
+    Ok(state.nodes.keys().cloned().zip(out).collect())
+}
+
+/// One block of `subnet` (of `network`) for every node (in name order; `existing` holds their
+/// current allocations).
+fn allocate_blocks(
+    state: &ClusterState,
+    network: &str,
+    subnet: &Subnet,
+    existing: &[Option<&NodeAllocationSpec>],
+) -> Result<Vec<IpNet>, AllocError> {
+    let pool = BlockPool::new(subnet);
+    let claims: Vec<Option<u128>> = existing
+        .iter()
+        .map(|e| {
+            let blocks = (*e)?.blocks.get(network)?;
+            blocks.iter().find_map(|b| pool.offset_of(b))
+        })
+        .collect();
+    let (mut free, accepted) = LowestFree::settle(0, pool.count - 1, &claims);
+    state
+        .nodes
+        .keys()
+        .zip(accepted)
+        .map(|(name, kept)| {
+            kept.or_else(|| free.take())
+                .and_then(|offset| pool.block(offset))
+                .ok_or_else(|| AllocError::BlocksExhausted {
+                    network: network.to_string(),
+                    cidr: subnet.cidr,
+                    block_prefix: subnet.block_prefix,
+                    blocks: pool.count,
+                    node: name.clone(),
+                })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+    use crate::api::NetworkSpec;
+    use crate::state::Node;
+    use proptest::prelude::*;
+
+    const PREFIX: &str = "2001:db8:100::/48";
+
+    fn mk_node(i: u8) -> Node {
+        Node {
+            labels: BTreeMap::new(),
+            internal_ips: vec![
+                IpAddr::V4(Ipv4Addr::new(192, 168, 0, i)),
+                IpAddr::V6(Ipv6Addr::new(0xfd00, 0xfab, 0, 0, 0, 0, 0, u16::from(i))),
+            ],
+        }
+    }
+
+    fn mk_network(subnets: &[(&str, u8)]) -> NetworkSpec {
+        NetworkSpec {
+            subnets: subnets
+                .iter()
+                .map(|(c, b)| Subnet {
+                    cidr: c.parse().unwrap(),
+                    block_prefix: *b,
+                })
+                .collect(),
+            external: false,
+        }
+    }
+
+    fn external() -> NetworkSpec {
+        NetworkSpec {
+            subnets: vec![],
+            external: true,
+        }
+    }
+
+    /// Nodes `node-<i>` and Networks `a` (dual-stack), `b` (IPv4) and `internet` (external).
+    fn mk_state(nodes: &[u8]) -> ClusterState {
+        let mut s = ClusterState::default();
+        s.config.srv6_locator_prefix = Some(PREFIX.parse().unwrap());
+        s.networks.insert(
+            "a".into(),
+            mk_network(&[("10.0.0.0/16", 24), ("fd00:a::/56", 64)]),
+        );
+        s.networks
+            .insert("b".into(), mk_network(&[("10.1.0.0/16", 20)]));
+        s.networks.insert("internet".into(), external());
+        for &i in nodes {
+            s.nodes.insert(format!("node-{i}"), mk_node(i));
+        }
+        s
+    }
+
+    fn nets(list: &[&str]) -> Vec<IpNet> {
+        list.iter().map(|s| s.parse().unwrap()).collect()
+    }
+
+    fn run(state: &mut ClusterState) -> Allocation {
+        let alloc = allocate(state).unwrap();
+        alloc.clone().store_in(state);
+        alloc
+    }
+
+    #[test]
+    fn a_small_cluster_from_scratch() {
+        let alloc = allocate(&mk_state(&[1, 2, 3])).unwrap();
+        let functions: Vec<(&str, u16)> = alloc
+            .network_allocations
+            .iter()
+            .map(|(n, a)| (n.as_str(), a.function))
+            .collect();
+        assert_eq!(functions, [("a", 1), ("b", 2), ("internet", 3)]);
+        let want = [
+            (
+                "node-1",
+                1,
+                "2001:db8:100::1:0:0/96",
+                "fd00:fab::1",
+                ["10.0.0.0/24", "fd00:a::/64"],
+                "10.1.0.0/20",
+            ),
+            (
+                "node-2",
+                2,
+                "2001:db8:100::2:0:0/96",
+                "fd00:fab::2",
+                ["10.0.1.0/24", "fd00:a:0:1::/64"],
+                "10.1.16.0/20",
+            ),
+            (
+                "node-3",
+                3,
+                "2001:db8:100::3:0:0/96",
+                "fd00:fab::3",
+                ["10.0.2.0/24", "fd00:a:0:2::/64"],
+                "10.1.32.0/20",
+            ),
+        ];
+        assert_eq!(alloc.node_allocations.len(), want.len());
+        for (node, index, locator, underlay, a, b) in want {
+            let got = &alloc.node_allocations[node];
+            assert_eq!(got.index, index, "{node}");
+            assert_eq!(got.locator, locator.parse::<Ipv6Net>().unwrap(), "{node}");
+            assert_eq!(
+                got.underlay,
+                underlay.parse::<Ipv6Addr>().unwrap(),
+                "{node}"
+            );
+            assert_eq!(got.blocks["a"], nets(&a), "{node}");
+            assert_eq!(got.blocks["b"], nets(&[b]), "{node}");
+            assert!(
+                !got.blocks.contains_key("internet"),
+                "external Networks get no blocks"
+            );
+        }
+    }
+
+    #[test]
+    fn removal_frees_and_the_lowest_free_is_reused() {
+        let mut s = mk_state(&[1, 2, 3]);
+        let first = run(&mut s);
+        s.nodes.remove("node-2");
+        s.networks.remove("a");
+        let second = run(&mut s);
+        assert_eq!(second.node_allocations["node-1"].index, 1);
+        assert_eq!(second.node_allocations["node-3"], {
+            let mut n3 = first.node_allocations["node-3"].clone();
+            n3.blocks.remove("a");
+            n3
+        });
+        assert!(!second.network_allocations.contains_key("a"));
+        // A new node takes node-2's index and its blocks; a new Network takes a's function.
+        s.nodes.insert("node-9".into(), mk_node(9));
+        s.networks
+            .insert("c".into(), mk_network(&[("10.2.0.0/16", 24)]));
+        let third = run(&mut s);
+        let n9 = &third.node_allocations["node-9"];
+        assert_eq!(n9.index, 2);
+        assert_eq!(n9.locator, first.node_allocations["node-2"].locator);
+        assert_eq!(n9.blocks["b"], first.node_allocations["node-2"].blocks["b"]);
+        assert_eq!(third.network_allocations["c"].function, 1);
+        assert_eq!(third.network_allocations["b"].function, 2);
+        let c_blocks: Vec<_> = third
+            .node_allocations
+            .values()
+            .map(|a| a.blocks["c"][0].to_string())
+            .collect();
+        assert_eq!(c_blocks, ["10.2.0.0/24", "10.2.1.0/24", "10.2.2.0/24"]);
+    }
+
+    #[test]
+    fn existing_allocations_are_kept_even_when_not_lowest() {
+        let mut s = mk_state(&[1, 2]);
+        s.network_allocations
+            .insert("b".into(), NetworkAllocationSpec { function: 40 });
+        s.node_allocations.insert(
+            "node-2".into(),
+            NodeAllocationSpec {
+                index: 7,
+                locator: "::/96".parse().unwrap(), // stale: re-derived from the index
+                underlay: "fd00:fab::99".parse().unwrap(), // stale: follows the Node
+                blocks: [("a".to_string(), nets(&["10.0.5.0/24"]))].into(),
+            },
+        );
+        let alloc = allocate(&s).unwrap();
+        assert_eq!(alloc.network_allocations["b"].function, 40);
+        assert_eq!(alloc.network_allocations["a"].function, 1);
+        let n2 = &alloc.node_allocations["node-2"];
+        assert_eq!(n2.index, 7);
+        assert_eq!(
+            n2.locator,
+            "2001:db8:100::7:0:0/96".parse::<Ipv6Net>().unwrap()
+        );
+        assert_eq!(n2.underlay, "fd00:fab::2".parse::<Ipv6Addr>().unwrap());
+        // node-2 had no IPv6 block of `a`: new blocks go out in node name order.
+        assert_eq!(n2.blocks["a"], nets(&["10.0.5.0/24", "fd00:a:0:1::/64"]));
+        let n1 = &alloc.node_allocations["node-1"];
+        assert_eq!(n1.index, 1);
+        assert_eq!(n1.blocks["a"], nets(&["10.0.0.0/24", "fd00:a::/64"]));
+    }
+
+    #[test]
+    fn invalid_existing_values_are_replaced() {
+        let mut s = mk_state(&[1, 2]);
+        s.network_allocations
+            .insert("a".into(), NetworkAllocationSpec { function: 0 });
+        s.network_allocations
+            .insert("b".into(), NetworkAllocationSpec { function: 5 });
+        s.network_allocations
+            .insert("internet".into(), NetworkAllocationSpec { function: 5 });
+        let claim = |index, blocks: &[&str]| NodeAllocationSpec {
+            index,
+            locator: "::/96".parse().unwrap(),
+            underlay: Ipv6Addr::LOCALHOST,
+            blocks: [("a".to_string(), nets(blocks))].into(),
+        };
+        // Both nodes claim index 3 and the same block; node-1 (first by name) keeps them.
+        s.node_allocations
+            .insert("node-1".into(), claim(3, &["10.0.9.0/24", "10.9.0.0/24"]));
+        s.node_allocations
+            .insert("node-2".into(), claim(3, &["10.0.9.0/24", "fd00:a::/63"]));
+        let alloc = allocate(&s).unwrap();
+        let f: Vec<u16> = alloc
+            .network_allocations
+            .values()
+            .map(|a| a.function)
+            .collect();
+        assert_eq!(f, [1, 5, 2], "a: 0 is reserved; internet: 5 is b's");
+        assert_eq!(alloc.node_allocations["node-1"].index, 3);
+        assert_eq!(alloc.node_allocations["node-2"].index, 1);
+        assert_eq!(
+            alloc.node_allocations["node-1"].blocks["a"],
+            nets(&["10.0.9.0/24", "fd00:a::/64"])
+        );
+        assert_eq!(
+            alloc.node_allocations["node-2"].blocks["a"],
+            nets(&["10.0.0.0/24", "fd00:a:0:1::/64"])
+        );
+    }
+
+    #[test]
+    fn errors_name_what_ran_out() {
+        type Setup = fn(&mut ClusterState);
+        let cases: Vec<(Setup, &str)> = vec![
+            (
+                |s| { s.networks.insert("small".into(), mk_network(&[("10.9.0.0/30", 31)])); },
+                "Network small: subnet 10.9.0.0/30 is exhausted: all 2 blocks of /31 are taken, none left for Node node-3",
+            ),
+            (
+                |s| s.config.srv6_locator_prefix = Some("fd00::/95".parse().unwrap()),
+                "srv6LocatorPrefix fd00::/95 is exhausted: all 1 node locators are taken, none left for Node node-2",
+            ),
+            (
+                |s| s.config.srv6_locator_prefix = Some("fd00::/97".parse().unwrap()),
+                "srv6LocatorPrefix fd00::/97 leaves 31 bits for the SID function and arguments, at least 32 are needed (use /96 or shorter)",
+            ),
+            (
+                |s| s.config.srv6_locator_prefix = None,
+                "no srv6LocatorPrefix is configured: cannot allocate locators for 3 nodes",
+            ),
+            (
+                |s| s.nodes.get_mut("node-2").unwrap().internal_ips.truncate(1),
+                "Node node-2 has no IPv6 InternalIP in status.addresses: it is needed as the SRv6 underlay address",
+            ),
+            (
+                |s| { s.networks.insert("bad".into(), mk_network(&[("10.9.0.1/16", 8)])); },
+                "cannot allocate for invalid Networks: Network/bad: spec.subnets[0].blockPrefix: blockPrefix 8 is shorter than the prefix of subnet 10.9.0.1/16: a block must fit in the subnet; Network/bad: spec.subnets[0].cidr: 10.9.0.1/16 has host bits set (did you mean 10.9.0.0/16?)",
+            ),
+        ];
+        for (setup, want) in cases {
+            let mut s = mk_state(&[1, 2, 3]);
+            setup(&mut s);
+            assert_eq!(allocate(&s).unwrap_err().to_string(), want);
+        }
+    }
+
+    #[test]
+    fn sid_functions_run_out_after_65535_networks() {
+        let mut s = ClusterState::default();
+        for i in 0..=u32::from(u16::MAX) {
+            s.networks.insert(format!("n{i:05}"), external());
+        }
+        assert_eq!(
+            allocate(&s).unwrap_err().to_string(),
+            "SID functions are exhausted: all 65535 are taken, none left for Network n65535"
+        );
+        s.networks.remove("n00007");
+        let alloc = allocate(&s).unwrap();
+        assert_eq!(alloc.network_allocations["n65535"].function, 65535);
+        assert_eq!(alloc.network_allocations["n00008"].function, 8);
+    }
+
+    /// Checks every invariant of an allocation against the state it was made for.
+    fn check_invariants(state: &ClusterState, alloc: &Allocation) -> Result<(), TestCaseError> {
+        let functions: BTreeSet<u16> = alloc
+            .network_allocations
+            .values()
+            .map(|a| a.function)
+            .collect();
+        prop_assert_eq!(
+            functions.len(),
+            state.networks.len(),
+            "one distinct function per Network"
+        );
+        prop_assert!(!functions.contains(&0));
+        prop_assert!(alloc.network_allocations.keys().eq(state.networks.keys()));
+        prop_assert!(alloc.node_allocations.keys().eq(state.nodes.keys()));
+        let prefix = state.config.srv6_locator_prefix.unwrap();
+        let locators: BTreeSet<Ipv6Net> =
+            alloc.node_allocations.values().map(|a| a.locator).collect();
+        prop_assert_eq!(locators.len(), state.nodes.len(), "distinct locators");
+        for (name, a) in &alloc.node_allocations {
+            prop_assert_eq!(a.locator, sid::node_locator(prefix, a.index).unwrap());
+            prop_assert_eq!(Some(a.underlay), state.nodes[name].underlay_v6());
+            let internal: Vec<&String> = state
+                .networks
+                .iter()
+                .filter(|(_, n)| !n.external)
+                .map(|(k, _)| k)
+                .collect();
+            prop_assert!(a.blocks.keys().eq(internal.into_iter()));
+        }
+        for (network, spec) in state.networks.iter().filter(|(_, n)| !n.external) {
+            for (i, subnet) in spec.subnets.iter().enumerate() {
+                let mut seen = BTreeSet::new();
+                for a in alloc.node_allocations.values() {
+                    let block = a.blocks[network][i];
+                    prop_assert!(
+                        subnet.cidr.contains(&block) && block.prefix_len() == subnet.block_prefix
+                    );
+                    // Aligned blocks of one size overlap exactly when they are equal.
+                    prop_assert_eq!(block.trunc(), block);
+                    prop_assert!(
+                        seen.insert(block),
+                        "block {} of {} given twice",
+                        block,
+                        network
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Network `net-<i>`: IPv4 10.<i>.0.0/16 in /22 blocks (64 of them) and IPv6
+    /// fd00:<i>::/48 in /64 blocks; every fourth one is external instead.
+    fn indexed_network(i: u8) -> NetworkSpec {
+        if i % 4 == 3 {
+            return external();
+        }
+        let v4 = format!("10.{i}.0.0/16");
+        let v6 = format!("fd00:{i}::/48");
+        mk_network(&[(v4.as_str(), 22), (v6.as_str(), 64)])
+    }
+
+    #[derive(Clone, Debug)]
+    enum Add {
+        Node(u8),
+        Network(u8),
+    }
+
+    fn base_state() -> ClusterState {
+        let mut s = ClusterState::default();
+        // /90: 6 node bits, 63 locators.
+        s.config.srv6_locator_prefix = Some("2001:db8:100::/90".parse().unwrap());
+        s
+    }
+
+    fn add(state: &mut ClusterState, what: &Add) {
+        match *what {
+            Add::Node(i) => state
+                .nodes
+                .insert(format!("node-{i:02}"), mk_node(i))
+                .is_none(),
+            Add::Network(i) => state
+                .networks
+                .insert(format!("net-{i}"), indexed_network(i))
+                .is_none(),
+        };
+    }
+
+    fn additions() -> impl Strategy<Value = Vec<Add>> {
+        (
+            proptest::collection::btree_set(1u8..60, 0..25),
+            proptest::collection::btree_set(0u8..12, 0..8),
+        )
+            .prop_flat_map(|(nodes, networks)| {
+                let all: Vec<Add> = nodes
+                    .into_iter()
+                    .map(Add::Node)
+                    .chain(networks.into_iter().map(Add::Network))
+                    .collect();
+                Just(all).prop_shuffle()
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// From scratch and incrementally: no overlaps, and each step keeps every earlier
+        /// allocation as it was; re-running a step changes nothing.
+        #[test]
+        fn incremental_additions_never_move_earlier_allocations(adds in additions()) {
+            let mut s = base_state();
+            for what in &adds {
+                let before = Allocation {
+                    network_allocations: s.network_allocations.clone(),
+                    node_allocations: s.node_allocations.clone(),
+                };
+                add(&mut s, what);
+                let now = run(&mut s);
+                check_invariants(&s, &now)?;
+                for (name, f) in &before.network_allocations {
+                    prop_assert_eq!(&now.network_allocations[name], f);
+                }
+                for (name, a) in &before.node_allocations {
+                    let b = &now.node_allocations[name];
+                    prop_assert_eq!((a.index, a.locator, a.underlay), (b.index, b.locator, b.underlay));
+                    for (network, blocks) in &a.blocks {
+                        prop_assert_eq!(&b.blocks[network], blocks);
+                    }
+                }
+                prop_assert_eq!(allocate(&s).unwrap(), now, "re-running is a no-op");
+            }
+        }
+
+        /// Starting from the same existing allocations, the same inputs inserted in any order
+        /// give the same result.
+        #[test]
+        fn insertion_order_does_not_matter(adds in additions(), split in 0usize..30, seed in any::<u64>()) {
+            let split = split.min(adds.len());
+            let mut existing = base_state();
+            adds[..split].iter().for_each(|w| add(&mut existing, w));
+            run(&mut existing);
+            let mut rest = adds[split..].to_vec();
+            let mut one = existing.clone();
+            rest.iter().for_each(|w| add(&mut one, w));
+            // A second, different order of the same remaining additions.
+            let mut rng = seed;
+            for i in (1..rest.len()).rev() {
+                rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                rest.swap(i, usize::try_from(rng >> 33).unwrap() % (i + 1));
+            }
+            let mut two = existing.clone();
+            rest.iter().for_each(|w| add(&mut two, w));
+            let a = allocate(&one).unwrap();
+            check_invariants(&one, &a)?;
+            prop_assert_eq!(a, allocate(&two).unwrap());
+        }
+
+        /// Removing nodes and Networks keeps the rest in place; as many new ones then get
+        /// exactly the freed indices, blocks and functions (allocated from scratch, the values
+        /// are dense, so the freed ones are the lowest free).
+        #[test]
+        fn removal_frees_values_for_reuse(
+            nodes in proptest::collection::btree_set(1u8..30, 1..20),
+            networks in proptest::collection::btree_set(0u8..12, 1..8),
+            remove_mask in any::<u32>(),
+        ) {
+            let mut s = base_state();
+            nodes.iter().for_each(|&i| add(&mut s, &Add::Node(i)));
+            networks.iter().for_each(|&i| add(&mut s, &Add::Network(i)));
+            let full = run(&mut s);
+            let removed: Vec<u8> = nodes.iter().copied().filter(|i| remove_mask & (1 << i) != 0).collect();
+            for i in &removed {
+                s.nodes.remove(&format!("node-{i:02}"));
+            }
+            let fewer = run(&mut s);
+            check_invariants(&s, &fewer)?;
+            for (name, a) in &fewer.node_allocations {
+                prop_assert_eq!(a, &full.node_allocations[name]);
+            }
+            for i in 0..removed.len() {
+                add(&mut s, &Add::Node(100 + u8::try_from(i).unwrap()));
+            }
+            let refilled = run(&mut s);
+            check_invariants(&s, &refilled)?;
+            let indices = |a: &Allocation| a.node_allocations.values().map(|n| n.index).collect::<BTreeSet<_>>();
+            prop_assert_eq!(indices(&refilled), indices(&full));
+            let blocks = |a: &Allocation| a.node_allocations.values().flat_map(|n| n.blocks.values().flatten().copied()).collect::<BTreeSet<_>>();
+            prop_assert_eq!(blocks(&refilled), blocks(&full));
+        }
+    }
+}

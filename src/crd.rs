@@ -1,0 +1,344 @@
+//! The CustomResourceDefinitions of every Lace kind, generated from the types in [`crate::api`]
+//! (the one source of truth for the schema). The chart templates the YAML from
+//! [`crds_yaml`].
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::CustomResourceExt;
+
+use crate::api::{
+    Network, NetworkAllocation, NetworkBindingPolicy, NetworkRoutingPolicy, NodeAllocation,
+    ServiceBindingPolicy, ServiceRoutingPolicy,
+};
+
+/// The CRDs of all Lace kinds, sorted by CRD name.
+pub fn crds() -> Vec<CustomResourceDefinition> {
+    let mut crds = vec![
+        Network::crd(),
+        NetworkBindingPolicy::crd(),
+        ServiceBindingPolicy::crd(),
+        NetworkRoutingPolicy::crd(),
+        ServiceRoutingPolicy::crd(),
+        NetworkAllocation::crd(),
+        NodeAllocation::crd(),
+    ];
+    crds.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    crds
+}
+
+/// All CRDs as one multi-document YAML text, in [`crds`] order (deterministic).
+pub fn crds_yaml() -> String {
+    crds()
+        .iter()
+        .map(|crd| {
+            // A CRD is plain data with string keys: serializing it cannot fail.
+            serde_yaml::to_string(crd).expect("a CustomResourceDefinition serializes to YAML")
+        })
+        .map(|doc| format!("---\n{doc}"))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::path::Path;
+
+    use serde_json::Value;
+
+    use super::*;
+
+    /// Every kind with whether it has a status subresource and its printer columns.
+    const KINDS: [(&str, bool, &[&str]); 7] = [
+        ("Network", true, &["External", "Subnets", "Ready", "Age"]),
+        ("NetworkAllocation", false, &["Function"]),
+        (
+            "NetworkBindingPolicy",
+            true,
+            &["Network", "Priority", "Age"],
+        ),
+        ("NetworkRoutingPolicy", true, &["From", "To", "Age"]),
+        ("NodeAllocation", false, &["Index", "Locator", "Underlay"]),
+        (
+            "ServiceBindingPolicy",
+            true,
+            &["Network", "Priority", "Age"],
+        ),
+        ("ServiceRoutingPolicy", true, &["From", "To", "Age"]),
+    ];
+
+    fn crd_json(kind: &str) -> Value {
+        let crd = crds()
+            .into_iter()
+            .find(|c| c.spec.names.kind == kind)
+            .unwrap();
+        serde_json::to_value(crd).unwrap()
+    }
+
+    fn schema(kind: &str) -> Value {
+        crd_json(kind)["spec"]["versions"][0]["schema"]["openAPIV3Schema"].clone()
+    }
+
+    #[test]
+    fn every_kind_is_cluster_scoped_v1alpha1_with_status_and_columns() {
+        let all = crds();
+        assert_eq!(all.len(), KINDS.len());
+        for (kind, has_status, columns) in KINDS {
+            let crd = all.iter().find(|c| c.spec.names.kind == kind).unwrap();
+            assert_eq!(crd.spec.group, "lace.io", "{kind}");
+            assert_eq!(crd.spec.scope, "Cluster", "{kind}");
+            let plural = &crd.spec.names.plural;
+            assert_eq!(
+                crd.metadata.name.as_deref(),
+                Some(format!("{plural}.lace.io").as_str())
+            );
+            assert_eq!(crd.spec.versions.len(), 1, "{kind}");
+            let v = &crd.spec.versions[0];
+            assert_eq!(
+                (v.name.as_str(), v.served, v.storage),
+                ("v1alpha1", true, true),
+                "{kind}"
+            );
+            let status = v.subresources.as_ref().and_then(|s| s.status.as_ref());
+            assert_eq!(status.is_some(), has_status, "{kind} status subresource");
+            let got: Vec<&str> = v
+                .additional_printer_columns
+                .iter()
+                .flatten()
+                .map(|c| c.name.as_str())
+                .collect();
+            assert_eq!(got, columns, "{kind} printer columns");
+            assert!(!crd
+                .spec
+                .names
+                .short_names
+                .as_deref()
+                .unwrap_or_default()
+                .is_empty());
+        }
+    }
+
+    #[test]
+    fn crds_yaml_is_deterministic_and_parses_back() {
+        let text = crds_yaml();
+        assert_eq!(text, crds_yaml());
+        let docs: Vec<CustomResourceDefinition> = serde_yaml::Deserializer::from_str(&text)
+            .map(|d| serde::Deserialize::deserialize(d).unwrap())
+            .collect();
+        assert_eq!(docs, crds());
+    }
+
+    #[test]
+    fn the_schemas_hold_the_fields() {
+        let net = schema("Network");
+        let subnet = &net["properties"]["spec"]["properties"]["subnets"]["items"];
+        assert_eq!(subnet["properties"]["cidr"]["type"], "string");
+        assert_eq!(subnet["properties"]["blockPrefix"]["type"], "integer");
+        assert_eq!(
+            subnet["required"],
+            serde_json::json!(["blockPrefix", "cidr"])
+        );
+        assert_eq!(
+            net["properties"]["spec"]["properties"]["external"]["type"],
+            "boolean"
+        );
+        assert_eq!(
+            net["properties"]["status"]["properties"]["conditions"]["type"],
+            "array"
+        );
+        let nbp = &schema("NetworkBindingPolicy")["properties"]["spec"];
+        assert_eq!(nbp["properties"]["priority"]["type"], "integer");
+        let op = &nbp["properties"]["podSelector"]["properties"]["matchExpressions"]["items"]
+            ["properties"]["operator"];
+        assert_eq!(
+            op["enum"],
+            serde_json::json!(["In", "NotIn", "Exists", "DoesNotExist"])
+        );
+        let node = &schema("NodeAllocation")["properties"]["spec"];
+        assert_eq!(node["properties"]["locator"]["type"], "string");
+        assert_eq!(node["properties"]["underlay"]["type"], "string");
+        assert_eq!(
+            node["properties"]["blocks"]["additionalProperties"]["items"]["type"],
+            "string"
+        );
+        let srp = &schema("ServiceRoutingPolicy")["properties"]["spec"];
+        assert_eq!(srp["required"], serde_json::json!(["from", "to"]));
+    }
+
+    /// A small structural-schema check (types, required, unknown fields, enums, integer
+    /// bounds), enough to tell whether the API server would accept `value` as is.
+    fn check(schema: &Value, value: &Value, path: &str, errors: &mut Vec<String>) {
+        if value.is_null() && schema["nullable"] == true {
+            return;
+        }
+        let ok = match schema["type"].as_str() {
+            Some("object") => {
+                let Some(map) = value.as_object() else {
+                    errors.push(format!("{path}: not an object"));
+                    return;
+                };
+                let required = schema["required"].as_array().into_iter().flatten();
+                for required in required.filter_map(Value::as_str) {
+                    if !map.contains_key(required) {
+                        errors.push(format!("{path}.{required}: required"));
+                    }
+                }
+                for (key, v) in map {
+                    let sub = &schema["properties"][key];
+                    if !sub.is_null() {
+                        check(sub, v, &format!("{path}.{key}"), errors);
+                    } else if schema["additionalProperties"].is_object() {
+                        check(
+                            &schema["additionalProperties"],
+                            v,
+                            &format!("{path}.{key}"),
+                            errors,
+                        );
+                    } else if schema["x-kubernetes-preserve-unknown-fields"] != true {
+                        errors.push(format!("{path}.{key}: unknown field"));
+                    }
+                }
+                true
+            }
+            Some("array") => {
+                let Some(items) = value.as_array() else {
+                    errors.push(format!("{path}: not an array"));
+                    return;
+                };
+                for (i, v) in items.iter().enumerate() {
+                    check(&schema["items"], v, &format!("{path}[{i}]"), errors);
+                }
+                true
+            }
+            Some("string") => {
+                value.is_string()
+                    && schema["enum"]
+                        .as_array()
+                        .is_none_or(|allowed| allowed.contains(value))
+            }
+            Some("integer") => value.as_i64().is_some_and(|n| {
+                schema["minimum"].as_f64().is_none_or(|min| n as f64 >= min)
+                    && schema["maximum"].as_f64().is_none_or(|max| n as f64 <= max)
+            }),
+            Some("boolean") => value.is_boolean(),
+            _ => true,
+        };
+        if !ok {
+            errors.push(format!("{path}: {value} does not match {}", schema["type"]));
+        }
+    }
+
+    /// Every object of the example cluster, by kind: each validates against its CRD's schema
+    /// and deserializes into its kube type.
+    #[test]
+    fn the_example_objects_fit_the_schemas() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/cluster");
+        let mut by_kind: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+        for file in ["networks.yaml", "policies.yaml", "lace-allocations.yaml"] {
+            let text = std::fs::read_to_string(dir.join(file)).unwrap();
+            for doc in serde_yaml::Deserializer::from_str(&text) {
+                let v: Value = serde::Deserialize::deserialize(doc).unwrap();
+                by_kind
+                    .entry(v["kind"].as_str().unwrap().to_string())
+                    .or_default()
+                    .push(v);
+            }
+        }
+        assert_eq!(by_kind.keys().collect::<Vec<_>>(), KINDS.map(|k| k.0));
+        for (kind, objects) in &by_kind {
+            let schema = schema(kind);
+            for object in objects {
+                let mut errors = Vec::new();
+                check(
+                    &schema["properties"]["spec"],
+                    &object["spec"],
+                    "spec",
+                    &mut errors,
+                );
+                assert_eq!(
+                    errors,
+                    Vec::<String>::new(),
+                    "{kind} {}",
+                    object["metadata"]["name"]
+                );
+                let o = object.clone();
+                let parsed = match kind.as_str() {
+                    "Network" => serde_json::from_value::<Network>(o).map(|_| ()),
+                    "NetworkAllocation" => {
+                        serde_json::from_value::<NetworkAllocation>(o).map(|_| ())
+                    }
+                    "NetworkBindingPolicy" => {
+                        serde_json::from_value::<NetworkBindingPolicy>(o).map(|_| ())
+                    }
+                    "NetworkRoutingPolicy" => {
+                        serde_json::from_value::<NetworkRoutingPolicy>(o).map(|_| ())
+                    }
+                    "NodeAllocation" => serde_json::from_value::<NodeAllocation>(o).map(|_| ()),
+                    "ServiceBindingPolicy" => {
+                        serde_json::from_value::<ServiceBindingPolicy>(o).map(|_| ())
+                    }
+                    "ServiceRoutingPolicy" => {
+                        serde_json::from_value::<ServiceRoutingPolicy>(o).map(|_| ())
+                    }
+                    other => panic!("unexpected kind {other}"),
+                };
+                assert!(parsed.is_ok(), "{kind}: {parsed:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_schema_check_rejects_what_the_api_server_would() {
+        let schema = schema("Network");
+        let bad = serde_json::json!({
+            "subnets": [{"cidr": "10.0.0.0/8", "blockPrefix": "24"}, {"blockPrefix": 300}],
+            "externl": true,
+        });
+        let mut errors = Vec::new();
+        check(&schema["properties"]["spec"], &bad, "spec", &mut errors);
+        errors.sort();
+        assert_eq!(
+            errors,
+            [
+                "spec.externl: unknown field",
+                "spec.subnets[0].blockPrefix: \"24\" does not match \"integer\"",
+                "spec.subnets[1].blockPrefix: 300 does not match \"integer\"",
+                "spec.subnets[1].cidr: required",
+            ]
+        );
+    }
+
+    /// The real Kubernetes schemas (PyPI `kubernetes-validate`, strict mode) accept the
+    /// generated CRDs and the core objects of the example cluster.
+    #[test]
+    #[ignore = "needs kubernetes-validate (PyPI) on PATH; run with --ignored"]
+    fn kubernetes_validate_accepts_the_crds_and_the_example() {
+        let dir = tempfile::tempdir().unwrap();
+        let crds = dir.path().join("crds.yaml");
+        std::fs::write(&crds, crds_yaml()).unwrap();
+        let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/cluster");
+        let core = [
+            "config.yaml",
+            "namespaces.yaml",
+            "nodes.yaml",
+            "pods.yaml",
+            "services.yaml",
+        ];
+        let output = std::process::Command::new("kubernetes-validate")
+            .args(["--strict", "--kubernetes-version", "1.33.0", "--no-warn"])
+            .arg(&crds)
+            .args(core.map(|f| example.join(f)))
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        // 7 CRDs + 1 ConfigMap + 4 Namespaces + 3 Nodes + 8 Pods + 4 Services + 6 slices.
+        assert_eq!(
+            stdout.matches(" passed for resource ").count(),
+            33,
+            "{stdout}"
+        );
+    }
+}

@@ -1,0 +1,972 @@
+//! [`ClusterState`] from a directory of YAML manifests (standalone mode: the demo and tests).
+//!
+//! [`load_dir`] reads every `*.yaml` / `*.yml` file below a directory (recursively, in path
+//! order), each possibly holding several documents, and keeps:
+//!
+//! - the Lace kinds (`lace.io/v1alpha1`): Networks, the four policy kinds and the internal
+//!   `NetworkAllocation` / `NodeAllocation` objects;
+//! - core `v1` Namespaces, Pods, Services and Nodes, `discovery.k8s.io/v1` EndpointSlices
+//!   (merged per Service through the `kubernetes.io/service-name` label, ready endpoints only);
+//! - the cluster configuration from the ConfigMap `kube-system/lace-config`, key
+//!   `srv6LocatorPrefix`.
+//!
+//! Every other kind is ignored. Namespaced objects without `metadata.namespace` are in
+//! `default` (as `kubectl apply` would put them), and every Namespace gets the
+//! `kubernetes.io/metadata.name` label the API server adds. The core kinds are parsed with small private structs of only
+//! the fields Lace reads, so this module builds without kube.
+//!
+//! [`write_allocations`] records an [`Allocation`] as one file of internal objects in the same
+//! directory, so one allocator pass decides and every agent reads the same allocation.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::alloc::Allocation;
+use crate::api::{self, NetworkAllocationSpec, NodeAllocationSpec};
+use crate::state::{
+    ClusterState, Endpoints, Namespace, Node, ObjectKey, Pod, Service, ServicePort,
+};
+
+/// Name of the file [`write_allocations`] writes.
+pub const ALLOCATIONS_FILE: &str = "lace-allocations.yaml";
+/// Namespace of the ConfigMap holding the cluster configuration.
+pub const CONFIG_NAMESPACE: &str = "kube-system";
+/// Name of the ConfigMap holding the cluster configuration.
+pub const CONFIG_NAME: &str = "lace-config";
+/// Label that ties an EndpointSlice to its Service.
+const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+/// Label the API server puts on every Namespace; added here too so selectors behave the same.
+const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+
+/// Why a directory could not be loaded or allocations not written.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// A file or directory could not be read.
+    #[error("cannot read {}: {source}", .path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// A document is not valid YAML.
+    #[error("{}: document {doc}: invalid YAML: {source}", .file.display())]
+    Yaml {
+        file: PathBuf,
+        doc: usize,
+        source: serde_yaml::Error,
+    },
+    /// A document is not a Kubernetes object (no `apiVersion` or `kind`).
+    #[error("{}: document {doc}: not a Kubernetes object: {what}", .file.display())]
+    NotAnObject {
+        file: PathBuf,
+        doc: usize,
+        what: String,
+    },
+    /// A known kind without `metadata.name`.
+    #[error("{}: document {doc}: {kind} has no metadata.name", .file.display())]
+    MissingName {
+        file: PathBuf,
+        doc: usize,
+        kind: String,
+    },
+    /// A known kind whose content is malformed.
+    #[error("{}: document {doc}: {kind}/{name}: {message}", .file.display())]
+    Invalid {
+        file: PathBuf,
+        doc: usize,
+        kind: String,
+        name: String,
+        message: String,
+    },
+    /// The same object twice.
+    #[error("{}: document {doc}: {kind}/{name} is defined twice (first in {}, document {first_doc})", .file.display(), .first_file.display())]
+    Duplicate {
+        file: PathBuf,
+        doc: usize,
+        kind: String,
+        name: String,
+        first_file: PathBuf,
+        first_doc: usize,
+    },
+    /// Writing the allocations failed.
+    #[error("cannot write {}: {source}", .path.display())]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// Serializing the allocations failed.
+    #[error("cannot serialize the allocations: {0}")]
+    Serialize(serde_yaml::Error),
+}
+
+/// Loads every manifest below `dir` into a [`ClusterState`].
+pub fn load_dir(dir: &Path) -> Result<ClusterState, LoadError> {
+    let mut files = Vec::new();
+    collect_files(dir, &mut files)?;
+    files.sort();
+    let mut loader = Loader::default();
+    for file in &files {
+        let text = std::fs::read_to_string(file).map_err(|source| LoadError::Read {
+            path: file.clone(),
+            source,
+        })?;
+        loader.load_file(file, &text)?;
+    }
+    Ok(loader.finish())
+}
+
+fn collect_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), LoadError> {
+    let read_err = |source| LoadError::Read {
+        path: dir.to_path_buf(),
+        source,
+    };
+    for entry in std::fs::read_dir(dir).map_err(read_err)? {
+        let path = entry.map_err(read_err)?.path();
+        if path.is_dir() {
+            collect_files(&path, out)?;
+        } else if path.extension().is_some_and(|e| e == "yaml" || e == "yml") {
+            out.push(path);
+        }
+    }
+    Ok(())
+}
+
+/// Where a document is: for error messages and duplicate detection.
+#[derive(Clone, Debug)]
+struct Location {
+    file: PathBuf,
+    /// 1-based.
+    doc: usize,
+}
+
+/// `metadata` as far as the loader reads it.
+#[derive(Debug, Default, Deserialize)]
+struct Meta {
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
+}
+
+/// A Lace object: only its spec matters (status is the controller's output).
+#[derive(Debug, Deserialize)]
+struct LaceObject<S> {
+    spec: S,
+}
+
+#[derive(Debug, Deserialize)]
+struct NamespaceManifest {
+    #[serde(default)]
+    metadata: Meta,
+}
+
+#[derive(Debug, Deserialize)]
+struct PodManifest {
+    #[serde(default)]
+    metadata: Meta,
+    #[serde(default)]
+    spec: PodSpec,
+    #[serde(default)]
+    status: PodStatus,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct PodSpec {
+    #[serde(default)]
+    node_name: String,
+    #[serde(default)]
+    host_network: bool,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct PodStatus {
+    #[serde(default, rename = "podIP")]
+    pod_ip: Option<IpAddr>,
+    #[serde(default, rename = "podIPs")]
+    pod_ips: Vec<PodIp>,
+}
+
+#[derive(Debug, Deserialize)]
+struct PodIp {
+    ip: IpAddr,
+}
+
+#[derive(Debug, Deserialize)]
+struct ServiceManifest {
+    #[serde(default)]
+    metadata: Meta,
+    #[serde(default)]
+    spec: ServiceSpec,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ServiceSpec {
+    /// `None` for headless Services, so strings, not addresses.
+    #[serde(default, rename = "clusterIP")]
+    cluster_ip: Option<String>,
+    #[serde(default, rename = "clusterIPs")]
+    cluster_ips: Vec<String>,
+    #[serde(default)]
+    ports: Vec<PortManifest>,
+}
+
+#[derive(Debug, Deserialize)]
+struct PortManifest {
+    #[serde(default = "tcp")]
+    protocol: String,
+    /// Optional in EndpointSlices ("all ports"); required in Services.
+    #[serde(default)]
+    port: Option<u16>,
+}
+
+fn tcp() -> String {
+    "TCP".to_string()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct EndpointSliceManifest {
+    #[serde(default)]
+    metadata: Meta,
+    address_type: String,
+    #[serde(default)]
+    endpoints: Vec<EndpointManifest>,
+    #[serde(default)]
+    ports: Vec<PortManifest>,
+}
+
+#[derive(Debug, Deserialize)]
+struct EndpointManifest {
+    #[serde(default)]
+    addresses: Vec<String>,
+    #[serde(default)]
+    conditions: EndpointConditions,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct EndpointConditions {
+    /// Unset means ready (as Kubernetes documents for consumers).
+    #[serde(default)]
+    ready: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+struct NodeManifest {
+    #[serde(default)]
+    metadata: Meta,
+    #[serde(default)]
+    status: NodeStatus,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct NodeStatus {
+    #[serde(default)]
+    addresses: Vec<NodeAddress>,
+}
+
+#[derive(Debug, Deserialize)]
+struct NodeAddress {
+    #[serde(rename = "type")]
+    type_: String,
+    address: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct ConfigMapManifest {
+    #[serde(default)]
+    data: BTreeMap<String, String>,
+}
+
+/// One document being loaded: its text (for precise error messages), value and identity.
+struct Doc<'a> {
+    text: &'a str,
+    /// 0-based index within the file.
+    index: usize,
+    value: serde_yaml::Value,
+    at: Location,
+    kind: &'a str,
+    name: String,
+}
+
+impl Doc<'_> {
+    fn invalid(&self, message: impl Into<String>) -> LoadError {
+        LoadError::Invalid {
+            file: self.at.file.clone(),
+            doc: self.at.doc,
+            kind: self.kind.to_string(),
+            name: self.name.clone(),
+            message: message.into(),
+        }
+    }
+
+    /// Deserializes the document as `T`. On failure the document is parsed again from its
+    /// text, because only that path reports the field path and line of the problem.
+    fn parse<T: DeserializeOwned>(&self) -> Result<T, LoadError> {
+        serde_yaml::from_value(self.value.clone()).map_err(|err| {
+            let precise = serde_yaml::Deserializer::from_str(self.text)
+                .nth(self.index)
+                .map(T::deserialize)
+                .and_then(Result::err);
+            self.invalid(precise.unwrap_or(err).to_string())
+        })
+    }
+}
+
+/// Accumulates the state over all documents.
+#[derive(Default)]
+struct Loader {
+    state: ClusterState,
+    /// `Kind/namespace/name` → where it was first seen.
+    seen: BTreeMap<String, Location>,
+    /// EndpointSlices per Service, merged at the end.
+    endpoints: BTreeMap<ObjectKey, Endpoints>,
+}
+
+fn str_at<'v>(value: &'v serde_yaml::Value, path: &[&str]) -> Option<&'v str> {
+    path.iter().try_fold(value, |v, key| v.get(*key))?.as_str()
+}
+
+fn parse_ip(field: &str, s: &str) -> Result<IpAddr, String> {
+    s.parse()
+        .map_err(|_| format!("{field}: invalid IP address {s:?}"))
+}
+
+impl Loader {
+    fn load_file(&mut self, file: &Path, text: &str) -> Result<(), LoadError> {
+        for (index, document) in serde_yaml::Deserializer::from_str(text).enumerate() {
+            let at = Location {
+                file: file.to_path_buf(),
+                doc: index + 1,
+            };
+            let value =
+                serde_yaml::Value::deserialize(document).map_err(|source| LoadError::Yaml {
+                    file: at.file.clone(),
+                    doc: at.doc,
+                    source,
+                })?;
+            if value.is_null() {
+                continue; // an empty document, e.g. after a trailing `---`
+            }
+            self.load_doc(text, index, value, at)?;
+        }
+        Ok(())
+    }
+
+    fn load_doc(
+        &mut self,
+        text: &str,
+        index: usize,
+        value: serde_yaml::Value,
+        at: Location,
+    ) -> Result<(), LoadError> {
+        let not_object = |what: &str| LoadError::NotAnObject {
+            file: at.file.clone(),
+            doc: at.doc,
+            what: what.to_string(),
+        };
+        let api_version =
+            str_at(&value, &["apiVersion"]).ok_or_else(|| not_object("no apiVersion"))?;
+        let kind = str_at(&value, &["kind"]).ok_or_else(|| not_object("no kind"))?;
+        let (api_version, kind) = (api_version.to_string(), kind.to_string());
+        let namespaced = match (api_version.as_str(), kind.as_str()) {
+            (
+                api::API_VERSION,
+                "Network"
+                | "NetworkBindingPolicy"
+                | "ServiceBindingPolicy"
+                | "NetworkRoutingPolicy"
+                | "ServiceRoutingPolicy"
+                | "NetworkAllocation"
+                | "NodeAllocation",
+            ) => false,
+            ("v1", "Namespace" | "Node") => false,
+            ("v1", "Pod" | "Service" | "ConfigMap") | ("discovery.k8s.io/v1", "EndpointSlice") => {
+                true
+            }
+            _ => {
+                tracing::debug!(file = %at.file.display(), doc = at.doc, %api_version, %kind, "ignoring unknown kind");
+                return Ok(());
+            }
+        };
+        let Some(name) = str_at(&value, &["metadata", "name"]).map(str::to_string) else {
+            return Err(LoadError::MissingName {
+                file: at.file,
+                doc: at.doc,
+                kind,
+            });
+        };
+        let namespace = namespaced.then(|| {
+            str_at(&value, &["metadata", "namespace"])
+                .unwrap_or("default")
+                .to_string()
+        });
+        if kind == "ConfigMap"
+            && (namespace.as_deref(), name.as_str()) != (Some(CONFIG_NAMESPACE), CONFIG_NAME)
+        {
+            return Ok(()); // only Lace's own ConfigMap matters
+        }
+        let display_name = match &namespace {
+            Some(ns) => format!("{ns}/{name}"),
+            None => name.clone(),
+        };
+        let doc = Doc {
+            text,
+            index,
+            value,
+            at,
+            kind: &kind,
+            name: display_name,
+        };
+        self.check_unique(&doc)?;
+        let key = || ObjectKey::new(namespace.clone().unwrap_or_default(), name.clone());
+        let s = &mut self.state;
+        match kind.as_str() {
+            "Network" => _ = s.networks.insert(name, doc.parse::<LaceObject<_>>()?.spec),
+            "NetworkBindingPolicy" => {
+                _ = s
+                    .network_bindings
+                    .insert(name, doc.parse::<LaceObject<_>>()?.spec)
+            }
+            "ServiceBindingPolicy" => {
+                _ = s
+                    .service_bindings
+                    .insert(name, doc.parse::<LaceObject<_>>()?.spec)
+            }
+            "NetworkRoutingPolicy" => {
+                _ = s
+                    .network_routes
+                    .insert(name, doc.parse::<LaceObject<_>>()?.spec)
+            }
+            "ServiceRoutingPolicy" => {
+                _ = s
+                    .service_routes
+                    .insert(name, doc.parse::<LaceObject<_>>()?.spec)
+            }
+            "NetworkAllocation" => {
+                _ = s
+                    .network_allocations
+                    .insert(name, doc.parse::<LaceObject<_>>()?.spec)
+            }
+            "NodeAllocation" => {
+                _ = s
+                    .node_allocations
+                    .insert(name, doc.parse::<LaceObject<_>>()?.spec)
+            }
+            "Namespace" => {
+                let mut labels = doc.parse::<NamespaceManifest>()?.metadata.labels;
+                labels
+                    .entry(NAMESPACE_NAME_LABEL.to_string())
+                    .or_insert_with(|| name.clone());
+                s.namespaces.insert(name, Namespace { labels });
+            }
+            "Pod" => _ = s.pods.insert(key(), pod(doc.parse()?)),
+            "Service" => {
+                _ = s
+                    .services
+                    .insert(key(), service(doc.parse()?).map_err(|m| doc.invalid(m))?)
+            }
+            "Node" => {
+                _ = s
+                    .nodes
+                    .insert(name, node(doc.parse()?).map_err(|m| doc.invalid(m))?)
+            }
+            "EndpointSlice" => {
+                let slice: EndpointSliceManifest = doc.parse()?;
+                let Some(service) = slice.metadata.labels.get(SERVICE_NAME_LABEL) else {
+                    tracing::debug!(slice = %doc.name, "ignoring an EndpointSlice without {SERVICE_NAME_LABEL}");
+                    return Ok(());
+                };
+                let merged = self
+                    .endpoints
+                    .entry(ObjectKey::new(key().namespace, service.clone()))
+                    .or_default();
+                merge_slice(merged, slice).map_err(|m| doc.invalid(m))?;
+            }
+            "ConfigMap" => {
+                let data = doc.parse::<ConfigMapManifest>()?.data;
+                let prefix = data
+                    .get("srv6LocatorPrefix")
+                    .map(String::as_str)
+                    .unwrap_or_default();
+                s.config.srv6_locator_prefix = if prefix.is_empty() {
+                    None
+                } else {
+                    Some(prefix.parse().map_err(|_| {
+                        doc.invalid(format!(
+                            "data.srv6LocatorPrefix: invalid IPv6 prefix {prefix:?}"
+                        ))
+                    })?)
+                };
+            }
+            // Not reached: the match on (apiVersion, kind) above lets only the kinds here through.
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn check_unique(&mut self, doc: &Doc<'_>) -> Result<(), LoadError> {
+        let id = format!("{}/{}", doc.kind, doc.name);
+        if let Some(first) = self.seen.get(&id) {
+            return Err(LoadError::Duplicate {
+                file: doc.at.file.clone(),
+                doc: doc.at.doc,
+                kind: doc.kind.to_string(),
+                name: doc.name.clone(),
+                first_file: first.file.clone(),
+                first_doc: first.doc,
+            });
+        }
+        self.seen.insert(id, doc.at.clone());
+        Ok(())
+    }
+
+    fn finish(mut self) -> ClusterState {
+        for endpoints in self.endpoints.values_mut() {
+            endpoints.addresses.sort();
+            endpoints.addresses.dedup();
+            endpoints.ports.sort();
+            endpoints.ports.dedup();
+        }
+        self.state.endpoints = self.endpoints;
+        self.state
+    }
+}
+
+fn pod(m: PodManifest) -> Pod {
+    let mut ips: Vec<IpAddr> = m.status.pod_ips.into_iter().map(|p| p.ip).collect();
+    if ips.is_empty() {
+        ips.extend(m.status.pod_ip);
+    }
+    Pod {
+        labels: m.metadata.labels,
+        node: m.spec.node_name,
+        ips,
+        host_network: m.spec.host_network,
+    }
+}
+
+fn service(m: ServiceManifest) -> Result<Service, String> {
+    let spec = m.spec;
+    let (field, ips) = if spec.cluster_ips.is_empty() {
+        ("spec.clusterIP", spec.cluster_ip.into_iter().collect())
+    } else {
+        ("spec.clusterIPs", spec.cluster_ips)
+    };
+    let cluster_ips = ips
+        .iter()
+        .filter(|ip| !ip.is_empty() && *ip != "None")
+        .map(|ip| parse_ip(field, ip))
+        .collect::<Result<_, _>>()?;
+    let ports = spec
+        .ports
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| match p.port {
+            Some(port) => Ok(ServicePort {
+                protocol: p.protocol,
+                port,
+            }),
+            None => Err(format!("spec.ports[{i}]: missing field `port`")),
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(Service {
+        labels: m.metadata.labels,
+        cluster_ips,
+        ports,
+    })
+}
+
+fn node(m: NodeManifest) -> Result<Node, String> {
+    let internal_ips = m
+        .status
+        .addresses
+        .iter()
+        .enumerate()
+        .filter(|(_, a)| a.type_ == "InternalIP")
+        .map(|(i, a)| parse_ip(&format!("status.addresses[{i}].address"), &a.address))
+        .collect::<Result<_, _>>()?;
+    Ok(Node {
+        labels: m.metadata.labels,
+        internal_ips,
+    })
+}
+
+fn merge_slice(into: &mut Endpoints, slice: EndpointSliceManifest) -> Result<(), String> {
+    if slice.address_type == "FQDN" {
+        return Ok(()); // names, not addresses: nothing Lace can route
+    }
+    for (i, endpoint) in slice.endpoints.iter().enumerate() {
+        if endpoint.conditions.ready == Some(false) {
+            continue;
+        }
+        for (j, address) in endpoint.addresses.iter().enumerate() {
+            into.addresses.push(parse_ip(
+                &format!("endpoints[{i}].addresses[{j}]"),
+                address,
+            )?);
+        }
+    }
+    into.ports.extend(slice.ports.into_iter().filter_map(|p| {
+        Some(ServicePort {
+            protocol: p.protocol,
+            port: p.port?,
+        })
+    }));
+    Ok(())
+}
+
+/// A Lace object as written to a manifest.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Manifest<'a, S> {
+    api_version: &'static str,
+    kind: &'static str,
+    metadata: NameOnly<'a>,
+    spec: &'a S,
+}
+
+#[derive(Serialize)]
+struct NameOnly<'a> {
+    name: &'a str,
+}
+
+fn manifest<S: Serialize>(kind: &'static str, name: &str, spec: &S) -> Result<String, LoadError> {
+    let m = Manifest {
+        api_version: api::API_VERSION,
+        kind,
+        metadata: NameOnly { name },
+        spec,
+    };
+    serde_yaml::to_string(&m).map_err(LoadError::Serialize)
+}
+
+/// The internal objects of `alloc` as one multi-document YAML text, sorted by kind and name.
+pub fn allocations_yaml(alloc: &Allocation) -> Result<String, LoadError> {
+    let mut out =
+        String::from("# Written by the Lace allocator: the internal objects agents read.\n");
+    let docs = alloc
+        .network_allocations
+        .iter()
+        .map(|(name, spec): (&String, &NetworkAllocationSpec)| {
+            manifest("NetworkAllocation", name, spec)
+        })
+        .chain(alloc.node_allocations.iter().map(
+            |(name, spec): (&String, &NodeAllocationSpec)| manifest("NodeAllocation", name, spec),
+        ));
+    for doc in docs {
+        out.push_str("---\n");
+        out.push_str(&doc?);
+    }
+    Ok(out)
+}
+
+/// Writes `alloc` to `dir/lace-allocations.yaml`, atomically (a temporary file in the same
+/// directory, then a rename), so a reader never sees half a file. Returns the path written.
+pub fn write_allocations(dir: &Path, alloc: &Allocation) -> Result<PathBuf, LoadError> {
+    let text = allocations_yaml(alloc)?;
+    let path = dir.join(ALLOCATIONS_FILE);
+    // Not `*.yaml`, so a concurrent `load_dir` never reads it.
+    let tmp = dir.join(format!(".{ALLOCATIONS_FILE}.tmp"));
+    let write_err = |source| LoadError::Write {
+        path: path.clone(),
+        source,
+    };
+    std::fs::write(&tmp, text).map_err(write_err)?;
+    std::fs::rename(&tmp, &path).map_err(write_err)?;
+    Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::alloc::allocate;
+    use crate::validate::validate_cluster;
+
+    fn example_dir() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/cluster")
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    /// Writes `files` (relative path → content) into a fresh temporary directory.
+    fn dir_with(files: &[(&str, &str)]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, content) in files {
+            let path = dir.path().join(name);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, content).unwrap();
+        }
+        dir
+    }
+
+    /// The example cluster is valid, loads completely, and its checked-in allocation file is
+    /// what the allocator produces from the rest (run with `LACE_BLESS=1` to rewrite it).
+    #[test]
+    fn example_cluster_loads_validates_and_its_allocations_are_up_to_date() {
+        let mut state = load_dir(&example_dir()).unwrap();
+        assert_eq!(validate_cluster(&state), Ok(()));
+        assert_eq!(
+            state.config.srv6_locator_prefix,
+            Some("2001:db8:100::/48".parse().unwrap())
+        );
+        assert_eq!(
+            state.networks.keys().collect::<Vec<_>>(),
+            ["default", "internet", "system", "tenant-a"]
+        );
+        assert_eq!(
+            (state.network_bindings.len(), state.service_bindings.len()),
+            (3, 2)
+        );
+        assert_eq!(
+            (state.network_routes.len(), state.service_routes.len()),
+            (4, 2)
+        );
+        assert_eq!(
+            (state.nodes.len(), state.namespaces.len(), state.pods.len()),
+            (3, 4, 8)
+        );
+        assert_eq!(
+            state.nodes["node-2"].underlay_v6(),
+            Some("fd00:fab::2".parse().unwrap())
+        );
+        assert_eq!(state.namespaces["team-a"].labels["lace.io/tenant"], "a");
+        assert_eq!(
+            state.namespaces["kube-system"].labels[NAMESPACE_NAME_LABEL],
+            "kube-system"
+        );
+        let dns = &state.endpoints[&ObjectKey::new("kube-system", "kube-dns")];
+        assert_eq!(
+            dns.addresses,
+            [
+                "10.244.0.10",
+                "10.244.1.10",
+                "fd00:244::a",
+                "fd00:244:0:1::a"
+            ]
+            .map(ip)
+        );
+        assert_eq!(dns.ports.len(), 2, "TCP and UDP 53, merged over two slices");
+
+        let mut fresh = state.clone();
+        fresh.network_allocations.clear();
+        fresh.node_allocations.clear();
+        let alloc = allocate(&fresh).unwrap();
+        if std::env::var_os("LACE_BLESS").is_some() {
+            write_allocations(&example_dir(), &alloc).unwrap();
+            state = load_dir(&example_dir()).unwrap();
+        }
+        assert_eq!(
+            state.network_allocations, alloc.network_allocations,
+            "run with LACE_BLESS=1"
+        );
+        assert_eq!(
+            state.node_allocations, alloc.node_allocations,
+            "run with LACE_BLESS=1"
+        );
+        // Every pod address lies in a block of the pod's node (host-network pods: a node IP).
+        for (key, pod) in &state.pods {
+            for addr in &pod.ips {
+                let ok = if pod.host_network {
+                    state.nodes[&pod.node].internal_ips.contains(addr)
+                } else {
+                    alloc.node_allocations[&pod.node]
+                        .blocks
+                        .values()
+                        .flatten()
+                        .any(|b| b.contains(addr))
+                };
+                assert!(ok, "{key}: {addr} is not in a block of {}", pod.node);
+            }
+        }
+    }
+
+    #[test]
+    fn written_allocations_load_back_unchanged() {
+        let mut state = load_dir(&example_dir()).unwrap();
+        state.network_allocations.clear();
+        state.node_allocations.clear();
+        let alloc = allocate(&state).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = write_allocations(dir.path(), &alloc).unwrap();
+        assert_eq!(path, dir.path().join(ALLOCATIONS_FILE));
+        let loaded = load_dir(dir.path()).unwrap();
+        assert_eq!(loaded.network_allocations, alloc.network_allocations);
+        assert_eq!(loaded.node_allocations, alloc.node_allocations);
+        // Only the final file remains, and rewriting replaces it.
+        write_allocations(dir.path(), &Allocation::default()).unwrap();
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, [ALLOCATIONS_FILE]);
+        assert_eq!(load_dir(dir.path()).unwrap(), ClusterState::default());
+    }
+
+    #[test]
+    fn errors_name_the_file_the_document_and_the_object() {
+        let network = "apiVersion: lace.io/v1alpha1\nkind: Network\n";
+        let cases: Vec<(Vec<(&str, String)>, &str)> = vec![
+            (
+                vec![("a.yaml", "kind: [".into())],
+                "DIR/a.yaml: document 1: invalid YAML: did not find expected node content at line 2 column 1, while parsing a flow node",
+            ),
+            (
+                vec![("a.yaml", "---\napiVersion: v1\nmetadata: {name: x}\n".into())],
+                "DIR/a.yaml: document 1: not a Kubernetes object: no kind",
+            ),
+            (
+                vec![("a.yaml", format!("{network}metadata: {{name: x}}\nspec: {{external: true}}\n---\n{network}spec: {{}}\n"))],
+                "DIR/a.yaml: document 2: Network has no metadata.name",
+            ),
+            (
+                vec![("a.yaml", format!("{network}metadata:\n  name: n\nspec:\n  subnets:\n    - cidr: 10.0.0.0/8\n"))],
+                "DIR/a.yaml: document 1: Network/n: spec.subnets[0]: missing field `blockPrefix` at line 7 column 7",
+            ),
+            (
+                vec![("a.yaml", format!("{network}metadata:\n  name: n\nspec:\n  subnets:\n    - cidr: 10.0.0.0/88\n      blockPrefix: 8\n"))],
+                "DIR/a.yaml: document 1: Network/n: spec.subnets[0].cidr: invalid IP address syntax at line 7 column 13",
+            ),
+            (
+                vec![
+                    ("a.yaml", format!("{network}metadata: {{name: n}}\nspec: {{external: true}}\n")),
+                    ("sub/b.yml", format!("---\n---\n{network}metadata: {{name: n}}\nspec: {{external: true}}\n")),
+                ],
+                "DIR/sub/b.yml: document 2: Network/n is defined twice (first in DIR/a.yaml, document 1)",
+            ),
+            (
+                vec![("a.yaml", "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: default}\n".into())],
+                "DIR/a.yaml: document 2: Pod/default/p is defined twice (first in DIR/a.yaml, document 1)",
+            ),
+            (
+                vec![("a.yaml", "apiVersion: v1\nkind: Node\nmetadata: {name: n1}\nstatus:\n  addresses:\n    - {type: Hostname, address: n1}\n    - {type: InternalIP, address: fd00::zz}\n".into())],
+                "DIR/a.yaml: document 1: Node/n1: status.addresses[1].address: invalid IP address \"fd00::zz\"",
+            ),
+            (
+                vec![("a.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: lace-config, namespace: kube-system}\ndata: {srv6LocatorPrefix: 10.0.0.0/8}\n".into())],
+                "DIR/a.yaml: document 1: ConfigMap/kube-system/lace-config: data.srv6LocatorPrefix: invalid IPv6 prefix \"10.0.0.0/8\"",
+            ),
+            (
+                vec![("a.yaml", "apiVersion: v1\nkind: Service\nmetadata: {name: s, namespace: x}\nspec:\n  clusterIPs: [10.96.0.300]\n".into())],
+                "DIR/a.yaml: document 1: Service/x/s: spec.clusterIPs: invalid IP address \"10.96.0.300\"",
+            ),
+            (
+                vec![("a.yaml", "apiVersion: v1\nkind: Service\nmetadata: {name: s, namespace: x}\nspec:\n  ports:\n    - protocol: TCP\n".into())],
+                "DIR/a.yaml: document 1: Service/x/s: spec.ports[0]: missing field `port`",
+            ),
+        ];
+        for (files, want) in cases {
+            let files: Vec<(&str, &str)> = files.iter().map(|(n, c)| (*n, c.as_str())).collect();
+            let dir = dir_with(&files);
+            let err = load_dir(dir.path()).unwrap_err().to_string();
+            assert_eq!(err.replace(&dir.path().display().to_string(), "DIR"), want);
+        }
+        let missing = Path::new("/nonexistent/lace");
+        assert_eq!(
+            load_dir(missing).unwrap_err().to_string(),
+            "cannot read /nonexistent/lace: No such file or directory (os error 2)"
+        );
+    }
+
+    #[test]
+    fn unknown_kinds_and_other_files_are_ignored() {
+        let dir = dir_with(&[
+            ("deploy.yaml", "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\nspec: 3\n"),
+            ("future.yaml", "apiVersion: lace.io/v2\nkind: Network\nmetadata: {name: x}\nspec: 3\n"),
+            ("other-cm.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: lace-config, namespace: default}\ndata: {srv6LocatorPrefix: bad}\n"),
+            ("notes.txt", "kind: ["),
+            ("empty.yaml", "---\n---\n"),
+        ]);
+        assert_eq!(load_dir(dir.path()).unwrap(), ClusterState::default());
+    }
+
+    #[test]
+    fn core_kinds_are_read_as_kubernetes_means_them() {
+        let dir = dir_with(&[(
+            "all.yaml",
+            r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: p, labels: {app: x}}
+spec: {nodeName: n1}
+status: {podIP: 10.0.0.5}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: s, namespace: ns}
+spec: {clusterIP: None, ports: [{port: 53, protocol: UDP}, {port: 80}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: s-1, namespace: ns, labels: {kubernetes.io/service-name: s}}
+addressType: IPv4
+endpoints:
+  - addresses: [10.0.0.2]
+    conditions: {ready: false}
+  - addresses: [10.0.0.1]
+  - addresses: [10.0.0.3]
+    conditions: {ready: true}
+ports: [{port: 8080}, {name: all-ports}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: s-2, namespace: ns, labels: {kubernetes.io/service-name: s}}
+addressType: IPv4
+endpoints: [{addresses: [10.0.0.1]}, {addresses: [10.0.0.0]}]
+ports: [{port: 8080, protocol: TCP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: s-fqdn, namespace: ns, labels: {kubernetes.io/service-name: s}}
+addressType: FQDN
+endpoints: [{addresses: [example.com]}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: unowned, namespace: ns}
+addressType: IPv4
+endpoints: [{addresses: [10.9.9.9]}]
+"#,
+        )]);
+        let s = load_dir(dir.path()).unwrap();
+        let pod = &s.pods[&ObjectKey::new("default", "p")];
+        assert_eq!(
+            (pod.node.as_str(), pod.ips.as_slice(), pod.host_network),
+            ("n1", &[ip("10.0.0.5")][..], false)
+        );
+        let svc = &s.services[&ObjectKey::new("ns", "s")];
+        assert!(svc.cluster_ips.is_empty(), "headless");
+        assert_eq!(
+            svc.ports,
+            [
+                ServicePort {
+                    protocol: "UDP".into(),
+                    port: 53
+                },
+                ServicePort {
+                    protocol: "TCP".into(),
+                    port: 80
+                }
+            ]
+        );
+        assert_eq!(s.endpoints.len(), 1);
+        let ep = &s.endpoints[&ObjectKey::new("ns", "s")];
+        assert_eq!(
+            ep.addresses,
+            ["10.0.0.0", "10.0.0.1", "10.0.0.3"].map(ip),
+            "ready (or unset) only, merged"
+        );
+        assert_eq!(
+            ep.ports,
+            [ServicePort {
+                protocol: "TCP".into(),
+                port: 8080
+            }]
+        );
+    }
+}
