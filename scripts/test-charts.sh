@@ -12,4 +12,7 @@ if [ ${#need[@]} -gt 0 ]; then
     { echo "test-charts: could not pip install ${need[*]}" >&2; exit 1; }
 fi
 ./scripts/install-helm.sh >/dev/null
+# The rendered Networks are also checked by Lace's own validator.
+cargo build -q -p lace --bin lace-agent
+export LACE_AGENT="${CARGO_TARGET_DIR:-$PWD/target}/debug/lace-agent"
 exec python3 -m pytest -q tests/charts "$@"
