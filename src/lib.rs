@@ -10,3 +10,7 @@
 pub mod wire;
 pub mod api;
 pub mod state;
+pub mod selector;
+pub mod binding;
+pub mod routing;
+pub mod plan;
