@@ -841,3 +841,46 @@ fn build_nft(
     }
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vrf_names() {
+        let cases = [
+            ("system", 1, "lv-system"),
+            ("tenant-a", 7, "lv-tenant-a"),
+            ("twelve-chars", 3, "lv-twelve-chars"),
+            ("thirteen-char", 0x2a, "lv-thirtee_002a"),
+            ("a-very-long-network-name", 0xbeef, "lv-a-very-_beef"),
+            ("Upper", 5, "lv--pper_0005"),
+        ];
+        for (net, f, want) in cases {
+            let got = vrf_name(net, f);
+            assert_eq!(got, want, "Network {net:?}");
+            assert!(got.len() <= IFNAME_MAX, "{got:?} too long");
+        }
+    }
+
+    #[test]
+    fn long_names_sharing_a_prefix_stay_unique() {
+        let a = vrf_name("customer-tenant-1", 1);
+        let b = vrf_name("customer-tenant-2", 2);
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn sid_puts_function_after_a_96_bit_locator() {
+        let loc: Ipv6Net = "2001:db8:100::7:0:0/96".parse().unwrap();
+        assert_eq!(sid(loc, 0x2a), "2001:db8:100::7:2a:0".parse::<Ipv6Addr>().unwrap());
+        assert_eq!(sid(loc, 0xffff), "2001:db8:100::7:ffff:0".parse::<Ipv6Addr>().unwrap());
+    }
+
+    #[test]
+    fn table_ids_stay_in_the_owned_range() {
+        assert_eq!(vrf_table(0), VRF_TABLE_BASE);
+        assert!(vrf_table(u16::MAX) < PROBE_TABLE);
+        assert!(VRF_TABLE_BASE > MAIN_TABLE);
+    }
+}
