@@ -26,7 +26,10 @@ pub struct Binding<'a> {
 
 /// The labels of namespace `name` including the implicit `kubernetes.io/metadata.name`.
 /// A namespace missing from the state still has that one label.
-pub fn namespace_labels<'a>(state: &'a ClusterState, name: &str) -> Cow<'a, BTreeMap<String, String>> {
+pub fn namespace_labels<'a>(
+    state: &'a ClusterState,
+    name: &str,
+) -> Cow<'a, BTreeMap<String, String>> {
     match state.namespaces.get(name) {
         Some(ns) if ns.labels.get(NAMESPACE_NAME_LABEL).map(String::as_str) == Some(name) => {
             Cow::Borrowed(&ns.labels)
@@ -42,7 +45,12 @@ pub fn namespace_labels<'a>(state: &'a ClusterState, name: &str) -> Cow<'a, BTre
 /// Keeps the better of two candidates: higher priority, then lower policy name.
 fn better<'a>(best: Option<Binding<'a>>, cand: Binding<'a>) -> Option<Binding<'a>> {
     match best {
-        Some(b) if b.priority > cand.priority || (b.priority == cand.priority && b.policy <= cand.policy) => Some(b),
+        Some(b)
+            if b.priority > cand.priority
+                || (b.priority == cand.priority && b.policy <= cand.policy) =>
+        {
+            Some(b)
+        }
         _ => Some(cand),
     }
 }
@@ -58,12 +66,22 @@ pub fn pod_network<'a>(state: &'a ClusterState, key: &ObjectKey, pod: &Pod) -> O
     let ns_labels = namespace_labels(state, &key.namespace);
     let mut best = None;
     for (name, policy) in &state.network_bindings {
-        let Some(net) = state.networks.get(&policy.network) else { continue };
+        let Some(net) = state.networks.get(&policy.network) else {
+            continue;
+        };
         if net.external {
             continue;
         }
-        if policy.namespace_selector.matches(&ns_labels) && policy.pod_selector.matches(&pod.labels) {
-            best = better(best, Binding { network: &policy.network, policy: name, priority: policy.priority });
+        if policy.namespace_selector.matches(&ns_labels) && policy.pod_selector.matches(&pod.labels)
+        {
+            best = better(
+                best,
+                Binding {
+                    network: &policy.network,
+                    policy: name,
+                    priority: policy.priority,
+                },
+            );
         }
     }
     best
@@ -74,7 +92,11 @@ pub fn pod_network<'a>(state: &'a ClusterState, key: &ObjectKey, pod: &Pod) -> O
 /// A policy listing `services` by name binds exactly those (its selectors are ignored);
 /// otherwise its namespace and service selectors decide. Policies naming a missing Network
 /// are skipped. External Networks are allowed (e.g. `default/kubernetes` on `internet`).
-pub fn service_network<'a>(state: &'a ClusterState, key: &ObjectKey, svc: &Service) -> Option<Binding<'a>> {
+pub fn service_network<'a>(
+    state: &'a ClusterState,
+    key: &ObjectKey,
+    svc: &Service,
+) -> Option<Binding<'a>> {
     let mut ns_labels = None;
     let mut best = None;
     for (name, policy) in &state.service_bindings {
@@ -85,10 +107,20 @@ pub fn service_network<'a>(state: &'a ClusterState, key: &ObjectKey, svc: &Servi
             let ns = ns_labels.get_or_insert_with(|| namespace_labels(state, &key.namespace));
             policy.namespace_selector.matches(ns) && policy.service_selector.matches(&svc.labels)
         } else {
-            policy.services.iter().any(|r| r.namespace == key.namespace && r.name == key.name)
+            policy
+                .services
+                .iter()
+                .any(|r| r.namespace == key.namespace && r.name == key.name)
         };
         if hit {
-            best = better(best, Binding { network: &policy.network, policy: name, priority: policy.priority });
+            best = better(
+                best,
+                Binding {
+                    network: &policy.network,
+                    policy: name,
+                    priority: policy.priority,
+                },
+            );
         }
     }
     best
@@ -104,7 +136,10 @@ mod tests {
 
     fn sel(pairs: &[(&str, &str)]) -> LabelSelector {
         LabelSelector {
-            match_labels: pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            match_labels: pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             ..Default::default()
         }
     }
@@ -114,31 +149,65 @@ mod tests {
         for n in ["system", "default", "tenant"] {
             s.networks.insert(n.into(), NetworkSpec::default());
         }
-        s.networks.insert("internet".into(), NetworkSpec { external: true, ..Default::default() });
-        let bind = |net: &str, prio: i32, ns: LabelSelector, pod: LabelSelector| NetworkBindingPolicySpec {
-            network: net.into(),
-            priority: prio,
-            namespace_selector: ns,
-            pod_selector: pod,
+        s.networks.insert(
+            "internet".into(),
+            NetworkSpec {
+                external: true,
+                ..Default::default()
+            },
+        );
+        let bind = |net: &str, prio: i32, ns: LabelSelector, pod: LabelSelector| {
+            NetworkBindingPolicySpec {
+                network: net.into(),
+                priority: prio,
+                namespace_selector: ns,
+                pod_selector: pod,
+            }
         };
-        s.network_bindings.insert("default".into(), bind("default", 0, sel(&[]), sel(&[])));
+        s.network_bindings
+            .insert("default".into(), bind("default", 0, sel(&[]), sel(&[])));
         s.network_bindings.insert(
             "system".into(),
-            bind("system", 1000, sel(&[(NAMESPACE_NAME_LABEL, "kube-system")]), sel(&[])),
+            bind(
+                "system",
+                1000,
+                sel(&[(NAMESPACE_NAME_LABEL, "kube-system")]),
+                sel(&[]),
+            ),
         );
-        s.network_bindings.insert("tenant-a".into(), bind("tenant", 500, sel(&[("team", "a")]), sel(&[])));
+        s.network_bindings.insert(
+            "tenant-a".into(),
+            bind("tenant", 500, sel(&[("team", "a")]), sel(&[])),
+        );
         // Same priority as tenant-a: "tenant-a" < "tenant-b", so tenant-a wins ties.
-        s.network_bindings.insert("tenant-b".into(), bind("system", 500, sel(&[]), sel(&[("tier", "db")])));
+        s.network_bindings.insert(
+            "tenant-b".into(),
+            bind("system", 500, sel(&[]), sel(&[("tier", "db")])),
+        );
         // Policies pointing at an external or missing Network never bind pods.
-        s.network_bindings.insert("zz-ext".into(), bind("internet", 900, sel(&[]), sel(&[("ext", "1")])));
-        s.network_bindings.insert("zz-missing".into(), bind("nope", 900, sel(&[]), sel(&[("ext", "1")])));
-        s.namespaces.insert("team-a".into(), Namespace { labels: [("team".to_string(), "a".to_string())].into() });
+        s.network_bindings.insert(
+            "zz-ext".into(),
+            bind("internet", 900, sel(&[]), sel(&[("ext", "1")])),
+        );
+        s.network_bindings.insert(
+            "zz-missing".into(),
+            bind("nope", 900, sel(&[]), sel(&[("ext", "1")])),
+        );
+        s.namespaces.insert(
+            "team-a".into(),
+            Namespace {
+                labels: [("team".to_string(), "a".to_string())].into(),
+            },
+        );
         s
     }
 
     fn pod(labels: &[(&str, &str)], host_network: bool) -> Pod {
         Pod {
-            labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             host_network,
             ..Default::default()
         }
@@ -147,14 +216,45 @@ mod tests {
     #[test]
     fn pod_binding_table() {
         let s = state();
-        let cases: Vec<(&str, &str, Pod, Option<(&str, &str)>)> = vec![
+        type Case<'a> = (&'a str, &'a str, Pod, Option<(&'a str, &'a str)>);
+        let cases: Vec<Case> = vec![
             // kube-system has no Namespace object here: the implicit name label still matches.
-            ("implicit namespace name label", "kube-system", pod(&[], false), Some(("system", "system"))),
-            ("catch-all default", "apps", pod(&[], false), Some(("default", "default"))),
-            ("namespace labels", "team-a", pod(&[], false), Some(("tenant", "tenant-a"))),
-            ("tie broken by policy name", "team-a", pod(&[("tier", "db")], false), Some(("tenant", "tenant-a"))),
-            ("pod labels", "apps", pod(&[("tier", "db")], false), Some(("system", "tenant-b"))),
-            ("external and missing Networks skipped", "apps", pod(&[("ext", "1")], false), Some(("default", "default"))),
+            (
+                "implicit namespace name label",
+                "kube-system",
+                pod(&[], false),
+                Some(("system", "system")),
+            ),
+            (
+                "catch-all default",
+                "apps",
+                pod(&[], false),
+                Some(("default", "default")),
+            ),
+            (
+                "namespace labels",
+                "team-a",
+                pod(&[], false),
+                Some(("tenant", "tenant-a")),
+            ),
+            (
+                "tie broken by policy name",
+                "team-a",
+                pod(&[("tier", "db")], false),
+                Some(("tenant", "tenant-a")),
+            ),
+            (
+                "pod labels",
+                "apps",
+                pod(&[("tier", "db")], false),
+                Some(("system", "tenant-b")),
+            ),
+            (
+                "external and missing Networks skipped",
+                "apps",
+                pod(&[("ext", "1")], false),
+                Some(("default", "default")),
+            ),
             ("hostNetwork ignored", "kube-system", pod(&[], true), None),
         ];
         for (name, ns, p, want) in cases {
@@ -167,7 +267,10 @@ mod tests {
     fn no_policy_means_unbound() {
         let mut s = state();
         s.network_bindings.retain(|k, _| k == "system");
-        assert_eq!(pod_network(&s, &ObjectKey::new("apps", "p"), &pod(&[], false)), None);
+        assert_eq!(
+            pod_network(&s, &ObjectKey::new("apps", "p"), &pod(&[], false)),
+            None
+        );
     }
 
     #[test]
@@ -176,9 +279,12 @@ mod tests {
         // A namespace that carries a wrong metadata.name label: the implicit one is authoritative.
         s.namespaces.insert(
             "kube-system".into(),
-            Namespace { labels: [(NAMESPACE_NAME_LABEL.to_string(), "other".to_string())].into() },
+            Namespace {
+                labels: [(NAMESPACE_NAME_LABEL.to_string(), "other".to_string())].into(),
+            },
         );
-        let got = pod_network(&s, &ObjectKey::new("kube-system", "p"), &pod(&[], false)).map(|b| b.network);
+        let got = pod_network(&s, &ObjectKey::new("kube-system", "p"), &pod(&[], false))
+            .map(|b| b.network);
         assert_eq!(got, Some("system"));
     }
 
@@ -192,13 +298,20 @@ mod tests {
                 priority: 10,
                 // The names list wins over selectors that would match nothing.
                 service_selector: sel(&[("never", "matches")]),
-                services: vec![ServiceRef { namespace: "default".into(), name: "kubernetes".into() }],
+                services: vec![ServiceRef {
+                    namespace: "default".into(),
+                    name: "kubernetes".into(),
+                }],
                 ..Default::default()
             },
         );
         s.service_bindings.insert(
             "all-default".into(),
-            ServiceBindingPolicySpec { network: "default".into(), priority: 0, ..Default::default() },
+            ServiceBindingPolicySpec {
+                network: "default".into(),
+                priority: 0,
+                ..Default::default()
+            },
         );
         s.service_bindings.insert(
             "a-same-prio".into(),
@@ -211,13 +324,29 @@ mod tests {
         );
         s.service_bindings.insert(
             "missing".into(),
-            ServiceBindingPolicySpec { network: "nope".into(), priority: 999, ..Default::default() },
+            ServiceBindingPolicySpec {
+                network: "nope".into(),
+                priority: 999,
+                ..Default::default()
+            },
         );
         let svc = Service::default();
         let cases = [
-            ("names list", ObjectKey::new("default", "kubernetes"), Some(("internet", "kubernetes"))),
-            ("selector catch-all", ObjectKey::new("default", "other"), Some(("default", "all-default"))),
-            ("tie by name", ObjectKey::new("team-a", "x"), Some(("tenant", "a-same-prio"))),
+            (
+                "names list",
+                ObjectKey::new("default", "kubernetes"),
+                Some(("internet", "kubernetes")),
+            ),
+            (
+                "selector catch-all",
+                ObjectKey::new("default", "other"),
+                Some(("default", "all-default")),
+            ),
+            (
+                "tie by name",
+                ObjectKey::new("team-a", "x"),
+                Some(("tenant", "a-same-prio")),
+            ),
         ];
         for (name, key, want) in cases {
             let got = service_network(&s, &key, &svc).map(|b| (b.network, b.policy));

@@ -19,7 +19,10 @@ pub fn allowed_pairs(state: &ClusterState) -> BTreeMap<NetworkPair<'_>, Vec<&str
     let mut pairs: BTreeMap<NetworkPair<'_>, Vec<&str>> = BTreeMap::new();
     for (name, policy) in &state.network_routes {
         if state.networks.contains_key(&policy.from) && state.networks.contains_key(&policy.to) {
-            pairs.entry((policy.from.as_str(), policy.to.as_str())).or_default().push(name.as_str());
+            pairs
+                .entry((policy.from.as_str(), policy.to.as_str()))
+                .or_default()
+                .push(name.as_str());
         }
     }
     pairs
@@ -29,7 +32,11 @@ pub fn allowed_pairs(state: &ClusterState) -> BTreeMap<NetworkPair<'_>, Vec<&str
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum BackendLocation<'a> {
     /// In `node`'s block `block` of Network `network`.
-    Pod { network: &'a str, node: &'a str, block: IpNet },
+    Pod {
+        network: &'a str,
+        node: &'a str,
+        block: IpNet,
+    },
     /// Inside a Network's subnet but in no allocated block (stale endpoint): not routable.
     Unallocated { network: &'a str },
     /// Outside every cluster Network (e.g. the API server's host address): host routing.
@@ -57,12 +64,22 @@ pub struct ServiceGrant<'a> {
     pub backends: Vec<Backend<'a>>,
 }
 
-fn policy_selects(state: &ClusterState, policy: &ServiceRoutingPolicySpec, key: &ObjectKey, svc: &Service) -> bool {
+fn policy_selects(
+    state: &ClusterState,
+    policy: &ServiceRoutingPolicySpec,
+    key: &ObjectKey,
+    svc: &Service,
+) -> bool {
     if policy.services.is_empty() {
-        policy.namespace_selector.matches(&namespace_labels(state, &key.namespace))
+        policy
+            .namespace_selector
+            .matches(&namespace_labels(state, &key.namespace))
             && policy.service_selector.matches(&svc.labels)
     } else {
-        policy.services.iter().any(|r| r.namespace == key.namespace && r.name == key.name)
+        policy
+            .services
+            .iter()
+            .any(|r| r.namespace == key.namespace && r.name == key.name)
     }
 }
 
@@ -101,7 +118,15 @@ pub fn service_grants(state: &ClusterState) -> Vec<ServiceGrant<'_>> {
                 spec: svc,
                 target_ports: eps.map(|e| e.ports.as_slice()).unwrap_or_default(),
                 backends: eps
-                    .map(|e| e.addresses.iter().map(|a| Backend { address: *a, location: BackendLocation::Outside }).collect())
+                    .map(|e| {
+                        e.addresses
+                            .iter()
+                            .map(|a| Backend {
+                                address: *a,
+                                location: BackendLocation::Outside,
+                            })
+                            .collect()
+                    })
                     .unwrap_or_default(),
             });
         }
@@ -122,14 +147,24 @@ pub fn service_grants(state: &ClusterState) -> Vec<ServiceGrant<'_>> {
 
 /// Locates addresses in the Networks' per-node blocks. One pass over the allocations, and only
 /// when there is something to locate: this runs on every plan of clusters with 5,000 nodes.
-pub fn locate<'a>(state: &'a ClusterState, addresses: &BTreeSet<IpAddr>) -> BTreeMap<IpAddr, BackendLocation<'a>> {
+pub fn locate<'a>(
+    state: &'a ClusterState,
+    addresses: &BTreeSet<IpAddr>,
+) -> BTreeMap<IpAddr, BackendLocation<'a>> {
     let mut out = BTreeMap::new();
     // candidate block -> (network, addresses in it)
     let mut candidates: HashMap<IpNet, (&'a str, Vec<IpAddr>)> = HashMap::new();
     for &addr in addresses {
-        let hit = state.networks.iter().filter(|(_, n)| !n.external).find_map(|(name, n)| {
-            n.subnets.iter().find(|s| s.cidr.contains(&addr)).map(|s| (name.as_str(), s.block_prefix))
-        });
+        let hit = state
+            .networks
+            .iter()
+            .filter(|(_, n)| !n.external)
+            .find_map(|(name, n)| {
+                n.subnets
+                    .iter()
+                    .find(|s| s.cidr.contains(&addr))
+                    .map(|s| (name.as_str(), s.block_prefix))
+            });
         match hit {
             None => {
                 out.insert(addr, BackendLocation::Outside);
@@ -137,7 +172,11 @@ pub fn locate<'a>(state: &'a ClusterState, addresses: &BTreeSet<IpAddr>) -> BTre
             Some((network, prefix)) => {
                 out.insert(addr, BackendLocation::Unallocated { network });
                 if let Ok(block) = IpNet::new(addr, prefix).map(|b| b.trunc()) {
-                    candidates.entry(block).or_insert_with(|| (network, Vec::new())).1.push(addr);
+                    candidates
+                        .entry(block)
+                        .or_insert_with(|| (network, Vec::new()))
+                        .1
+                        .push(addr);
                 }
             }
         }
@@ -151,7 +190,14 @@ pub fn locate<'a>(state: &'a ClusterState, addresses: &BTreeSet<IpAddr>) -> BTre
                 if let Some((cand_net, addrs)) = candidates.get(block) {
                     if *cand_net == network.as_str() {
                         for a in addrs {
-                            out.insert(*a, BackendLocation::Pod { network: cand_net, node, block: *block });
+                            out.insert(
+                                *a,
+                                BackendLocation::Pod {
+                                    network: cand_net,
+                                    node,
+                                    block: *block,
+                                },
+                            );
                         }
                     }
                 }
@@ -165,21 +211,44 @@ pub fn locate<'a>(state: &'a ClusterState, addresses: &BTreeSet<IpAddr>) -> BTre
 mod tests {
     use super::*;
     use crate::api::{
-        LabelSelector, NetworkRoutingPolicySpec, NetworkSpec, NodeAllocationSpec, ServiceBindingPolicySpec,
-        ServiceRef, Subnet,
+        LabelSelector, NetworkRoutingPolicySpec, NetworkSpec, NodeAllocationSpec,
+        ServiceBindingPolicySpec, ServiceRef, Subnet,
     };
 
     fn net(cidr: &str, block: u8) -> NetworkSpec {
-        NetworkSpec { subnets: vec![Subnet { cidr: cidr.parse().unwrap(), block_prefix: block }], external: false }
+        NetworkSpec {
+            subnets: vec![Subnet {
+                cidr: cidr.parse().unwrap(),
+                block_prefix: block,
+            }],
+            external: false,
+        }
     }
 
     fn state() -> ClusterState {
         let mut s = ClusterState::default();
         s.networks.insert("a".into(), net("10.1.0.0/16", 24));
         s.networks.insert("b".into(), net("10.2.0.0/16", 24));
-        s.networks.insert("internet".into(), NetworkSpec { external: true, ..Default::default() });
-        for (name, from, to) in [("a-b", "a", "b"), ("a-b-again", "a", "b"), ("b-b", "b", "b"), ("dangling", "a", "zz")] {
-            s.network_routes.insert(name.into(), NetworkRoutingPolicySpec { from: from.into(), to: to.into() });
+        s.networks.insert(
+            "internet".into(),
+            NetworkSpec {
+                external: true,
+                ..Default::default()
+            },
+        );
+        for (name, from, to) in [
+            ("a-b", "a", "b"),
+            ("a-b-again", "a", "b"),
+            ("b-b", "b", "b"),
+            ("dangling", "a", "zz"),
+        ] {
+            s.network_routes.insert(
+                name.into(),
+                NetworkRoutingPolicySpec {
+                    from: from.into(),
+                    to: to.into(),
+                },
+            );
         }
         s.node_allocations.insert(
             "n1".into(),
@@ -191,30 +260,54 @@ mod tests {
             },
         );
         let svc = |labels: &[(&str, &str)]| Service {
-            labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             cluster_ips: vec!["10.96.0.10".parse().unwrap()],
-            ports: vec![ServicePort { protocol: "UDP".into(), port: 53 }],
+            ports: vec![ServicePort {
+                protocol: "UDP".into(),
+                port: 53,
+            }],
         };
-        s.services.insert(ObjectKey::new("kube-system", "dns"), svc(&[("app", "dns")]));
-        s.services.insert(ObjectKey::new("kube-system", "other"), svc(&[("app", "other")]));
-        s.services.insert(ObjectKey::new("default", "kubernetes"), svc(&[]));
+        s.services
+            .insert(ObjectKey::new("kube-system", "dns"), svc(&[("app", "dns")]));
+        s.services.insert(
+            ObjectKey::new("kube-system", "other"),
+            svc(&[("app", "other")]),
+        );
+        s.services
+            .insert(ObjectKey::new("default", "kubernetes"), svc(&[]));
         s.endpoints.insert(
             ObjectKey::new("kube-system", "dns"),
             Endpoints {
-                addresses: vec!["10.2.1.7".parse().unwrap(), "10.2.9.9".parse().unwrap(), "192.0.2.1".parse().unwrap()],
-                ports: vec![ServicePort { protocol: "UDP".into(), port: 5353 }],
+                addresses: vec![
+                    "10.2.1.7".parse().unwrap(),
+                    "10.2.9.9".parse().unwrap(),
+                    "192.0.2.1".parse().unwrap(),
+                ],
+                ports: vec![ServicePort {
+                    protocol: "UDP".into(),
+                    port: 5353,
+                }],
             },
         );
         s.service_bindings.insert(
             "kube-system".into(),
-            ServiceBindingPolicySpec { network: "b".into(), ..Default::default() },
+            ServiceBindingPolicySpec {
+                network: "b".into(),
+                ..Default::default()
+            },
         );
         s.service_bindings.insert(
             "kubernetes".into(),
             ServiceBindingPolicySpec {
                 network: "internet".into(),
                 priority: 10,
-                services: vec![ServiceRef { namespace: "default".into(), name: "kubernetes".into() }],
+                services: vec![ServiceRef {
+                    namespace: "default".into(),
+                    name: "kubernetes".into(),
+                }],
                 ..Default::default()
             },
         );
@@ -225,8 +318,11 @@ mod tests {
     fn pairs_merge_policies_and_skip_dangling() {
         let s = state();
         let pairs = allowed_pairs(&s);
-        let want: BTreeMap<NetworkPair, Vec<&str>> =
-            [(("a", "b"), vec!["a-b", "a-b-again"]), (("b", "b"), vec!["b-b"])].into();
+        let want: BTreeMap<NetworkPair, Vec<&str>> = [
+            (("a", "b"), vec!["a-b", "a-b-again"]),
+            (("b", "b"), vec!["b-b"]),
+        ]
+        .into();
         assert_eq!(pairs, want);
     }
 
@@ -251,26 +347,48 @@ mod tests {
             ServiceRoutingPolicySpec {
                 from: "a".into(),
                 to: "b".into(),
-                services: vec![ServiceRef { namespace: "default".into(), name: "kubernetes".into() }],
+                services: vec![ServiceRef {
+                    namespace: "default".into(),
+                    name: "kubernetes".into(),
+                }],
                 ..Default::default()
             },
         );
         let grants = service_grants(&s);
         assert_eq!(grants.len(), 1, "{grants:#?}");
         let g = &grants[0];
-        assert_eq!((g.from, g.to, g.policy, g.service.to_string().as_str()), ("a", "b", "a-dns", "kube-system/dns"));
         assert_eq!(
-            g.backends.iter().map(|b| (b.address.to_string(), b.location)).collect::<Vec<_>>(),
+            (g.from, g.to, g.policy, g.service.to_string().as_str()),
+            ("a", "b", "a-dns", "kube-system/dns")
+        );
+        assert_eq!(
+            g.backends
+                .iter()
+                .map(|b| (b.address.to_string(), b.location))
+                .collect::<Vec<_>>(),
             vec![
                 (
                     "10.2.1.7".to_string(),
-                    BackendLocation::Pod { network: "b", node: "n1", block: "10.2.1.0/24".parse().unwrap() }
+                    BackendLocation::Pod {
+                        network: "b",
+                        node: "n1",
+                        block: "10.2.1.0/24".parse().unwrap()
+                    }
                 ),
-                ("10.2.9.9".to_string(), BackendLocation::Unallocated { network: "b" }),
+                (
+                    "10.2.9.9".to_string(),
+                    BackendLocation::Unallocated { network: "b" }
+                ),
                 ("192.0.2.1".to_string(), BackendLocation::Outside),
             ]
         );
-        assert_eq!(g.target_ports, &[ServicePort { protocol: "UDP".into(), port: 5353 }]);
+        assert_eq!(
+            g.target_ports,
+            &[ServicePort {
+                protocol: "UDP".into(),
+                port: 5353
+            }]
+        );
     }
 
     #[test]
@@ -281,12 +399,21 @@ mod tests {
             ServiceRoutingPolicySpec {
                 from: "a".into(),
                 to: "internet".into(),
-                services: vec![ServiceRef { namespace: "default".into(), name: "kubernetes".into() }],
+                services: vec![ServiceRef {
+                    namespace: "default".into(),
+                    name: "kubernetes".into(),
+                }],
                 ..Default::default()
             },
         );
         let grants = service_grants(&s);
-        assert_eq!(grants.iter().map(|g| g.service.to_string()).collect::<Vec<_>>(), vec!["default/kubernetes"]);
+        assert_eq!(
+            grants
+                .iter()
+                .map(|g| g.service.to_string())
+                .collect::<Vec<_>>(),
+            vec!["default/kubernetes"]
+        );
         assert!(grants[0].backends.is_empty());
     }
 }

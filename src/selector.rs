@@ -13,7 +13,9 @@ impl LabelSelector {
     /// are evaluated literally rather than panicking: `In []` matches nothing, `NotIn []`
     /// matches everything.
     pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
-        self.match_labels.iter().all(|(k, v)| labels.get(k) == Some(v))
+        self.match_labels
+            .iter()
+            .all(|(k, v)| labels.get(k) == Some(v))
             && self.match_expressions.iter().all(|req| req.matches(labels))
     }
 
@@ -42,7 +44,10 @@ mod tests {
     use super::*;
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     fn req(key: &str, operator: SelectorOperator, values: &[&str]) -> SelectorRequirement {
@@ -59,23 +64,42 @@ mod tests {
         let app_web = labels(&[("app", "web"), ("tier", "front")]);
         let none = labels(&[]);
         let cases: Vec<(&str, LabelSelector, &BTreeMap<String, String>, bool)> = vec![
-            ("empty matches labelled", LabelSelector::default(), &app_web, true),
-            ("empty matches unlabelled", LabelSelector::default(), &none, true),
+            (
+                "empty matches labelled",
+                LabelSelector::default(),
+                &app_web,
+                true,
+            ),
+            (
+                "empty matches unlabelled",
+                LabelSelector::default(),
+                &none,
+                true,
+            ),
             (
                 "matchLabels equal",
-                LabelSelector { match_labels: labels(&[("app", "web")]), ..Default::default() },
+                LabelSelector {
+                    match_labels: labels(&[("app", "web")]),
+                    ..Default::default()
+                },
                 &app_web,
                 true,
             ),
             (
                 "matchLabels different value",
-                LabelSelector { match_labels: labels(&[("app", "db")]), ..Default::default() },
+                LabelSelector {
+                    match_labels: labels(&[("app", "db")]),
+                    ..Default::default()
+                },
                 &app_web,
                 false,
             ),
             (
                 "matchLabels missing key",
-                LabelSelector { match_labels: labels(&[("app", "web")]), ..Default::default() },
+                LabelSelector {
+                    match_labels: labels(&[("app", "web")]),
+                    ..Default::default()
+                },
                 &none,
                 false,
             ),
@@ -99,7 +123,10 @@ mod tests {
             ),
             (
                 "In with no values matches nothing",
-                LabelSelector { match_expressions: vec![req("app", In, &[])], ..Default::default() },
+                LabelSelector {
+                    match_expressions: vec![req("app", In, &[])],
+                    ..Default::default()
+                },
                 &app_web,
                 false,
             ),

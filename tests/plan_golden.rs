@@ -11,13 +11,19 @@ use std::process::Command;
 use lace::plan::plan;
 
 fn golden(name: &str, actual: &str) {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden").join(name);
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden")
+        .join(name);
     if std::env::var_os("LACE_BLESS").is_some() {
         std::fs::write(&path, actual).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
         return;
     }
-    let expected = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("reading {} ({e}); run with LACE_BLESS=1 to create it", path.display()));
+    let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "reading {} ({e}); run with LACE_BLESS=1 to create it",
+            path.display()
+        )
+    });
     if expected != actual {
         let diff: Vec<String> = expected
             .lines()
@@ -40,7 +46,8 @@ fn golden(name: &str, actual: &str) {
 #[test]
 fn golden_plan_node_1() {
     let state = common::golden_cluster();
-    let desired = plan("node-1", &state, &common::golden_attachments()).expect("golden cluster plans");
+    let desired =
+        plan("node-1", &state, &common::golden_attachments()).expect("golden cluster plans");
     golden("node-1.plan", &desired.render());
     golden("node-1.nft", &desired.render_nft());
 }
@@ -59,7 +66,9 @@ fn golden_nft_passes_nft_check_mode() {
         .arg("-f")
         .arg(&path)
         .output()
-        .expect("running `nft` (Debian package nftables; set LACE_SKIP_NFT_CHECK=1 where unavailable)");
+        .expect(
+            "running `nft` (Debian package nftables; set LACE_SKIP_NFT_CHECK=1 where unavailable)",
+        );
     assert!(
         out.status.success(),
         "nft -c -f {} failed: {}{}",
@@ -81,8 +90,17 @@ fn every_node_ruleset_passes_nft_check_mode() {
         let text = plan(node, &state, &[]).expect("plans").render_nft();
         let dir = std::env::temp_dir().join(format!("lace-nft-{}-{node}", std::process::id()));
         std::fs::write(&dir, &text).expect("write temp ruleset");
-        let out = Command::new("nft").arg("-c").arg("-f").arg(&dir).output().expect("running nft");
+        let out = Command::new("nft")
+            .arg("-c")
+            .arg("-f")
+            .arg(&dir)
+            .output()
+            .expect("running nft");
         let _ = std::fs::remove_file(&dir);
-        assert!(out.status.success(), "{node}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{node}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }

@@ -55,7 +55,8 @@ fn case() -> impl Strategy<Value = Case> {
                 alloc_all(&mut s);
                 // Random distinct SID functions instead of 1, 2, 3...
                 for (name, f) in names.iter().zip(&functions) {
-                    s.network_allocations.insert(name.clone(), NetworkAllocationSpec { function: *f });
+                    s.network_allocations
+                        .insert(name.clone(), NetworkAllocationSpec { function: *f });
                 }
                 let mut pairs = BTreeSet::new();
                 for a in 0..n {
@@ -68,23 +69,51 @@ fn case() -> impl Strategy<Value = Case> {
                 }
                 let local = (0..n)
                     .filter(|i| pods[*i])
-                    .map(|i| mk_attachment("ns", &format!("pod{i}"), &names[i], &format!("lp-{i}"), &[&format!("10.{}.0.9", i + 1)]))
+                    .map(|i| {
+                        mk_attachment(
+                            "ns",
+                            &format!("pod{i}"),
+                            &names[i],
+                            &format!("lp-{i}"),
+                            &[&format!("10.{}.0.9", i + 1)],
+                        )
+                    })
                     .collect();
-                Case { state: s, names, pairs, local }
+                Case {
+                    state: s,
+                    names,
+                    pairs,
+                    local,
+                }
             })
     })
 }
 
 fn blocks_of(s: &ClusterState, node: &str, net: &str) -> Vec<IpNet> {
-    s.node_allocations[node].blocks.get(net).cloned().unwrap_or_default()
+    s.node_allocations[node]
+        .blocks
+        .get(net)
+        .cloned()
+        .unwrap_or_default()
 }
 
 fn table_of(d: &lace::plan::DesiredNode, net: &str) -> u32 {
-    d.base.vrfs.values().find(|v| v.network == net).expect("VRF per Network").table
+    d.base
+        .vrfs
+        .values()
+        .find(|v| v.network == net)
+        .expect("VRF per Network")
+        .table
 }
 
 fn vrf_of(d: &lace::plan::DesiredNode, net: &str) -> String {
-    d.base.vrfs.iter().find(|(_, v)| v.network == net).expect("VRF per Network").0.clone()
+    d.base
+        .vrfs
+        .iter()
+        .find(|(_, v)| v.network == net)
+        .expect("VRF per Network")
+        .0
+        .clone()
 }
 
 fn pair_key(s: &ClusterState, a: &str, b: &str) -> Vec<String> {
@@ -180,9 +209,14 @@ proptest! {
 #[test]
 fn long_names_unique_in_a_plan() {
     let mut s = ClusterState::default();
-    let names: Vec<String> = (0..40).map(|i| format!("customer-environment-{i:02}")).collect();
+    let names: Vec<String> = (0..40)
+        .map(|i| format!("customer-environment-{i:02}"))
+        .collect();
     for (i, n) in names.iter().enumerate() {
-        s.networks.insert(n.clone(), mk_network(&[(&format!("10.{}.0.0/16", i + 1), 24)]));
+        s.networks.insert(
+            n.clone(),
+            mk_network(&[(&format!("10.{}.0.0/16", i + 1), 24)]),
+        );
     }
     mk_node(&mut s, "n0", 0);
     alloc_all(&mut s);

@@ -5,16 +5,23 @@ mod common;
 use common::*;
 use ipnet::IpNet;
 use lace::plan::{
-    plan, vrf_table, DesiredNode, Nexthop, PlanError, Planner, RouteKey, MAIN_TABLE, PROBE_MARK, PROBE_TABLE,
+    plan, vrf_table, DesiredNode, Nexthop, PlanError, Planner, RouteKey, MAIN_TABLE, PROBE_MARK,
+    PROBE_TABLE,
 };
 use lace::state::ClusterState;
 
 fn key(table: u32, dst: &str) -> RouteKey {
-    RouteKey { table, dst: dst.parse::<IpNet>().unwrap() }
+    RouteKey {
+        table,
+        dst: dst.parse::<IpNet>().unwrap(),
+    }
 }
 
 fn encap(segs: &str, via: &str) -> Nexthop {
-    Nexthop::Seg6Encap { segs: segs.parse().unwrap(), via: via.parse().unwrap() }
+    Nexthop::Seg6Encap {
+        segs: segs.parse().unwrap(),
+        via: via.parse().unwrap(),
+    }
 }
 
 fn dev(d: &str) -> Nexthop {
@@ -40,45 +47,156 @@ fn routes_table() {
         (
             "SID of system",
             key(MAIN_TABLE, "2001:db8:100::1:2:0/128"),
-            Some(Nexthop::Seg6LocalDt46 { vrf_table: T_SYSTEM, vrf: "lv-system".into() }),
+            Some(Nexthop::Seg6LocalDt46 {
+                vrf_table: T_SYSTEM,
+                vrf: "lv-system".into(),
+            }),
         ),
         // Underlay: other nodes' locators in main and in the IPv6 table of each VRF that encaps.
-        ("locator node-2 in main", key(MAIN_TABLE, "2001:db8:100::2:0:0/96"), Some(Nexthop::Underlay { via: n2.parse().unwrap() })),
-        ("locator node-2 in system", key(T_SYSTEM, "2001:db8:100::2:0:0/96"), Some(Nexthop::Underlay { via: n2.parse().unwrap() })),
-        ("own locator never routed", key(MAIN_TABLE, "2001:db8:100::1:0:0/96"), None),
+        (
+            "locator node-2 in main",
+            key(MAIN_TABLE, "2001:db8:100::2:0:0/96"),
+            Some(Nexthop::Underlay {
+                via: n2.parse().unwrap(),
+            }),
+        ),
+        (
+            "locator node-2 in system",
+            key(T_SYSTEM, "2001:db8:100::2:0:0/96"),
+            Some(Nexthop::Underlay {
+                via: n2.parse().unwrap(),
+            }),
+        ),
+        (
+            "own locator never routed",
+            key(MAIN_TABLE, "2001:db8:100::1:0:0/96"),
+            None,
+        ),
         // system -> system (self-routed): remote blocks towards node-2's system SID.
-        ("system reaches system v4", key(T_SYSTEM, "10.10.2.0/24"), Some(encap("2001:db8:100::2:2:0", n2))),
-        ("system reaches system v6", key(T_SYSTEM, "fd00:10:0:2::/64"), Some(encap("2001:db8:100::2:2:0", n2))),
+        (
+            "system reaches system v4",
+            key(T_SYSTEM, "10.10.2.0/24"),
+            Some(encap("2001:db8:100::2:2:0", n2)),
+        ),
+        (
+            "system reaches system v6",
+            key(T_SYSTEM, "fd00:10:0:2::/64"),
+            Some(encap("2001:db8:100::2:2:0", n2)),
+        ),
         // default does not reach itself: no remote default blocks in its table.
-        ("default not self-routed", key(T_DEFAULT, "10.20.2.0/24"), None),
-        ("default subnet unreachable", key(T_DEFAULT, "10.20.0.0/16"), Some(Nexthop::Unreachable)),
+        (
+            "default not self-routed",
+            key(T_DEFAULT, "10.20.2.0/24"),
+            None,
+        ),
+        (
+            "default subnet unreachable",
+            key(T_DEFAULT, "10.20.0.0/16"),
+            Some(Nexthop::Unreachable),
+        ),
         // tenant-a -> system allowed: tenant-a's table gets system's blocks (towards system's SID),
-        ("tenant-a reaches system", key(T_TENANT, "10.10.2.0/24"), Some(encap("2001:db8:100::2:2:0", n2))),
+        (
+            "tenant-a reaches system",
+            key(T_TENANT, "10.10.2.0/24"),
+            Some(encap("2001:db8:100::2:2:0", n2)),
+        ),
         // ...and system's table gets tenant-a's blocks (replies), towards tenant-a's SID.
-        ("system replies to tenant-a", key(T_SYSTEM, "10.30.2.0/24"), Some(encap("2001:db8:100::2:3:0", n2))),
+        (
+            "system replies to tenant-a",
+            key(T_SYSTEM, "10.30.2.0/24"),
+            Some(encap("2001:db8:100::2:3:0", n2)),
+        ),
         // Local cross-Network pairs: leaked routes between local VRFs.
-        ("leak tenant-a -> system", key(T_TENANT, "10.10.1.0/24"), Some(dev("lv-system"))),
-        ("leak system -> tenant-a", key(T_SYSTEM, "10.30.1.0/24"), Some(dev("lv-tenant-a"))),
-        ("no leak tenant-a -> default", key(T_TENANT, "10.20.1.0/24"), None),
+        (
+            "leak tenant-a -> system",
+            key(T_TENANT, "10.10.1.0/24"),
+            Some(dev("lv-system")),
+        ),
+        (
+            "leak system -> tenant-a",
+            key(T_SYSTEM, "10.30.1.0/24"),
+            Some(dev("lv-tenant-a")),
+        ),
+        (
+            "no leak tenant-a -> default",
+            key(T_TENANT, "10.20.1.0/24"),
+            None,
+        ),
         // Isolation fallbacks.
-        ("system unreachable default v4", key(T_SYSTEM, "0.0.0.0/0"), Some(Nexthop::Unreachable)),
-        ("tenant unreachable default v6", key(T_TENANT, "::/0"), Some(Nexthop::Unreachable)),
+        (
+            "system unreachable default v4",
+            key(T_SYSTEM, "0.0.0.0/0"),
+            Some(Nexthop::Unreachable),
+        ),
+        (
+            "tenant unreachable default v6",
+            key(T_TENANT, "::/0"),
+            Some(Nexthop::Unreachable),
+        ),
         // default -> internet: host routing out of the VRF, the rest of the cluster unreachable.
-        ("default egress", key(T_DEFAULT, "0.0.0.0/0"), Some(Nexthop::Host)),
-        ("egress cannot enter system", key(T_DEFAULT, "10.10.0.0/16"), Some(Nexthop::Unreachable)),
-        ("replies to default from main", key(MAIN_TABLE, "10.20.1.0/24"), Some(dev("lv-default"))),
-        ("no main route for tenant-a", key(MAIN_TABLE, "10.30.1.0/24"), None),
+        (
+            "default egress",
+            key(T_DEFAULT, "0.0.0.0/0"),
+            Some(Nexthop::Host),
+        ),
+        (
+            "egress cannot enter system",
+            key(T_DEFAULT, "10.10.0.0/16"),
+            Some(Nexthop::Unreachable),
+        ),
+        (
+            "replies to default from main",
+            key(MAIN_TABLE, "10.20.1.0/24"),
+            Some(dev("lv-default")),
+        ),
+        (
+            "no main route for tenant-a",
+            key(MAIN_TABLE, "10.30.1.0/24"),
+            None,
+        ),
         // Service grants: default -> kube-dns (backends on node-2 and node-3, in system).
-        ("dns backend on node-2", key(T_DEFAULT, "10.10.2.5/32"), Some(encap("2001:db8:100::2:2:0", n2))),
-        ("dns backend on node-3", key(T_DEFAULT, "10.10.3.5/32"), Some(encap("2001:db8:100::3:2:0", "2001:db8:ff::3"))),
-        ("dns replies: system has default's blocks", key(T_SYSTEM, "10.20.2.0/24"), Some(encap("2001:db8:100::2:1:0", n2))),
+        (
+            "dns backend on node-2",
+            key(T_DEFAULT, "10.10.2.5/32"),
+            Some(encap("2001:db8:100::2:2:0", n2)),
+        ),
+        (
+            "dns backend on node-3",
+            key(T_DEFAULT, "10.10.3.5/32"),
+            Some(encap("2001:db8:100::3:2:0", "2001:db8:ff::3")),
+        ),
+        (
+            "dns replies: system has default's blocks",
+            key(T_SYSTEM, "10.20.2.0/24"),
+            Some(encap("2001:db8:100::2:1:0", n2)),
+        ),
         // system -> default/kubernetes (external, backend outside the cluster): host routing.
-        ("kubernetes backend via host", key(T_SYSTEM, "192.0.2.10/32"), Some(Nexthop::Host)),
-        ("kubernetes replies from main", key(MAIN_TABLE, "10.10.1.0/24"), Some(dev("lv-system"))),
+        (
+            "kubernetes backend via host",
+            key(T_SYSTEM, "192.0.2.10/32"),
+            Some(Nexthop::Host),
+        ),
+        (
+            "kubernetes replies from main",
+            key(MAIN_TABLE, "10.10.1.0/24"),
+            Some(dev("lv-system")),
+        ),
         // Local pods: VRF table and probe table.
-        ("pod route", key(T_TENANT, "10.30.1.2/32"), Some(dev("lp-api0"))),
-        ("pod route v6", key(T_TENANT, "fd00:30:0:1::2/128"), Some(dev("lp-api0"))),
-        ("probe route", key(PROBE_TABLE, "10.20.1.2/32"), Some(dev("lp-web0"))),
+        (
+            "pod route",
+            key(T_TENANT, "10.30.1.2/32"),
+            Some(dev("lp-api0")),
+        ),
+        (
+            "pod route v6",
+            key(T_TENANT, "fd00:30:0:1::2/128"),
+            Some(dev("lp-api0")),
+        ),
+        (
+            "probe route",
+            key(PROBE_TABLE, "10.20.1.2/32"),
+            Some(dev("lp-web0")),
+        ),
     ];
     for (what, k, want) in cases {
         assert_eq!(d.route(&k), want.as_ref(), "{what}: {k:?}");
@@ -88,11 +206,19 @@ fn routes_table() {
 #[test]
 fn vrfs_rules_and_sysctls() {
     let d = golden_node1();
-    let vrfs: Vec<(&str, &str, u32)> =
-        d.base.vrfs.iter().map(|(n, v)| (n.as_str(), v.network.as_str(), v.table)).collect();
+    let vrfs: Vec<(&str, &str, u32)> = d
+        .base
+        .vrfs
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.network.as_str(), v.table))
+        .collect();
     assert_eq!(
         vrfs,
-        vec![("lv-default", "default", T_DEFAULT), ("lv-system", "system", T_SYSTEM), ("lv-tenant-a", "tenant-a", T_TENANT)],
+        vec![
+            ("lv-default", "default", T_DEFAULT),
+            ("lv-system", "system", T_SYSTEM),
+            ("lv-tenant-a", "tenant-a", T_TENANT)
+        ],
         "one VRF per internal Network, none for the external one"
     );
     let rules: Vec<String> = d.base.rules.iter().map(|r| r.to_string()).collect();
@@ -113,7 +239,11 @@ fn vrfs_rules_and_sysctls() {
         ("net.ipv4.conf.lv-system.rp_filter", "0"),
         ("net.ipv4.conf.lv-default.rp_filter", "0"),
     ] {
-        assert_eq!(d.base.sysctls.get(k).map(String::as_str), Some(v), "sysctl {k}");
+        assert_eq!(
+            d.base.sysctls.get(k).map(String::as_str),
+            Some(v),
+            "sysctl {k}"
+        );
     }
     assert_eq!(d.base.seg6_tunsrc, underlay(1));
 }
@@ -124,51 +254,104 @@ fn nft_elements_name_their_policies() {
     let nft = &d.base.nft;
     let pairs = nft.set("pairs_v4").expect("pairs_v4");
     let cases = [
-        ("10.10.0.0/16 . 10.10.0.0/16", Some("NetworkRoutingPolicy system-to-system")),
-        ("10.30.0.0/16 . 10.10.0.0/16", Some("NetworkRoutingPolicy tenant-a-to-system")),
+        (
+            "10.10.0.0/16 . 10.10.0.0/16",
+            Some("NetworkRoutingPolicy system-to-system"),
+        ),
+        (
+            "10.30.0.0/16 . 10.10.0.0/16",
+            Some("NetworkRoutingPolicy tenant-a-to-system"),
+        ),
         // Replies flow back by conntrack; the reverse direction is not a new-connection grant.
         ("10.10.0.0/16 . 10.30.0.0/16", None),
         // default is not self-routed.
         ("10.20.0.0/16 . 10.20.0.0/16", None),
     ];
     for (k, want) in cases {
-        assert_eq!(pairs.elements.get(k).map(|e| e.comment.as_str()), want, "pairs_v4 {k}");
+        assert_eq!(
+            pairs.elements.get(k).map(|e| e.comment.as_str()),
+            want,
+            "pairs_v4 {k}"
+        );
         if want.is_some() {
             assert_eq!(pairs.elements[k].verdict.as_deref(), Some("accept"));
         }
     }
     let egress = nft.set("egress_v4").expect("egress_v4");
-    assert_eq!(egress.elements.keys().collect::<Vec<_>>(), vec!["10.20.0.0/16"]);
+    assert_eq!(
+        egress.elements.keys().collect::<Vec<_>>(),
+        vec!["10.20.0.0/16"]
+    );
     let svc = nft.set("services_v4").expect("services_v4");
     assert_eq!(
-        svc.elements.iter().map(|(k, e)| (k.as_str(), e.comment.as_str())).collect::<Vec<_>>(),
+        svc.elements
+            .iter()
+            .map(|(k, e)| (k.as_str(), e.comment.as_str()))
+            .collect::<Vec<_>>(),
         vec![
-            ("10.10.0.0/16 . 10.96.0.1", "ServiceRoutingPolicy system-to-kubernetes: default/kubernetes"),
-            ("10.20.0.0/16 . 10.96.0.10", "ServiceRoutingPolicy default-to-dns: kube-system/kube-dns"),
+            (
+                "10.10.0.0/16 . 10.96.0.1",
+                "ServiceRoutingPolicy system-to-kubernetes: default/kubernetes"
+            ),
+            (
+                "10.20.0.0/16 . 10.96.0.10",
+                "ServiceRoutingPolicy default-to-dns: kube-system/kube-dns"
+            ),
         ]
     );
-    let ext = nft.set("services_external_v4").expect("services_external_v4");
-    assert_eq!(ext.elements.keys().collect::<Vec<_>>(), vec!["10.10.0.0/16 . 10.96.0.1"]);
+    let ext = nft
+        .set("services_external_v4")
+        .expect("services_external_v4");
+    assert_eq!(
+        ext.elements.keys().collect::<Vec<_>>(),
+        vec!["10.10.0.0/16 . 10.96.0.1"]
+    );
     // Backends: only those on this node. node-1 has none; node-2 has 10.10.2.5.
-    assert!(nft.set("backends_v4").expect("backends_v4").elements.is_empty());
+    assert!(nft
+        .set("backends_v4")
+        .expect("backends_v4")
+        .elements
+        .is_empty());
     let d2 = plan("node-2", &golden_cluster(), &[]).expect("plans");
     assert_eq!(
-        d2.base.nft.set("backends_v4").expect("backends_v4").elements.keys().collect::<Vec<_>>(),
+        d2.base
+            .nft
+            .set("backends_v4")
+            .expect("backends_v4")
+            .elements
+            .keys()
+            .collect::<Vec<_>>(),
         vec!["10.20.0.0/16 . 10.10.2.5 . udp . 5353"]
     );
     // The guard admits SRv6 only from node underlays, towards this node's locator.
-    assert_eq!(nft.set("local_sids").unwrap().elements.keys().collect::<Vec<_>>(), vec!["2001:db8:100::1:0:0/96"]);
+    assert_eq!(
+        nft.set("local_sids")
+            .unwrap()
+            .elements
+            .keys()
+            .collect::<Vec<_>>(),
+        vec!["2001:db8:100::1:0:0/96"]
+    );
     assert_eq!(nft.set("node_underlays").unwrap().elements.len(), 3);
     // Every rule says why it exists.
     for c in &nft.chains {
         for r in &c.rules {
-            assert!(!r.comment.is_empty(), "rule without comment in {}: {}", c.name, r.statement);
+            assert!(
+                !r.comment.is_empty(),
+                "rule without comment in {}: {}",
+                c.name,
+                r.statement
+            );
         }
     }
     // The last rule of each policy chain drops: no allow-all fall-through.
     for chain in ["from_pods", "to_pods", "from_host"] {
         let c = nft.chain(chain).unwrap();
-        assert_eq!(c.rules.last().map(|r| r.statement.as_str()), Some("counter drop"), "{chain}");
+        assert_eq!(
+            c.rules.last().map(|r| r.statement.as_str()),
+            Some("counter drop"),
+            "{chain}"
+        );
     }
 }
 
@@ -211,15 +394,36 @@ fn state_errors() {
     let mut missing_fn = golden_cluster();
     missing_fn.network_allocations.remove("tenant-a");
     let mut dup = golden_cluster();
-    dup.network_allocations.get_mut("tenant-a").unwrap().function = 2;
+    dup.network_allocations
+        .get_mut("tenant-a")
+        .unwrap()
+        .function = 2;
     let cases: Vec<(&str, ClusterState, &str, PlanError)> = vec![
-        ("node without allocation", golden_cluster(), "node-9", PlanError::NodeNotAllocated { node: "node-9".into() }),
-        ("Network without function", missing_fn, "node-1", PlanError::NetworkNotAllocated { network: "tenant-a".into() }),
+        (
+            "node without allocation",
+            golden_cluster(),
+            "node-9",
+            PlanError::NodeNotAllocated {
+                node: "node-9".into(),
+            },
+        ),
+        (
+            "Network without function",
+            missing_fn,
+            "node-1",
+            PlanError::NetworkNotAllocated {
+                network: "tenant-a".into(),
+            },
+        ),
         (
             "shared function",
             dup,
             "node-1",
-            PlanError::DuplicateFunction { first: "system".into(), second: "tenant-a".into(), function: 2 },
+            PlanError::DuplicateFunction {
+                first: "system".into(),
+                second: "tenant-a".into(),
+                function: 2,
+            },
         ),
     ];
     for (what, s, node, want) in cases {
@@ -234,12 +438,25 @@ fn incremental_plan_equals_full_plan() {
     let mut atts = golden_attachments();
     let first = planner.plan(&atts).expect("plan");
     assert_eq!(first, plan("node-1", &s, &atts).unwrap());
-    atts.push(mk_attachment("apps", "web-1", "default", "lp-web1", &["10.20.1.3"]));
+    atts.push(mk_attachment(
+        "apps",
+        "web-1",
+        "default",
+        "lp-web1",
+        &["10.20.1.3"],
+    ));
     atts.remove(0);
     let second = planner.plan(&atts).expect("plan");
     assert_eq!(second, plan("node-1", &s, &atts).unwrap());
-    assert_eq!(second.route(&key(T_DEFAULT, "10.20.1.3/32")), Some(&dev("lp-web1")));
-    assert_eq!(second.route(&key(T_SYSTEM, "10.10.1.2/32")), None, "removed pod's route is gone");
+    assert_eq!(
+        second.route(&key(T_DEFAULT, "10.20.1.3/32")),
+        Some(&dev("lp-web1"))
+    );
+    assert_eq!(
+        second.route(&key(T_SYSTEM, "10.10.1.2/32")),
+        None,
+        "removed pod's route is gone"
+    );
     assert_eq!(second.route(&key(PROBE_TABLE, "10.10.1.2/32")), None);
 }
 
@@ -247,7 +464,12 @@ fn incremental_plan_equals_full_plan() {
 fn routes_iterate_sorted_without_duplicates() {
     let d = golden_node1();
     let keys: Vec<RouteKey> = d.routes().map(|(k, _)| *k).collect();
-    assert!(keys.windows(2).all(|w| w[0] < w[1]), "routes() must be strictly sorted");
+    assert!(
+        keys.windows(2).all(|w| w[0] < w[1]),
+        "routes() must be strictly sorted"
+    );
     assert_eq!(keys.len(), d.base.routes.len() + d.pod_routes.len());
-    assert!(keys.iter().all(|k| k.table == MAIN_TABLE || k.table == PROBE_TABLE || k.table >= vrf_table(0)));
+    assert!(keys
+        .iter()
+        .all(|k| k.table == MAIN_TABLE || k.table == PROBE_TABLE || k.table >= vrf_table(0)));
 }

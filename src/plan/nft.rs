@@ -50,7 +50,10 @@ impl Set {
 
     /// An empty verdict map.
     pub fn new_vmap(name: &str, key_type: &str, interval: bool, comment: &str) -> Self {
-        Self { verdict_map: true, ..Self::new(name, key_type, interval, comment) }
+        Self {
+            verdict_map: true,
+            ..Self::new(name, key_type, interval, comment)
+        }
     }
 
     /// Adds `key` (nft syntax) for `reason`; a key added again collects the extra reason.
@@ -97,7 +100,10 @@ pub struct Chain {
 impl Chain {
     /// Appends a rule.
     pub fn rule(&mut self, statement: impl Into<String>, comment: impl Into<String>) {
-        self.rules.push(Rule { statement: statement.into(), comment: comment.into() });
+        self.rules.push(Rule {
+            statement: statement.into(),
+            comment: comment.into(),
+        });
     }
 }
 
@@ -128,14 +134,21 @@ impl Ruleset {
     /// whatever table `inet lace` held before (one transaction, no window without policy).
     pub fn render(&self) -> String {
         let mut out = String::new();
-        let _ = writeln!(out, "# Lace ruleset: table inet {TABLE}. Generated, do not edit.");
+        let _ = writeln!(
+            out,
+            "# Lace ruleset: table inet {TABLE}. Generated, do not edit."
+        );
         let _ = writeln!(out, "table inet {TABLE}");
         let _ = writeln!(out, "delete table inet {TABLE}");
         let _ = writeln!(out, "table inet {TABLE} {{");
         for s in &self.sets {
             let kind = if s.verdict_map { "map" } else { "set" };
             let _ = writeln!(out, "\t{kind} {} {{", s.name);
-            let ty = if s.verdict_map { format!("{} : verdict", s.key_type) } else { s.key_type.clone() };
+            let ty = if s.verdict_map {
+                format!("{} : verdict", s.key_type)
+            } else {
+                s.key_type.clone()
+            };
             let _ = writeln!(out, "\t\ttype {ty}");
             if s.interval {
                 let _ = writeln!(out, "\t\tflags interval");
@@ -144,7 +157,11 @@ impl Ruleset {
             if !s.elements.is_empty() {
                 let _ = writeln!(out, "\t\telements = {{");
                 for (key, e) in &s.elements {
-                    let verdict = e.verdict.as_deref().map(|v| format!(" : {v}")).unwrap_or_default();
+                    let verdict = e
+                        .verdict
+                        .as_deref()
+                        .map(|v| format!(" : {v}"))
+                        .unwrap_or_default();
                     let _ = writeln!(out, "\t\t\t{key} comment {}{verdict},", quote(&e.comment));
                 }
                 let _ = writeln!(out, "\t\t}}");
@@ -155,7 +172,11 @@ impl Ruleset {
             let _ = writeln!(out, "\tchain {} {{", c.name);
             let _ = writeln!(out, "\t\tcomment {}", quote(&c.comment));
             if let Some(h) = &c.hook {
-                let _ = writeln!(out, "\t\ttype {} hook {} priority {}; policy accept;", h.kind, h.hook, h.priority);
+                let _ = writeln!(
+                    out,
+                    "\t\ttype {} hook {} priority {}; policy accept;",
+                    h.kind, h.hook, h.priority
+                );
             }
             for r in &c.rules {
                 let _ = writeln!(out, "\t\t{} comment {}", r.statement, quote(&r.comment));

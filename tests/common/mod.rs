@@ -10,8 +10,9 @@ use std::net::{IpAddr, Ipv6Addr};
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use lace::api::{
-    LabelSelector, NetworkAllocationSpec, NetworkBindingPolicySpec, NetworkRoutingPolicySpec, NetworkSpec,
-    NodeAllocationSpec, ServiceBindingPolicySpec, ServiceRef, ServiceRoutingPolicySpec, Subnet,
+    LabelSelector, NetworkAllocationSpec, NetworkBindingPolicySpec, NetworkRoutingPolicySpec,
+    NetworkSpec, NodeAllocationSpec, ServiceBindingPolicySpec, ServiceRef,
+    ServiceRoutingPolicySpec, Subnet,
 };
 use lace::state::{ClusterState, Endpoints, Node, ObjectKey, PodAttachment, Service, ServicePort};
 
@@ -20,7 +21,10 @@ pub fn mk_network(subnets: &[(&str, u8)]) -> NetworkSpec {
     NetworkSpec {
         subnets: subnets
             .iter()
-            .map(|(c, p)| Subnet { cidr: c.parse().expect("fixture cidr"), block_prefix: *p })
+            .map(|(c, p)| Subnet {
+                cidr: c.parse().expect("fixture cidr"),
+                block_prefix: *p,
+            })
             .collect(),
         external: false,
     }
@@ -28,15 +32,29 @@ pub fn mk_network(subnets: &[(&str, u8)]) -> NetworkSpec {
 
 /// An external Network (the internet).
 pub fn mk_external() -> NetworkSpec {
-    NetworkSpec { subnets: vec![], external: true }
+    NetworkSpec {
+        subnets: vec![],
+        external: true,
+    }
 }
 
 /// A node with an IPv6 InternalIP equal to its underlay address.
 pub fn mk_node(state: &mut ClusterState, name: &str, index: u32) {
-    state.nodes.insert(name.into(), Node { labels: BTreeMap::new(), internal_ips: vec![IpAddr::V6(underlay(index))] });
+    state.nodes.insert(
+        name.into(),
+        Node {
+            labels: BTreeMap::new(),
+            internal_ips: vec![IpAddr::V6(underlay(index))],
+        },
+    );
     state.node_allocations.insert(
         name.into(),
-        NodeAllocationSpec { index, locator: locator(index), underlay: underlay(index), blocks: BTreeMap::new() },
+        NodeAllocationSpec {
+            index,
+            locator: locator(index),
+            underlay: underlay(index),
+            blocks: BTreeMap::new(),
+        },
     );
 }
 
@@ -69,22 +87,61 @@ pub fn block(subnet: &Subnet, index: u32) -> IpNet {
 /// subnet of every internal Network. Overwrites earlier allocations.
 pub fn alloc_all(state: &mut ClusterState) {
     state.network_allocations.clear();
-    let internal: Vec<(String, NetworkSpec)> =
-        state.networks.iter().filter(|(_, n)| !n.external).map(|(k, v)| (k.clone(), v.clone())).collect();
+    let internal: Vec<(String, NetworkSpec)> = state
+        .networks
+        .iter()
+        .filter(|(_, n)| !n.external)
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
     for (i, (name, _)) in internal.iter().enumerate() {
-        state.network_allocations.insert(name.clone(), NetworkAllocationSpec { function: i as u16 + 1 });
+        state.network_allocations.insert(
+            name.clone(),
+            NetworkAllocationSpec {
+                function: i as u16 + 1,
+            },
+        );
     }
     for alloc in state.node_allocations.values_mut() {
-        alloc.blocks =
-            internal.iter().map(|(name, n)| (name.clone(), n.subnets.iter().map(|s| block(s, alloc.index)).collect())).collect();
+        alloc.blocks = internal
+            .iter()
+            .map(|(name, n)| {
+                let blocks = n
+                    .subnets
+                    .iter()
+                    .map(|s| {
+                        let b = block(s, alloc.index);
+                        assert!(
+                            s.cidr.contains(&b),
+                            "fixture: Network {name} has no block {} in {}",
+                            alloc.index,
+                            s.cidr
+                        );
+                        b
+                    })
+                    .collect();
+                (name.clone(), blocks)
+            })
+            .collect();
     }
 }
 
 pub fn mk_route(state: &mut ClusterState, name: &str, from: &str, to: &str) {
-    state.network_routes.insert(name.into(), NetworkRoutingPolicySpec { from: from.into(), to: to.into() });
+    state.network_routes.insert(
+        name.into(),
+        NetworkRoutingPolicySpec {
+            from: from.into(),
+            to: to.into(),
+        },
+    );
 }
 
-pub fn mk_binding(state: &mut ClusterState, name: &str, network: &str, priority: i32, namespace: Option<&str>) {
+pub fn mk_binding(
+    state: &mut ClusterState,
+    name: &str,
+    network: &str,
+    priority: i32,
+    namespace: Option<&str>,
+) {
     let namespace_selector = match namespace {
         Some(ns) => LabelSelector {
             match_labels: [("kubernetes.io/metadata.name".to_string(), ns.to_string())].into(),
@@ -94,7 +151,12 @@ pub fn mk_binding(state: &mut ClusterState, name: &str, network: &str, priority:
     };
     state.network_bindings.insert(
         name.into(),
-        NetworkBindingPolicySpec { network: network.into(), priority, namespace_selector, pod_selector: LabelSelector::default() },
+        NetworkBindingPolicySpec {
+            network: network.into(),
+            priority,
+            namespace_selector,
+            pod_selector: LabelSelector::default(),
+        },
     );
 }
 
@@ -113,14 +175,20 @@ pub fn mk_service(
         Service {
             labels: BTreeMap::new(),
             cluster_ips: vec![cluster_ip.parse().unwrap()],
-            ports: vec![ServicePort { protocol: port.0.into(), port: port.1 }],
+            ports: vec![ServicePort {
+                protocol: port.0.into(),
+                port: port.1,
+            }],
         },
     );
     state.endpoints.insert(
         k,
         Endpoints {
             addresses: backends.iter().map(|b| b.parse().unwrap()).collect(),
-            ports: vec![ServicePort { protocol: port.0.into(), port: port.2 }],
+            ports: vec![ServicePort {
+                protocol: port.0.into(),
+                port: port.2,
+            }],
         },
     );
     state.service_bindings.insert(
@@ -128,26 +196,44 @@ pub fn mk_service(
         ServiceBindingPolicySpec {
             network: network.into(),
             priority: 0,
-            services: vec![ServiceRef { namespace: key.0.into(), name: key.1.into() }],
+            services: vec![ServiceRef {
+                namespace: key.0.into(),
+                name: key.1.into(),
+            }],
             ..Default::default()
         },
     );
 }
 
-pub fn mk_service_route(state: &mut ClusterState, name: &str, from: &str, to: &str, service: (&str, &str)) {
+pub fn mk_service_route(
+    state: &mut ClusterState,
+    name: &str,
+    from: &str,
+    to: &str,
+    service: (&str, &str),
+) {
     state.service_routes.insert(
         name.into(),
         ServiceRoutingPolicySpec {
             from: from.into(),
             to: to.into(),
-            services: vec![ServiceRef { namespace: service.0.into(), name: service.1.into() }],
+            services: vec![ServiceRef {
+                namespace: service.0.into(),
+                name: service.1.into(),
+            }],
             ..Default::default()
         },
     );
 }
 
 /// An attachment of pod `ns/name` on `network` with host interface `ifname`.
-pub fn mk_attachment(ns: &str, name: &str, network: &str, ifname: &str, ips: &[&str]) -> PodAttachment {
+pub fn mk_attachment(
+    ns: &str,
+    name: &str,
+    network: &str,
+    ifname: &str,
+    ips: &[&str],
+) -> PodAttachment {
     PodAttachment {
         pod: ObjectKey::new(ns, name),
         container_id: format!("cid-{name}"),
@@ -172,9 +258,16 @@ pub fn mk_attachment(ns: &str, name: &str, network: &str, ifname: &str, ips: &[&
 pub fn golden_cluster() -> ClusterState {
     let mut s = ClusterState::default();
     s.config.srv6_locator_prefix = Some("2001:db8:100::/48".parse().unwrap());
-    s.networks.insert("system".into(), mk_network(&[("10.10.0.0/16", 24), ("fd00:10::/48", 64)]));
-    s.networks.insert("default".into(), mk_network(&[("10.20.0.0/16", 24)]));
-    s.networks.insert("tenant-a".into(), mk_network(&[("10.30.0.0/16", 24), ("fd00:30::/48", 64)]));
+    s.networks.insert(
+        "system".into(),
+        mk_network(&[("10.10.0.0/16", 24), ("fd00:10::/48", 64)]),
+    );
+    s.networks
+        .insert("default".into(), mk_network(&[("10.20.0.0/16", 24)]));
+    s.networks.insert(
+        "tenant-a".into(),
+        mk_network(&[("10.30.0.0/16", 24), ("fd00:30::/48", 64)]),
+    );
     s.networks.insert("internet".into(), mk_external());
     for (i, n) in ["node-1", "node-2", "node-3"].iter().enumerate() {
         mk_node(&mut s, n, i as u32 + 1);
@@ -187,8 +280,21 @@ pub fn golden_cluster() -> ClusterState {
     mk_route(&mut s, "tenant-a-to-tenant-a", "tenant-a", "tenant-a");
     mk_route(&mut s, "tenant-a-to-system", "tenant-a", "system");
     mk_route(&mut s, "default-to-internet", "default", "internet");
-    mk_service(&mut s, ("default", "kubernetes"), "internet", "10.96.0.1", ("TCP", 443, 6443), &["192.0.2.10"]);
-    mk_service_route(&mut s, "system-to-kubernetes", "system", "internet", ("default", "kubernetes"));
+    mk_service(
+        &mut s,
+        ("default", "kubernetes"),
+        "internet",
+        "10.96.0.1",
+        ("TCP", 443, 6443),
+        &["192.0.2.10"],
+    );
+    mk_service_route(
+        &mut s,
+        "system-to-kubernetes",
+        "system",
+        "internet",
+        ("default", "kubernetes"),
+    );
     mk_service(
         &mut s,
         ("kube-system", "kube-dns"),
@@ -197,15 +303,33 @@ pub fn golden_cluster() -> ClusterState {
         ("UDP", 53, 5353),
         &["10.10.2.5", "10.10.3.5"],
     );
-    mk_service_route(&mut s, "default-to-dns", "default", "system", ("kube-system", "kube-dns"));
+    mk_service_route(
+        &mut s,
+        "default-to-dns",
+        "default",
+        "system",
+        ("kube-system", "kube-dns"),
+    );
     s
 }
 
 /// Local pods of node-1 in the golden cluster.
 pub fn golden_attachments() -> Vec<PodAttachment> {
     vec![
-        mk_attachment("kube-system", "coredns-0", "system", "lp-coredns0", &["10.10.1.2", "fd00:10:0:1::2"]),
+        mk_attachment(
+            "kube-system",
+            "coredns-0",
+            "system",
+            "lp-coredns0",
+            &["10.10.1.2", "fd00:10:0:1::2"],
+        ),
         mk_attachment("apps", "web-0", "default", "lp-web0", &["10.20.1.2"]),
-        mk_attachment("tenant-a", "api-0", "tenant-a", "lp-api0", &["10.30.1.2", "fd00:30:0:1::2"]),
+        mk_attachment(
+            "tenant-a",
+            "api-0",
+            "tenant-a",
+            "lp-api0",
+            &["10.30.1.2", "fd00:30:0:1::2"],
+        ),
     ]
 }
