@@ -52,6 +52,17 @@ fn golden_plan_node_1() {
     golden("node-1.nft", &desired.render_nft());
 }
 
+/// node-2 hosts a kube-dns backend: its ruleset has the backend grant, its system table the
+/// reply routes towards default's blocks.
+#[test]
+fn golden_plan_node_2() {
+    let state = common::golden_cluster();
+    let desired =
+        plan("node-2", &state, &common::golden_attachments_node2()).expect("golden cluster plans");
+    golden("node-2.plan", &desired.render());
+    golden("node-2.nft", &desired.render_nft());
+}
+
 /// `nft -c -f` needs CAP_NET_ADMIN (it validates against the kernel without committing).
 /// Set `LACE_SKIP_NFT_CHECK=1` only where no nft binary or privilege is available.
 #[test]
@@ -60,11 +71,20 @@ fn golden_nft_passes_nft_check_mode() {
         eprintln!("skipped: LACE_SKIP_NFT_CHECK is set");
         return;
     }
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/node-1.nft");
+    for name in ["node-1.nft", "node-2.nft"] {
+        nft_check(
+            &PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/golden")
+                .join(name),
+        );
+    }
+}
+
+fn nft_check(path: &std::path::Path) {
     let out = Command::new("nft")
         .arg("-c")
         .arg("-f")
-        .arg(&path)
+        .arg(path)
         .output()
         .expect(
             "running `nft` (Debian package nftables; set LACE_SKIP_NFT_CHECK=1 where unavailable)",

@@ -156,13 +156,19 @@ proptest! {
                         let want = if !(allowed || reverse) {
                             None
                         } else if *node != me {
-                            Some(Nexthop::Seg6Encap { segs: sid(*idx, f_b), via: underlay(*idx) })
+                            Some(Nexthop::Seg6Encap { segs: sid(*idx, f_b) })
                         } else if a != b {
                             Some(Nexthop::Dev(vrf_of(&d, b)))
                         } else {
                             None // own local block: pods have host routes
                         };
                         prop_assert_eq!(got, want.as_ref(), "table of {} -> block {} of {} on {}", a, blk, b, node);
+                        if want.is_some() && *node != me {
+                            // The outer packet is routed in the same VRF: the node's locator
+                            // must be there, via its underlay address.
+                            let loc = RouteKey { table: ta, dst: IpNet::V6(locator(*idx)) };
+                            prop_assert_eq!(d.route(&loc), Some(&Nexthop::Underlay { via: underlay(*idx) }));
+                        }
                     }
                 }
                 if !(allowed || reverse) {

@@ -169,9 +169,10 @@ pub struct RouteKey {
 pub enum Nexthop {
     /// `dev <name>`: a local pod's host-side veth, or another Network's VRF (leaked route).
     Dev(String),
-    /// `encap seg6 mode encap segs <segs> via <via> dev <uplink>`: to a remote node's SID of
-    /// the target Network, through that node's underlay address.
-    Seg6Encap { segs: Ipv6Addr, via: Ipv6Addr },
+    /// `encap seg6 mode encap segs <segs> dev <uplink>`: to a remote node's SID of the target
+    /// Network. The outer packet is routed again after encapsulation (in the VRF's IPv6 table,
+    /// hence the [`Nexthop::Underlay`] locator routes there), so no gateway is needed here.
+    Seg6Encap { segs: Ipv6Addr },
     /// `encap seg6local action End.DT46 vrftable <table> dev <vrf>`: a local SID.
     Seg6LocalDt46 { vrf_table: u32, vrf: String },
     /// `via <via> dev <uplink>`: a remote node's locator through its underlay address.
@@ -186,8 +187,8 @@ impl fmt::Display for Nexthop {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Nexthop::Dev(d) => write!(f, "dev {d}"),
-            Nexthop::Seg6Encap { segs, via } => {
-                write!(f, "encap seg6 mode encap segs {segs} via {via} dev @uplink")
+            Nexthop::Seg6Encap { segs } => {
+                write!(f, "encap seg6 mode encap segs {segs} dev @uplink")
             }
             Nexthop::Seg6LocalDt46 { vrf_table, vrf } => {
                 write!(
@@ -697,10 +698,7 @@ fn build_base(node: &str, state: &ClusterState) -> Result<NodeBase, PlanError> {
                             src.table,
                             b.trunc(),
                             PREC_REACH,
-                            Nexthop::Seg6Encap {
-                                segs,
-                                via: alloc.underlay,
-                            },
+                            Nexthop::Seg6Encap { segs },
                         );
                     }
                     // The outer lookup after encap happens in the VRF's own IPv6 table.
@@ -744,15 +742,7 @@ fn build_base(node: &str, state: &ClusterState) -> Result<NodeBase, PlanError> {
                         }
                     } else if let Some(alloc) = state.node_allocations.get(bnode) {
                         let segs = sid(alloc.locator, dst_info.function);
-                        rb.add(
-                            src.table,
-                            dst,
-                            PREC_REACH,
-                            Nexthop::Seg6Encap {
-                                segs,
-                                via: alloc.underlay,
-                            },
-                        );
+                        rb.add(src.table, dst, PREC_REACH, Nexthop::Seg6Encap { segs });
                         rb.add(
                             src.table,
                             IpNet::V6(alloc.locator.trunc()),

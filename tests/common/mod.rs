@@ -333,3 +333,24 @@ pub fn golden_attachments() -> Vec<PodAttachment> {
         ),
     ]
 }
+
+/// Local pods of node-2 in the golden cluster (coredns-1 is a kube-dns backend).
+pub fn golden_attachments_node2() -> Vec<PodAttachment> {
+    vec![
+        mk_attachment(
+            "kube-system",
+            "coredns-1",
+            "system",
+            "lp-coredns1",
+            &["10.10.2.5", "fd00:10:0:2::5"],
+        ),
+        mk_attachment("apps", "web-1", "default", "lp-web1", &["10.20.2.2"]),
+        mk_attachment(
+            "tenant-a",
+            "api-1",
+            "tenant-a",
+            "lp-api1",
+            &["10.30.2.2", "fd00:30:0:2::2"],
+        ),
+    ]
+}
