@@ -9,11 +9,15 @@
 
 pub mod alloc;
 pub mod api;
+pub mod binding;
 #[cfg(feature = "kube")]
 pub mod crd;
 pub mod load;
+pub mod plan;
 #[cfg(feature = "agent")]
 pub mod probe;
+pub mod routing;
+pub mod selector;
 pub mod sid;
 pub mod state;
 #[cfg(feature = "agent")]
