@@ -38,6 +38,18 @@ enum Command {
         #[arg(long)]
         manifests: PathBuf,
     },
+    /// Print the plan for one node: VRFs, routes, rules and sysctls in `ip`-like syntax,
+    /// then the nftables ruleset (`nft -f` text). Pure: nothing is applied.
+    Plan {
+        #[arg(long)]
+        manifests: PathBuf,
+        /// The node to plan for (as named in the manifests' Node objects).
+        #[arg(long)]
+        node: String,
+        /// Print only the nftables ruleset.
+        #[arg(long)]
+        nft_only: bool,
+    },
 }
 
 fn main() -> Result<()> {
@@ -49,7 +61,7 @@ fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().command {
-        Command::Crds => print!("{}", lace::crd::crds_yaml()),
+        Command::Crds => write_stdout(&lace::crd::crds_yaml())?,
         Command::Validate { manifests } => {
             let state = load(&manifests)?;
             if let Err(errors) = lace::validate::validate_cluster(&state) {
@@ -77,10 +89,34 @@ fn main() -> Result<()> {
                 println!("{}: allocations written", path.display());
             }
         }
+        Command::Plan {
+            manifests,
+            node,
+            nft_only,
+        } => {
+            let state = load(&manifests)?;
+            let plan = lace::plan::plan(&node, &state, &[])
+                .with_context(|| format!("planning node {node:?} from {}", manifests.display()))?;
+            let mut text = String::new();
+            if !nft_only {
+                text = plan.render() + "\n";
+            }
+            text.push_str(&plan.render_nft());
+            write_stdout(&text)?;
+        }
     }
     Ok(())
 }
 
 fn load(dir: &std::path::Path) -> Result<lace::state::ClusterState> {
     Ok(lace::load::load_dir(dir)?)
+}
+
+/// Writes to stdout; a closed pipe (`lace-agent plan ... | head`) is not an error.
+fn write_stdout(text: &str) -> Result<()> {
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => Ok(other?),
+    }
 }
