@@ -7,6 +7,6 @@
 // `unsafe` is denied workspace-wide; only the syscall wrapper module (setns, bpf) may allow it.
 #![deny(unsafe_code)]
 
-pub mod wire;
 pub mod api;
 pub mod state;
+pub mod wire;
