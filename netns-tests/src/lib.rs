@@ -54,14 +54,15 @@ pub enum NetnsError {
         source: std::io::Error,
     },
     /// A command ran and failed.
-    #[error("`{command}` failed ({status}): {stderr}")]
+    #[error("`{command}` failed ({status}): {output}")]
     Failed {
         /// The command line.
         command: String,
         /// Its exit status.
         status: std::process::ExitStatus,
-        /// Its standard error, trimmed.
-        stderr: String,
+        /// Its standard error, trimmed; its standard output when stderr is empty (ping reports
+        /// "0 received" there).
+        output: String,
     },
     /// A thread could not switch into a namespace.
     #[error("could not enter namespace {name}: {reason}")]
@@ -148,10 +149,16 @@ fn run(mut cmd: Command, stdin: Option<&str>) -> Result<String> {
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     } else {
+        let stderr = String::from_utf8_lossy(&out.stderr).trim().to_owned();
+        let output = if stderr.is_empty() {
+            String::from_utf8_lossy(&out.stdout).trim().to_owned()
+        } else {
+            stderr
+        };
         Err(NetnsError::Failed {
             command,
             status: out.status,
-            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+            output,
         })
     }
 }
@@ -396,6 +403,14 @@ mod tests {
         assert!(err.contains("sh -c echo boom >&2; exit 3"), "{err}");
         assert!(err.contains("boom"), "{err}");
         assert!(err.contains('3'), "{err}");
+    }
+
+    #[test]
+    fn failed_commands_without_stderr_report_stdout() {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "echo '1 packets transmitted, 0 received'; exit 1"]);
+        let err = run(cmd, None).unwrap_err().to_string();
+        assert!(err.contains("0 received"), "{err}");
     }
 
     #[test]

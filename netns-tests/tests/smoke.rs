@@ -7,21 +7,26 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
+use std::fmt::Display;
+
 use lace_netns_tests::bed::{Side, TwoNodeBed};
 use lace_netns_tests::require_root_and_vrf;
 
 const TCP_PORT: u16 = 7000;
 const TIMEOUT: Duration = Duration::from_secs(15);
 
+/// Unwraps with the error's readable message (which names the failing command).
+fn must<T>(result: Result<T, impl Display>, what: &str) -> T {
+    result.unwrap_or_else(|e| panic!("{what}: {e}"))
+}
+
 /// Opens a TCP connection from `from`'s pod to a listener in `to`'s pod, sends a line, reads
 /// the reply line; checks the server saw the client pod's own address (no NAT on the path).
 fn tcp_exchange(bed: &TwoNodeBed, from: Side, to: Side) {
     let server_addr: SocketAddr = format!("{}:{TCP_PORT}", to.pod_v4()).parse().unwrap();
-    let listener = bed
-        .pod(to)
-        .unwrap()
+    let listener = must(bed.pod(to), "pod")
         .enter(|| TcpListener::bind(server_addr))
-        .unwrap()
+        .unwrap_or_else(|e| panic!("{e}"))
         .unwrap_or_else(|e| panic!("bind {server_addr} in {to:?}'s pod: {e}"));
 
     std::thread::scope(|s| {
@@ -38,11 +43,9 @@ fn tcp_exchange(bed: &TwoNodeBed, from: Side, to: Side) {
             (peer, line)
         });
 
-        let mut client = bed
-            .pod(from)
-            .unwrap()
+        let mut client = must(bed.pod(from), "pod")
             .enter(|| TcpStream::connect_timeout(&server_addr, TIMEOUT))
-            .unwrap()
+            .unwrap_or_else(|e| panic!("{e}"))
             .unwrap_or_else(|e| panic!("TCP {from:?} -> {to:?} ({server_addr}): {e}"));
         client.set_read_timeout(Some(TIMEOUT)).unwrap();
         let msg = format!("hello from pod {from:?}\n");
@@ -66,7 +69,7 @@ fn tcp_exchange(bed: &TwoNodeBed, from: Side, to: Side) {
 #[test]
 fn smoke_srv6_vrf_bed_carries_ping_and_tcp_both_ways() {
     require_root_and_vrf();
-    let bed = TwoNodeBed::build().unwrap();
+    let bed = must(TwoNodeBed::build(), "building the bed");
 
     // Without the SRv6 routes the pods cannot reach each other: the traffic below can only
     // take the SRv6 path.
@@ -76,11 +79,11 @@ fn smoke_srv6_vrf_bed_carries_ping_and_tcp_both_ways() {
     );
     assert_eq!(bed.decap_packets(Side::B).ok(), None, "no SID route yet");
 
-    bed.install_srv6().unwrap();
+    must(bed.install_srv6(), "installing the SRv6 routes");
     for (from, to) in [(Side::A, Side::B), (Side::B, Side::A)] {
-        let v4 = bed.ping(from, to, false, 2).unwrap();
+        let v4 = must(bed.ping(from, to, false, 2), "ping");
         assert!(v4.contains("2 received"), "ping {from:?} -> {to:?}: {v4}");
-        let v6 = bed.ping(from, to, true, 2).unwrap();
+        let v6 = must(bed.ping(from, to, true, 2), "ping -6");
         assert!(
             v6.contains("2 received"),
             "ping -6 {from:?} -> {to:?}: {v6}"
@@ -92,8 +95,8 @@ fn smoke_srv6_vrf_bed_carries_ping_and_tcp_both_ways() {
     // decapsulated by the End.DT46 route of the receiving node, and crossed the fabric with a
     // segment routing header.
     for side in [Side::A, Side::B] {
-        let decap = bed.decap_packets(side).unwrap();
-        let fabric = bed.fabric_srv6_packets_to(side).unwrap();
+        let decap = must(bed.decap_packets(side), "seg6local counter");
+        let fabric = must(bed.fabric_srv6_packets_to(side), "fabric counter");
         assert!(
             decap >= 11,
             "End.DT46 on node {side:?} decapsulated {decap} packets"
