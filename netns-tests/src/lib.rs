@@ -167,7 +167,6 @@ fn run(mut cmd: Command, stdin: Option<&str>) -> Result<String> {
 #[derive(Debug)]
 pub struct Netns {
     name: String,
-    label: String,
 }
 
 impl Netns {
@@ -185,10 +184,7 @@ impl Netns {
         cmd.args(["netns", "add", &name]);
         run(cmd, None)?;
         // From here on Drop cleans up, also when bringing lo up fails.
-        let ns = Netns {
-            name,
-            label: label.to_owned(),
-        };
+        let ns = Netns { name };
         ns.ip("link set lo up")?;
         Ok(ns)
     }
@@ -196,11 +192,6 @@ impl Netns {
     /// The namespace's name as `ip netns` knows it.
     pub fn name(&self) -> &str {
         &self.name
-    }
-
-    /// The role label it was created with.
-    pub fn label(&self) -> &str {
-        &self.label
     }
 
     /// The bind-mounted namespace file.
@@ -330,7 +321,7 @@ impl Topology {
 
 /// Why this process cannot run netns tests, or `None` if it can: not root, or the kernel cannot
 /// create a VRF device. Probed once per process in a throw-away namespace.
-pub fn root_and_vrf_problem() -> Option<String> {
+fn root_and_vrf_problem() -> Option<String> {
     static PROBLEM: OnceLock<Option<String>> = OnceLock::new();
     PROBLEM
         .get_or_init(|| {

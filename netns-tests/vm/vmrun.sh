@@ -116,7 +116,8 @@ echo $? > /run/vmctl/rc; sync
 EOF
   chmod +x "$t/init"
   (cd "$t" && find . | cpio -o -H newc --quiet | gzip -1) > "$INITRD.$$"
-  rm -f "$CACHE"/initrd-*.cpio.gz   # older versions of this script's initramfs
+  # Initramfs of older versions of this script (another checkout may still use a recent one).
+  find "$CACHE" -maxdepth 1 -name 'initrd-*.cpio.gz' -mtime +7 -delete 2>/dev/null || true
   mv "$INITRD.$$" "$INITRD"
   rm -rf "$t"
 }
@@ -159,15 +160,21 @@ if [ "$ACCEL" = auto ]; then
     ACCEL=tcg; ACCEL_WHY="no usable /dev/kvm"
   else
     # A healthy KVM boots this VM in 1-3 s; a paravirtual /dev/kvm makes qemu abort at once or
-    # the guest crawl. 20 s bounds the probe; TCG would be ~3-6 s, so a crawling KVM is no loss.
+    # the guest crawl. TCG boots it in ~3-6 s, so KVM is used only if the probe boot finished
+    # within 10 s; 20 s bounds the probe.
     probe_start=$EPOCHREALTIME
     if "${BASH_SOURCE[0]}" --kernel "$KVER" --accel kvm --quiet-accel -t 20 -w "$CACHE" -- true >"$CACHE/accel-probe.log" 2>&1; then
-      ACCEL=kvm
+      probe=$(awk -v a="$probe_start" -v b="$EPOCHREALTIME" 'BEGIN{printf "%.1f", b-a}')
+      if awk -v t="$probe" 'BEGIN{exit !(t < 10)}'; then
+        ACCEL=kvm ACCEL_WHY="KVM probe boot took ${probe}s"
+      else
+        ACCEL=tcg ACCEL_WHY="KVM probe boot took ${probe}s: too slow"
+      fi
     else
-      ACCEL=tcg
+      ACCEL=tcg ACCEL_WHY="KVM probe boot failed"
     fi
     echo "$ACCEL" > "$CACHE/accel.$$" && mv "$CACHE/accel.$$" "$CACHE/accel"
-    ACCEL_WHY=$(awk -v a="$probe_start" -v b="$EPOCHREALTIME" -v r="$ACCEL" 'BEGIN{printf "KVM probe boot: %.1fs -> %s; log and verdict cached in '"$CACHE"'/accel*", b-a, r}')
+    ACCEL_WHY="$ACCEL_WHY; verdict cached in $CACHE/accel, probe log in $CACHE/accel-probe.log"
   fi
 else
   ACCEL_WHY="requested"
@@ -181,7 +188,7 @@ CTL=$(mktemp -d /tmp/lace-vmrun.XXXXXX)
 trap 'rm -rf "$CTL"' EXIT
 printf '%s\n' "${RWDIRS[@]}" > "$CTL/rwdirs"
 {
-  echo "export PATH=$(printf %q "$PATH") HOME=/root TERM=dumb LANG=C.UTF-8 LACE_IN_VM=1"
+  echo "export PATH=$(printf %q "$PATH") HOME=/root TERM=dumb LANG=C.UTF-8"
   for v in CI RUST_BACKTRACE RUST_TEST_THREADS RUST_LOG ${LACE_VM_PASSENV:-}; do
     [ -z "${!v+x}" ] || echo "export $v=$(printf %q "${!v}")"
   done
