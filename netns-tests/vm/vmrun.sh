@@ -53,8 +53,8 @@ case $ACCEL in auto|kvm|tcg) ;; *) say "--accel must be auto, kvm or tcg, not '$
 KVER=$(lace_kernel_resolve "$KERNEL") || exit 125
 command -v qemu-system-x86_64 >/dev/null || die "qemu-system-x86_64 not found; run netns-tests/vm/setup.sh (apt-get install qemu-system-x86)"
 
-CACHE=${XDG_CACHE_HOME:-$HOME/.cache}/lace-vm/$KVER
-mkdir -p "$CACHE"
+CACHE=${XDG_CACHE_HOME:-${HOME:-/root}/.cache}/lace-vm/$KVER
+mkdir -p "$CACHE" 2>/dev/null && [ -w "$CACHE" ] || { CACHE=/tmp/lace-vm-$(id -u)/$KVER; mkdir -p "$CACHE"; }
 # The initramfs depends on this script (its /init is written below): rebuilt when it changes.
 INITRD=$CACHE/initrd-$(md5sum < "${BASH_SOURCE[0]}" | cut -c1-8).cpio.gz
 
