@@ -64,6 +64,21 @@ fn topology_links_namespaces_with_veth() {
 }
 
 #[test]
+fn sysctl_changes_only_the_namespace() {
+    require_root_and_vrf();
+    let a = Netns::new("sysctl-a").unwrap();
+    let b = Netns::new("sysctl-b").unwrap();
+    let read = |ns: &Netns| ns.exec("cat", &["/proc/sys/net/ipv4/ip_forward"]).unwrap();
+    a.sysctl("net.ipv4.ip_forward", "1").unwrap();
+    b.sysctl("net.ipv4.ip_forward", "0").unwrap();
+    assert_eq!(read(&a).trim(), "1");
+    assert_eq!(read(&b).trim(), "0");
+    let err = a.sysctl("net.ipv4.no_such_key", "1").unwrap_err();
+    assert!(matches!(err, NetnsError::Sysctl { .. }), "{err}");
+    assert!(err.to_string().contains("net.ipv4.no_such_key"), "{err}");
+}
+
+#[test]
 fn enter_runs_code_inside_the_namespace() {
     require_root_and_vrf();
     let ns = Netns::new("enter").unwrap();

@@ -40,7 +40,7 @@ N link set lo up
 
 check "VRF device (ip link add type vrf table 100)" N link add lace-chk-vrf type vrf table 100
 N link set lace-chk-vrf up 2>/dev/null
-check "sysctl net.vrf.strict_mode=1" X sysctl -qw net.vrf.strict_mode=1
+check "sysctl net.vrf.strict_mode=1" X sh -c 'echo 1 > /proc/sys/net/vrf/strict_mode'
 check "seg6local End.DT46 vrftable" N -6 route add fc00:c::46/128 encap seg6local action End.DT46 vrftable 100 dev lace-chk-vrf
 check "seg6local End.DT4 vrftable" N -6 route add fc00:c::4/128 encap seg6local action End.DT4 vrftable 100 dev lace-chk-vrf
 N link add lace-chk-d type dummy 2>/dev/null && N link set lace-chk-d up 2>/dev/null

@@ -25,8 +25,10 @@ passed=0 failed=0 ignored=0 rc=0
 log=$(mktemp)
 for exe in "$@"; do
   echo "---- $(basename "$exe") ${FILTER[*]}"
+  start=$EPOCHREALTIME
   "$exe" "${FILTER[@]}" 2>&1 | tee "$log"
   st=${PIPESTATUS[0]}
+  awk -v a="$start" -v b="$EPOCHREALTIME" -v e="$(basename "$exe")" 'BEGIN{printf "---- %s: %.1fs\n", e, b-a}'
   [ "$st" = 0 ] || { rc=1; echo "run-tests.sh: $(basename "$exe") exited with status $st"; }
   # "test result: ok. 3 passed; 0 failed; 0 ignored; 0 measured; 2 filtered out; ..."
   read -r p f i < <(awk '/^test result:/ { for (k = 1; k <= NF; k++) {
