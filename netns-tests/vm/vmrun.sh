@@ -14,9 +14,10 @@
 #   -m MEM      guest memory (default 1G);  -c CPUS  guest CPUs (default 2)
 #   -w DIR      host dir shared read-write at the same path (repeatable; default $PWD)
 #   --accel A   auto | kvm | tcg (default: $LACE_VM_ACCEL, else auto). auto uses KVM only if a
-#               short probe boot under KVM succeeds; the verdict is cached per kernel under
-#               ${XDG_CACHE_HOME:-~/.cache}/lace-vm/<kernel>/accel. (Some hosts expose a
-#               paravirtual /dev/kvm on which a stock kernel dies or crawls: they get TCG.)
+#               probe boot under KVM finishes within 10 s; the verdict is cached per kernel in
+#               ${XDG_CACHE_HOME:-~/.cache}/lace-vm/<kernel>/accel (delete it to re-probe). Some
+#               hosts expose a paravirtual /dev/kvm on which a stock kernel dies or crawls: TCG.
+#               The accel used (and why) is printed on stderr.
 # env: LACE_VM_PASSENV="VAR ..." host variables exported into the VM (PATH, CI, RUST_BACKTRACE,
 #      RUST_TEST_THREADS, RUST_LOG are always passed); LACE_VM_DEBUG=1 shows the kernel log.
 # exit: the command's status; 124 on timeout; 125 if the VM died without a status (or could not
