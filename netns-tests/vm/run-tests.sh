@@ -26,7 +26,9 @@ log=$(mktemp)
 for exe in "$@"; do
   echo "---- $(basename "$exe") ${FILTER[*]}"
   start=$EPOCHREALTIME
-  "$exe" "${FILTER[@]}" 2>&1 | tee "$log"
+  # One test at a time: netns tests share host-global kernel state (cgroups, bpffs pins,
+  # the VM's 2 CPUs), and under emulation parallel tests only trade speed for flakiness.
+  "$exe" --test-threads=1 "${FILTER[@]}" 2>&1 | tee "$log"
   st=${PIPESTATUS[0]}
   awk -v a="$start" -v b="$EPOCHREALTIME" -v e="$(basename "$exe")" 'BEGIN{printf "---- %s: %.1fs\n", e, b-a}'
   [ "$st" = 0 ] || { rc=1; echo "run-tests.sh: $(basename "$exe") exited with status $st"; }
