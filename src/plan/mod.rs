@@ -169,6 +169,8 @@ pub struct RouteKey {
 pub enum Nexthop {
     /// `dev <name>`: a local pod's host-side veth, or another Network's VRF (leaked route).
     Dev(String),
+    /// `dev <name> src <src>`: a kubelet-probe route to a local pod.
+    DevSrc { dev: String, src: IpAddr },
     /// `encap seg6 mode encap segs <segs> dev <uplink>`: to a remote node's SID of the target
     /// Network. The outer packet is routed again after encapsulation (in the VRF's IPv6 table,
     /// hence the [`Nexthop::Underlay`] locator routes there), so no gateway is needed here.
@@ -187,6 +189,7 @@ impl fmt::Display for Nexthop {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Nexthop::Dev(d) => write!(f, "dev {d}"),
+            Nexthop::DevSrc { dev, src } => write!(f, "dev {dev} src {src}"),
             Nexthop::Seg6Encap { segs } => {
                 write!(f, "encap seg6 mode encap segs {segs} dev @uplink")
             }
@@ -268,6 +271,11 @@ pub struct NodeBase {
     /// Sysctl key (dotted) → value.
     pub sysctls: BTreeMap<String, String>,
     pub nft: nft::Ruleset,
+    /// Source address of IPv4 kubelet probes (`src` of the IPv4 [`PROBE_TABLE`] routes): the
+    /// node's IPv4 InternalIP. Without it the kernel picks 0.0.0.0 (verified in a VM): the pod
+    /// veths carry no address and source selection stays inside their VRF. IPv6 routes get
+    /// none, the kernel rejects a `src` that is not an address of the VRF.
+    pub probe_src_v4: Option<IpAddr>,
     pod_networks: BTreeMap<String, PodNetwork>,
 }
 
@@ -428,20 +436,31 @@ impl Planner {
                         second: att.pod.clone(),
                     });
                 }
-                let dev = Nexthop::Dev(att.host_ifname.clone());
                 pod_routes.insert(
                     RouteKey {
                         table: pn.table,
                         dst: host_net(address),
                     },
-                    dev.clone(),
+                    Nexthop::Dev(att.host_ifname.clone()),
                 );
+                let src = if address.is_ipv6() {
+                    None
+                } else {
+                    self.base.probe_src_v4
+                };
+                let probe = match src {
+                    Some(src) => Nexthop::DevSrc {
+                        dev: att.host_ifname.clone(),
+                        src,
+                    },
+                    None => Nexthop::Dev(att.host_ifname.clone()),
+                };
                 pod_routes.insert(
                     RouteKey {
                         table: PROBE_TABLE,
                         dst: host_net(address),
                     },
-                    dev,
+                    probe,
                 );
             }
         }
@@ -794,6 +813,11 @@ fn build_base(node: &str, state: &ClusterState) -> Result<NodeBase, PlanError> {
         sysctls.insert(format!("net.ipv4.conf.{vrf}.rp_filter"), "0".to_string());
     }
 
+    let internal_ips: &[IpAddr] = state
+        .nodes
+        .get(node)
+        .map(|n| n.internal_ips.as_slice())
+        .unwrap_or_default();
     let ruleset = build_nft(node, state, me, &nets, &pairs, &egress, &grants);
     let pod_networks = nets
         .values()
@@ -821,6 +845,7 @@ fn build_base(node: &str, state: &ClusterState) -> Result<NodeBase, PlanError> {
         rules,
         sysctls,
         nft: ruleset,
+        probe_src_v4: internal_ips.iter().find(|ip| ip.is_ipv4()).copied(),
         pod_networks,
     })
 }
