@@ -805,6 +805,11 @@ fn build_base(node: &str, state: &ClusterState) -> Result<NodeBase, PlanError> {
         // Decapsulated packets then traverse prerouting and conntrack on the receiving node,
         // so its forward policy sees connection state.
         ("net.netfilter.nf_hooks_lwtunnel", "1"),
+        // Replies to the kubelet's (unbound) probe sockets arrive through a pod's VRF; without
+        // these an established TCP/UDP socket outside the VRF does not match them. New
+        // connections from pods to the host are still dropped by the ruleset (from_pods).
+        ("net.ipv4.tcp_l3mdev_accept", "1"),
+        ("net.ipv4.udp_l3mdev_accept", "1"),
     ] {
         sysctls.insert(k.to_string(), v.to_string());
     }
