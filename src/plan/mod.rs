@@ -17,6 +17,11 @@
 //! that holds this node's underlay address) and [`Nexthop::Host`] copies what the main table
 //! resolves for the destination (host routing). The reconciler resolves both when applying.
 //!
+//! `tests/vm/datapath.sh` applies the node-1/node-2 golden plans to namespaces on a Debian
+//! 6.1 kernel and checks real traffic: pairs, replies, leaks, egress masquerade, Service
+//! grants through a kube-proxy stand-in, kubelet probes, the SRv6 guard. Known gap: IPv6
+//! kubelet probes (no usable source address for a route out of a VRF slave).
+//!
 //! For the incremental case, [`Planner`] keeps the pod-independent part (which is almost all
 //! of it: remote blocks grow with nodes × Networks) behind an [`Arc`] and recomputes only the
 //! routes of the local pods when attachments change.
