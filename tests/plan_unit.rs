@@ -192,9 +192,17 @@ fn routes_table() {
             Some(dev("lp-api0")),
         ),
         (
-            "probe route",
+            "probe route, from the node's IPv4 InternalIP",
             key(PROBE_TABLE, "10.20.1.2/32"),
-            Some(dev("lp-web0")),
+            Some(Nexthop::DevSrc {
+                dev: "lp-web0".into(),
+                src: "198.51.100.1".parse().unwrap(),
+            }),
+        ),
+        (
+            "probe route v6",
+            key(PROBE_TABLE, "fd00:30:0:1::2/128"),
+            Some(dev("lp-api0")),
         ),
     ];
     for (what, k, want) in cases {

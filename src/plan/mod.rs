@@ -17,6 +17,11 @@
 //! that holds this node's underlay address) and [`Nexthop::Host`] copies what the main table
 //! resolves for the destination (host routing). The reconciler resolves both when applying.
 //!
+//! `tests/vm/datapath.sh` applies the node-1/node-2 golden plans to namespaces on a Debian
+//! 6.1 kernel and checks real traffic: pairs, replies, leaks, egress masquerade, Service
+//! grants through a kube-proxy stand-in, kubelet probes, the SRv6 guard. Known gap: IPv6
+//! kubelet probes (no usable source address for a route out of a VRF slave).
+//!
 //! For the incremental case, [`Planner`] keeps the pod-independent part (which is almost all
 //! of it: remote blocks grow with nodes × Networks) behind an [`Arc`] and recomputes only the
 //! routes of the local pods when attachments change.
@@ -169,6 +174,8 @@ pub struct RouteKey {
 pub enum Nexthop {
     /// `dev <name>`: a local pod's host-side veth, or another Network's VRF (leaked route).
     Dev(String),
+    /// `dev <name> src <src>`: a kubelet-probe route to a local pod.
+    DevSrc { dev: String, src: IpAddr },
     /// `encap seg6 mode encap segs <segs> dev <uplink>`: to a remote node's SID of the target
     /// Network. The outer packet is routed again after encapsulation (in the VRF's IPv6 table,
     /// hence the [`Nexthop::Underlay`] locator routes there), so no gateway is needed here.
@@ -187,6 +194,7 @@ impl fmt::Display for Nexthop {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Nexthop::Dev(d) => write!(f, "dev {d}"),
+            Nexthop::DevSrc { dev, src } => write!(f, "dev {dev} src {src}"),
             Nexthop::Seg6Encap { segs } => {
                 write!(f, "encap seg6 mode encap segs {segs} dev @uplink")
             }
@@ -268,6 +276,11 @@ pub struct NodeBase {
     /// Sysctl key (dotted) → value.
     pub sysctls: BTreeMap<String, String>,
     pub nft: nft::Ruleset,
+    /// Source address of IPv4 kubelet probes (`src` of the IPv4 [`PROBE_TABLE`] routes): the
+    /// node's IPv4 InternalIP. Without it the kernel picks 0.0.0.0 (verified in a VM): the pod
+    /// veths carry no address and source selection stays inside their VRF. IPv6 routes get
+    /// none, the kernel rejects a `src` that is not an address of the VRF.
+    pub probe_src_v4: Option<IpAddr>,
     pod_networks: BTreeMap<String, PodNetwork>,
 }
 
@@ -428,20 +441,31 @@ impl Planner {
                         second: att.pod.clone(),
                     });
                 }
-                let dev = Nexthop::Dev(att.host_ifname.clone());
                 pod_routes.insert(
                     RouteKey {
                         table: pn.table,
                         dst: host_net(address),
                     },
-                    dev.clone(),
+                    Nexthop::Dev(att.host_ifname.clone()),
                 );
+                let src = if address.is_ipv6() {
+                    None
+                } else {
+                    self.base.probe_src_v4
+                };
+                let probe = match src {
+                    Some(src) => Nexthop::DevSrc {
+                        dev: att.host_ifname.clone(),
+                        src,
+                    },
+                    None => Nexthop::Dev(att.host_ifname.clone()),
+                };
                 pod_routes.insert(
                     RouteKey {
                         table: PROBE_TABLE,
                         dst: host_net(address),
                     },
-                    dev,
+                    probe,
                 );
             }
         }
@@ -786,6 +810,11 @@ fn build_base(node: &str, state: &ClusterState) -> Result<NodeBase, PlanError> {
         // Decapsulated packets then traverse prerouting and conntrack on the receiving node,
         // so its forward policy sees connection state.
         ("net.netfilter.nf_hooks_lwtunnel", "1"),
+        // Replies to the kubelet's (unbound) probe sockets arrive through a pod's VRF; without
+        // these an established TCP/UDP socket outside the VRF does not match them. New
+        // connections from pods to the host are still dropped by the ruleset (from_pods).
+        ("net.ipv4.tcp_l3mdev_accept", "1"),
+        ("net.ipv4.udp_l3mdev_accept", "1"),
     ] {
         sysctls.insert(k.to_string(), v.to_string());
     }
@@ -794,6 +823,11 @@ fn build_base(node: &str, state: &ClusterState) -> Result<NodeBase, PlanError> {
         sysctls.insert(format!("net.ipv4.conf.{vrf}.rp_filter"), "0".to_string());
     }
 
+    let internal_ips: &[IpAddr] = state
+        .nodes
+        .get(node)
+        .map(|n| n.internal_ips.as_slice())
+        .unwrap_or_default();
     let ruleset = build_nft(node, state, me, &nets, &pairs, &egress, &grants);
     let pod_networks = nets
         .values()
@@ -821,6 +855,7 @@ fn build_base(node: &str, state: &ClusterState) -> Result<NodeBase, PlanError> {
         rules,
         sysctls,
         nft: ruleset,
+        probe_src_v4: internal_ips.iter().find(|ip| ip.is_ipv4()).copied(),
         pod_networks,
     })
 }

@@ -271,6 +271,9 @@ pub fn golden_cluster() -> ClusterState {
     s.networks.insert("internet".into(), mk_external());
     for (i, n) in ["node-1", "node-2", "node-3"].iter().enumerate() {
         mk_node(&mut s, n, i as u32 + 1);
+        // An IPv4 InternalIP too (the kubelet's probe source for IPv4 pods).
+        let v4: IpAddr = format!("198.51.100.{}", i + 1).parse().unwrap();
+        s.nodes.get_mut(*n).unwrap().internal_ips.insert(0, v4);
     }
     alloc_all(&mut s);
     mk_binding(&mut s, "system", "system", 1000, Some("kube-system"));
