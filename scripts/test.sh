@@ -10,6 +10,7 @@
 #           installed, else cargo test), plus doc tests
 #   netns   netns-tests/run --kernel 6.1 (all netns tests, in a VM unless the host can)
 #   netns6.12  netns-tests/run --kernel 6.12 --filter smoke
+#   datapath   tests/vm/datapath.sh in the VM: golden plans applied, real traffic
 #   charts  scripts/test-charts.sh, when it exists
 # Then a table of tier timings and the total of tests passed/failed.
 set -euo pipefail
@@ -92,6 +93,10 @@ tier netns-6.1 netns-tests/run --kernel 6.1
 count_netns "$LOGDIR/netns-6.1.log"
 tier netns-6.12 netns-tests/run --kernel 6.12 --filter smoke
 count_netns "$LOGDIR/netns-6.12.log"
+# The planner's golden plans applied to namespaces with ip/nft, checked with real traffic.
+tier datapath netns-tests/vm/with-kernel.sh --kernel 6.1 -t 900 -- bash tests/vm/datapath.sh
+read -r p f < <(awk '/^[0-9]+ passed, [0-9]+ failed$/ { p = $1; f = $3 } END { print p+0, f+0 }' "$LOGDIR/datapath.log")
+PASSED=$((PASSED + p)) FAILED=$((FAILED + f))
 
 # ---- charts (added by the charts work; run only when present)
 if [ -f scripts/test-charts.sh ]; then

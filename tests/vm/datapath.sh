@@ -3,7 +3,7 @@
 # and an "internet" host as network namespaces, each node programmed from its golden plan
 # (tests/golden/node-*.plan/.nft) by apply_plan.py, then real traffic checks what the
 # policies allow and deny. Needs a kernel with VRF + seg6 (Debian's linux-image-amd64):
-#   VM_KVER=6.1.0-57-amd64 ../shared/kernel-vm/vmrun.sh -t 300 -- bash tests/vm/datapath.sh
+#   netns-tests/vm/with-kernel.sh --kernel 6.1 -- bash tests/vm/datapath.sh   (a tier of scripts/test.sh)
 # Everything stays inside namespaces this script creates.
 set -u
 cd "$(dirname "$0")/../.."
