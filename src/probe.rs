@@ -39,21 +39,9 @@ use nix::sys::statfs::{statfs, FsType, BPF_FS_MAGIC, CGROUP2_SUPER_MAGIC};
 use crate::sys::{self, BpfError, LinkInfo, ProgInfo};
 use insn::{Insn, Reg};
 
-/// The socket mark the kubelet's sockets get: bit 12.
-///
-/// Chosen to be clear of every bit that the components a Lace node may run alongside use:
-/// kube-proxy (iptables and nftables modes) 0x4000 masquerade and 0x8000 drop; Calico's
-/// default mark mask 0xffff0000; Cilium 0x0f00 and identities in the upper 16 bits (its layout
-/// leaves 0xf000 to Kubernetes components, where kube-proxy takes only 0xc000); Weave 0x20000
-/// and 0x40000; kube-router 0x10000 and up; Antrea bit 31 and 0xff; AWS VPC CNI 0x80; Istio
-/// 0x40/0x100/0x200/0x210/0x220 and 0x539; Tailscale 0x10000–0x80000; wg-quick 0xca6c.
-/// flannel sets none.
-pub const PROBE_MARK: u32 = 0x1000;
-
-/// The mask to match [`PROBE_MARK`] with (`fwmark 0x1000/0x1000`, `meta mark & 0x1000 ==
-/// 0x1000`): only Lace's bit is looked at, so marks other components set in other bits neither
-/// hide nor fake it.
-pub const PROBE_MARK_MASK: u32 = 0x1000;
+// One definition for the program, the fwmark rule and the nft allowance (the planner is pure,
+// so it lives there).
+pub use crate::plan::{PROBE_MARK, PROBE_MARK_MASK};
 
 /// Where Lace pins its bpf objects (on the bpffs mounted at `/sys/fs/bpf`).
 pub const DEFAULT_PIN_DIR: &str = "/sys/fs/bpf/lace";

@@ -6,7 +6,7 @@ use common::*;
 use ipnet::IpNet;
 use lace::plan::{
     plan, vrf_table, DesiredNode, Nexthop, PlanError, Planner, RouteKey, MAIN_TABLE, PROBE_MARK,
-    PROBE_TABLE,
+    PROBE_MARK_MASK, PROBE_TABLE,
 };
 use lace::state::ClusterState;
 
@@ -232,8 +232,8 @@ fn vrfs_rules_and_sysctls() {
     assert_eq!(
         rules,
         vec![
-            format!("-4 pref 990 fwmark {PROBE_MARK:#x}/{PROBE_MARK:#x} lookup {PROBE_TABLE}"),
-            format!("-6 pref 990 fwmark {PROBE_MARK:#x}/{PROBE_MARK:#x} lookup {PROBE_TABLE}"),
+            format!("-4 pref 990 fwmark {PROBE_MARK:#x}/{PROBE_MARK_MASK:#x} lookup {PROBE_TABLE}"),
+            format!("-6 pref 990 fwmark {PROBE_MARK:#x}/{PROBE_MARK_MASK:#x} lookup {PROBE_TABLE}"),
             "-4 pref 1000 l3mdev".to_string(),
             "-6 pref 1000 l3mdev".to_string(),
         ]

@@ -37,6 +37,7 @@ use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use crate::api::NodeAllocationSpec;
 use crate::routing::{allowed_pairs, service_grants, BackendLocation};
+use crate::sid::sid;
 use crate::state::{ClusterState, ObjectKey, PodAttachment};
 
 /// First table id Lace owns. A Network's VRF table is `VRF_TABLE_BASE + function`, so ids
@@ -53,9 +54,21 @@ pub const RULE_PRIORITY_PROBE: u32 = 990;
 /// Priority of the l3mdev rule: the same rule the kernel's VRF driver installs, declared here
 /// so it is ensured (and not counted as foreign) by the reconciler.
 pub const RULE_PRIORITY_L3MDEV: u32 = 1000;
-/// Socket mark the kubelet's cgroup program sets on its sockets. One bit, outside
-/// kube-proxy's masquerade (0x4000) and drop (0x8000) bits and Cilium's 0x0f00 nibble.
-pub const PROBE_MARK: u32 = 0x0010_0000;
+/// The socket mark the kubelet's sockets get: bit 12.
+///
+/// Chosen to be clear of every bit that the components a Lace node may run alongside use:
+/// kube-proxy (iptables and nftables modes) 0x4000 masquerade and 0x8000 drop; Calico's
+/// default mark mask 0xffff0000; Cilium 0x0f00 and identities in the upper 16 bits (its layout
+/// leaves 0xf000 to Kubernetes components, where kube-proxy takes only 0xc000); Weave 0x20000
+/// and 0x40000; kube-router 0x10000 and up; Antrea bit 31 and 0xff; AWS VPC CNI 0x80; Istio
+/// 0x40/0x100/0x200/0x210/0x220 and 0x539; Tailscale 0x10000–0x80000; wg-quick 0xca6c.
+/// flannel sets none.
+pub const PROBE_MARK: u32 = 0x1000;
+
+/// The mask to match [`PROBE_MARK`] with (`fwmark 0x1000/0x1000`, `meta mark & 0x1000 ==
+/// 0x1000`): only Lace's bit is looked at, so marks other components set in other bits neither
+/// hide nor fake it.
+pub const PROBE_MARK_MASK: u32 = 0x1000;
 /// Prefix of every VRF device Lace creates ("lace VRF").
 pub const VRF_PREFIX: &str = "lv-";
 /// Longest Linux interface name (IFNAMSIZ - 1).
@@ -129,12 +142,6 @@ pub fn vrf_name(network: &str, function: u16) -> String {
         .map(|c| if plain(c) { c } else { '-' })
         .collect();
     format!("{VRF_PREFIX}{head}_{function:04x}")
-}
-
-/// The SID of `function` on `locator`: the function sits in the 16 bits right after a /96
-/// locator (the lowest 16 bits are left for arguments).
-fn sid(locator: Ipv6Net, function: u16) -> Ipv6Addr {
-    Ipv6Addr::from(u128::from(locator.network()) | (u128::from(function) << 16))
 }
 
 fn host_net(addr: IpAddr) -> IpNet {
@@ -797,7 +804,7 @@ fn build_base(node: &str, state: &ClusterState) -> Result<NodeBase, PlanError> {
             family,
             action: RuleAction::Fwmark {
                 mark: PROBE_MARK,
-                mask: PROBE_MARK,
+                mask: PROBE_MARK_MASK,
                 table: PROBE_TABLE,
             },
         });
@@ -1058,7 +1065,7 @@ fn build_nft(
         }
     }
 
-    let mark = format!("meta mark & {PROBE_MARK:#010x} == {PROBE_MARK:#010x}");
+    let mark = format!("meta mark & {PROBE_MARK_MASK:#010x} == {PROBE_MARK:#010x}");
     let mut prerouting = Chain {
         name: "prerouting".into(),
         hook: Some(Hook { kind: "filter", hook: "prerouting", priority: "dstnat + 10" }),
@@ -1265,19 +1272,6 @@ mod tests {
         let a = vrf_name("customer-tenant-1", 1);
         let b = vrf_name("customer-tenant-2", 2);
         assert_ne!(a, b);
-    }
-
-    #[test]
-    fn sid_puts_function_after_a_96_bit_locator() {
-        let loc: Ipv6Net = "2001:db8:100::7:0:0/96".parse().unwrap();
-        assert_eq!(
-            sid(loc, 0x2a),
-            "2001:db8:100::7:2a:0".parse::<Ipv6Addr>().unwrap()
-        );
-        assert_eq!(
-            sid(loc, 0xffff),
-            "2001:db8:100::7:ffff:0".parse::<Ipv6Addr>().unwrap()
-        );
     }
 
     #[test]

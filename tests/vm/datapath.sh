@@ -118,7 +118,7 @@ expect deny "tenant-a node-1 -> default/kubernetes (no grant)"             tcp l
 kill $srv $api 2>/dev/null
 
 # Kubelet probes: only marked host sockets reach pods.
-expect ok   "node-1 host -> tenant-a pod with the probe mark" ip netns exec n1 $P -m $((0x100000)) 10.30.1.2
+expect ok   "node-1 host -> tenant-a pod with the probe mark" ip netns exec n1 $P -m $((0x1000)) 10.30.1.2
 expect deny "node-1 host -> tenant-a pod without the mark"    ip netns exec n1 $P 10.30.1.2
 # A kubelet-like TCP probe (HTTP GET stand-in) from an unbound, marked host socket.
 ip netns exec p-lp-api0 python3 -c '
@@ -130,14 +130,14 @@ hz=$!
 listening p-lp-api0 t 8080
 probe() { ip netns exec n1 python3 -c '
 import socket, sys; s = socket.socket(); s.settimeout(3)
-if sys.argv[1] == "mark": s.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, 0x100000)
+if sys.argv[1] == "mark": s.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, 0x1000)
 s.connect(("10.30.1.2", 8080)); sys.exit(0 if s.recv(100) == b"healthy\n" else 1)' $1; }
 expect ok   "kubelet TCP probe (marked socket) -> tenant-a pod" probe mark
 expect deny "unmarked host TCP socket -> tenant-a pod"          probe none
 kill $hz 2>/dev/null
 # Known gap: IPv6 probes. The kernel picks no source (the veth has none in the VRF) and
 # rejects a `src` outside the VRF; reported, not failed.
-if ip netns exec n1 $P -m $((0x100000)) fd00:30:0:1::2 >/dev/null 2>&1; then echo "info - IPv6 probe works"; else echo "info - IPv6 probe does not work yet (known gap)"; fi
+if ip netns exec n1 $P -m $((0x1000)) fd00:30:0:1::2 >/dev/null 2>&1; then echo "info - IPv6 probe works"; else echo "info - IPv6 probe does not work yet (known gap)"; fi
 
 # SRv6 ingress guard: a non-node sends an encapsulated packet to node-1's system SID.
 ip -n inet -6 route add 2001:db8:100::1:0:0/96 via 2001:db8:ee::1
