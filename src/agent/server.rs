@@ -1,0 +1,134 @@
+//! The CNI server: a unix socket, one JSON request per connection ([`crate::wire::Request`]),
+//! answered by one [`crate::wire::Response`].
+//!
+//! The socket is created with mode 0600 (only root — the runtime running the plugin — may
+//! talk to the agent) in a directory created 0700 if missing. A leftover socket of a dead
+//! agent is replaced; a live one (a connect succeeds) is an error, as is any path that is
+//! not a socket (nothing else is ever deleted).
+
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+
+use super::Agent;
+use crate::wire::{
+    decode_line, encode_line, CniError, ErrorCode, Request, Response, MAX_MESSAGE_BYTES,
+};
+
+/// How long a client may take to send its request.
+const READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why the socket could not be served; names the path.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("CNI socket {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("CNI socket {0} is in use by a running agent")]
+    InUse(PathBuf),
+    #[error("CNI socket path {0} exists and is not a socket; refusing to remove it")]
+    NotASocket(PathBuf),
+}
+
+/// Binds `path`, replacing a stale socket.
+pub async fn bind(path: &Path) -> Result<UnixListener, ServerError> {
+    let io = |source| ServerError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(io)?;
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => {
+            if UnixStream::connect(path).await.is_ok() {
+                return Err(ServerError::InUse(path.to_owned()));
+            }
+            std::fs::remove_file(path).map_err(io)?;
+        }
+        Ok(_) => return Err(ServerError::NotASocket(path.to_owned())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io(e)),
+    }
+    let listener = UnixListener::bind(path).map_err(io)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(io)?;
+    Ok(listener)
+}
+
+/// Accepts connections until the task is dropped.
+pub async fn serve(listener: UnixListener, agent: Arc<Agent>) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                let agent = Arc::clone(&agent);
+                tokio::spawn(async move { connection(stream, agent).await });
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "CNI socket: accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+async fn connection(stream: UnixStream, agent: Arc<Agent>) {
+    let (read, mut write) = stream.into_split();
+    let mut reader = BufReader::new(read).take(MAX_MESSAGE_BYTES as u64 + 1);
+    let mut line = Vec::new();
+    let read = tokio::time::timeout(READ_TIMEOUT, reader.read_until(b'\n', &mut line)).await;
+    let response = match read {
+        Err(_) => Response::Err(CniError::new(
+            ErrorCode::IO,
+            format!("no request within {READ_TIMEOUT:?}"),
+        )),
+        Ok(Err(e)) => Response::Err(CniError::new(
+            ErrorCode::IO,
+            format!("reading the request: {e}"),
+        )),
+        Ok(Ok(_)) => match decode_line::<Request>(&line) {
+            Err(e) => Response::Err(CniError::new(
+                ErrorCode::DECODE,
+                format!("bad request: {e}"),
+            )),
+            Ok(req) => {
+                let verb = req.command.as_str();
+                let started = Instant::now();
+                let outcome = super::cni::handle(&agent, req).await;
+                let result = match &outcome {
+                    Ok(_) => "ok".to_owned(),
+                    Err(e) => e.code.to_string(),
+                };
+                if let Err(e) = &outcome {
+                    tracing::warn!(verb, code = %e.code, msg = %e.msg, "CNI request failed");
+                }
+                agent.metrics.cni_request(verb, result, started.elapsed());
+                match outcome {
+                    Ok(r) => Response::Ok(r),
+                    Err(e) => Response::Err(e),
+                }
+            }
+        },
+    };
+    let bytes = match encode_line(&response) {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot encode a response");
+            return;
+        }
+    };
+    if let Err(e) = write.write_all(&bytes).await {
+        // The plugin gave up (timeout, killed); the work is done and DEL is idempotent.
+        tracing::debug!(error = %e, "CNI client went away before the answer");
+    }
+}
