@@ -108,12 +108,37 @@ impl Bed {
         let node = Ns::new(format!("lace-ct-node-{tag}"));
         let n = node.0.clone();
         // The uplink holds the underlay address; its MTU is what the pod MTU derives from.
-        ip(&["-n", &n, "link", "add", "up0", "mtu", "9000", "type", "dummy"]);
-        ip(&["-n", &n, "addr", "add", "fd00:fab::1/64", "dev", "up0", "nodad"]);
+        ip(&[
+            "-n", &n, "link", "add", "up0", "mtu", "9000", "type", "dummy",
+        ]);
+        ip(&[
+            "-n",
+            &n,
+            "addr",
+            "add",
+            "fd00:fab::1/64",
+            "dev",
+            "up0",
+            "nodad",
+        ]);
         ip(&["-n", &n, "link", "set", "up0", "up"]);
         // What the plan's sysctls would set (no reconciler is plugged into the agent here).
-        ip(&["netns", "exec", &n, "sysctl", "-qw", "net.ipv4.ip_forward=1"]);
-        ip(&["netns", "exec", &n, "sysctl", "-qw", "net.ipv6.conf.all.forwarding=1"]);
+        ip(&[
+            "netns",
+            "exec",
+            &n,
+            "sysctl",
+            "-qw",
+            "net.ipv4.ip_forward=1",
+        ]);
+        ip(&[
+            "netns",
+            "exec",
+            &n,
+            "sysctl",
+            "-qw",
+            "net.ipv6.conf.all.forwarding=1",
+        ]);
         let dir = tempfile::tempdir().unwrap();
         let manifests = dir.path().join("manifests");
         std::fs::create_dir(&manifests).unwrap();
@@ -167,7 +192,10 @@ impl Bed {
             .arg(self.p("conf"))
             .arg("--cni-bin-source")
             .arg(binary("lace"))
-            .args(["--metrics-addr", &format!("127.0.0.1:{}", self.metrics_port)])
+            .args([
+                "--metrics-addr",
+                &format!("127.0.0.1:{}", self.metrics_port),
+            ])
             .env("LACE_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log)
@@ -246,7 +274,10 @@ impl Bed {
             Value::Null
         } else {
             serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-                panic!("{command}: stdout is not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout))
+                panic!(
+                    "{command}: stdout is not JSON ({e}): {}",
+                    String::from_utf8_lossy(&out.stdout)
+                )
             })
         };
         (out.status.success(), json)
@@ -319,7 +350,8 @@ impl Bed {
     fn metrics(&self) -> String {
         use std::io::Read;
         let mut s = std::net::TcpStream::connect(("127.0.0.1", self.metrics_port)).unwrap();
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
         let mut body = String::new();
         s.read_to_string(&mut body).unwrap();
         body
@@ -366,27 +398,56 @@ fn lifecycle_add_check_del_del() {
     // The kernel, as `ip` sees it.
     let pod_addr = ip(&["-n", &a.0, "addr", "show", "dev", "eth0"]);
     assert!(pod_addr.contains("inet 10.244.64.1/32"), "{pod_addr}");
-    assert!(pod_addr.contains("inet6 fd00:244:0:100::1/128"), "{pod_addr}");
+    assert!(
+        pod_addr.contains("inet6 fd00:244:0:100::1/128"),
+        "{pod_addr}"
+    );
     assert!(pod_addr.contains("mtu 8936"), "{pod_addr}");
     let pod_routes = ip(&["-n", &a.0, "route", "show"]);
-    assert!(pod_routes.contains("default via 169.254.1.1 dev eth0"), "{pod_routes}");
+    assert!(
+        pod_routes.contains("default via 169.254.1.1 dev eth0"),
+        "{pod_routes}"
+    );
     let pod_routes6 = ip(&["-n", &a.0, "-6", "route", "show"]);
-    assert!(pod_routes6.contains("default via fe80::1 dev eth0"), "{pod_routes6}");
+    assert!(
+        pod_routes6.contains("default via fe80::1 dev eth0"),
+        "{pod_routes6}"
+    );
     let host = ip(&["-n", &bed.node.0, "link", "show", "dev", &host_a]);
-    assert!(host.contains(&format!("master {VRF}")) && host.contains("state UP"), "{host}");
+    assert!(
+        host.contains(&format!("master {VRF}")) && host.contains("state UP"),
+        "{host}"
+    );
     let vrf = ip(&["-n", &bed.node.0, "-d", "link", "show", "dev", VRF]);
     assert!(vrf.contains(&format!("vrf table {TABLE}")), "{vrf}");
     let routes = bed.vrf_routes();
-    for want in ["10.244.64.1", "10.244.64.2", "fd00:244:0:100::1", "fd00:244:0:100::2"] {
-        assert!(routes.contains(want), "{want} not routed in table {TABLE}: {routes:?}");
+    for want in [
+        "10.244.64.1",
+        "10.244.64.2",
+        "fd00:244:0:100::1",
+        "fd00:244:0:100::2",
+    ] {
+        assert!(
+            routes.contains(want),
+            "{want} not routed in table {TABLE}: {routes:?}"
+        );
     }
-    let proxy_arp = ip(&["netns", "exec", &bed.node.0, "sysctl", "-n", &format!("net.ipv4.conf.{host_a}.proxy_arp")]);
+    let proxy_arp = ip(&[
+        "netns",
+        "exec",
+        &bed.node.0,
+        "sysctl",
+        "-n",
+        &format!("net.ipv4.conf.{host_a}.proxy_arp"),
+    ]);
     assert_eq!(proxy_arp.trim(), "1");
 
     // Real traffic between the two pods through the node's VRF, both families.
     for (fam, dst) in [("-4", "10.244.64.2"), ("-6", "fd00:244:0:100::2")] {
         let out = Command::new("ip")
-            .args(["netns", "exec", &a.0, "ping", fam, "-c", "1", "-W", "3", dst])
+            .args([
+                "netns", "exec", &a.0, "ping", fam, "-c", "1", "-W", "3", dst,
+            ])
             .output()
             .unwrap();
         assert!(
@@ -405,34 +466,65 @@ fn lifecycle_add_check_del_del() {
     ip(&["-n", &a.0, "route", "del", "default"]);
     let (ok, out) = bed.cni("CHECK", "ctr-a", &a.path(), &a.0, check_conf.clone());
     assert!(!ok && out["code"] == 100, "{out}");
-    assert!(out["msg"].as_str().unwrap().contains("169.254.1.1"), "{out}");
+    assert!(
+        out["msg"].as_str().unwrap().contains("169.254.1.1"),
+        "{out}"
+    );
     ip(&["-n", &bed.node.0, "link", "set", &host_a, "nomaster"]);
-    ip(&["-n", &a.0, "route", "add", "default", "via", "169.254.1.1", "dev", "eth0"]);
+    ip(&[
+        "-n",
+        &a.0,
+        "route",
+        "add",
+        "default",
+        "via",
+        "169.254.1.1",
+        "dev",
+        "eth0",
+    ]);
     let (ok, out) = bed.cni("CHECK", "ctr-a", &a.path(), &a.0, check_conf);
     assert!(!ok && out["msg"].as_str().unwrap().contains(VRF), "{out}");
 
     // STATUS is ready.
     let (ok, out) = bed.cni("STATUS", "", "", "x", bed.netconf(json!({})));
     assert!(ok, "STATUS: {out}");
-    assert!(bed.metrics().contains("lace_addresses_in_use{network=\"default\"} 4"));
+    assert!(bed
+        .metrics()
+        .contains("lace_addresses_in_use{network=\"default\"} 4"));
 
     // DEL, DEL again, DEL with the netns gone.
     bed.del("ctr-a", &a.path());
-    assert!(!ip_ok(&["-n", &bed.node.0, "link", "show", "dev", &host_a]), "host veth left");
-    assert!(!ip_ok(&["-n", &a.0, "link", "show", "dev", "eth0"]), "pod interface left");
+    assert!(
+        !ip_ok(&["-n", &bed.node.0, "link", "show", "dev", &host_a]),
+        "host veth left"
+    );
+    assert!(
+        !ip_ok(&["-n", &a.0, "link", "show", "dev", "eth0"]),
+        "pod interface left"
+    );
     bed.del("ctr-a", &a.path());
     drop(b);
     bed.del("ctr-b", "/run/netns/lace-ct-gone");
     bed.del("never-added", "");
-    assert!(bed.ipam_addresses().is_empty(), "{:?}", bed.ipam_addresses());
+    assert!(
+        bed.ipam_addresses().is_empty(),
+        "{:?}",
+        bed.ipam_addresses()
+    );
     assert!(bed.host_links().is_empty(), "{:?}", bed.host_links());
     assert!(bed.vrf_routes().is_empty(), "{:?}", bed.vrf_routes());
     // Released addresses are handed out again.
     assert_eq!(addresses(&bed.add("ctr-c", &a))[0], "10.244.64.1/32");
     bed.del("ctr-c", &a.path());
     let metrics = bed.metrics();
-    assert!(metrics.contains("lace_cni_requests_total{verb=\"ADD\",result=\"ok\"} 3"), "{metrics}");
-    assert!(metrics.contains("lace_cni_requests_total{verb=\"CHECK\",result=\"100\"} 2"), "{metrics}");
+    assert!(
+        metrics.contains("lace_cni_requests_total{verb=\"ADD\",result=\"ok\"} 3"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("lace_cni_requests_total{verb=\"CHECK\",result=\"100\"} 2"),
+        "{metrics}"
+    );
 }
 
 /// Pods added concurrently (`LACE_CNI_PODS`, default 100; the VM run uses fewer because
@@ -505,7 +597,10 @@ fn sigkill_during_adds_then_restart_and_gc_leaks_nothing() {
                     .env("CNI_CONTAINERID", &id)
                     .env("CNI_NETNS", pod.path())
                     .env("CNI_IFNAME", "eth0")
-                    .env("CNI_ARGS", format!("K8S_POD_NAMESPACE=default;K8S_POD_NAME=k{i}"))
+                    .env(
+                        "CNI_ARGS",
+                        format!("K8S_POD_NAMESPACE=default;K8S_POD_NAME=k{i}"),
+                    )
                     .env("CNI_PATH", &bin_dir)
                     .stdin(Stdio::piped())
                     .stdout(Stdio::piped())
@@ -535,8 +630,10 @@ fn sigkill_during_adds_then_restart_and_gc_leaks_nothing() {
         std::thread::sleep(Duration::from_millis(5));
     }
     bed.kill_agent();
-    let (succeeded, failed): (Vec<_>, Vec<_>) =
-        threads.into_iter().map(|t| t.join().unwrap()).partition(Result::is_ok);
+    let (succeeded, failed): (Vec<_>, Vec<_>) = threads
+        .into_iter()
+        .map(|t| t.join().unwrap())
+        .partition(Result::is_ok);
     let succeeded: Vec<(String, Vec<String>)> = succeeded.into_iter().flatten().collect();
     for f in failed.iter().take(3) {
         eprintln!("failed ADD: {f:?}");
@@ -549,18 +646,34 @@ fn sigkill_during_adds_then_restart_and_gc_leaks_nothing() {
     bed.gc(&valid);
 
     let want: BTreeSet<String> = succeeded.iter().flat_map(|(_, a)| a.clone()).collect();
-    assert_eq!(want.len(), 2 * succeeded.len(), "duplicate among successful ADDs");
-    assert_eq!(bed.ipam_addresses(), want, "IPAM holds exactly the surviving pods");
+    assert_eq!(
+        want.len(),
+        2 * succeeded.len(),
+        "duplicate among successful ADDs"
+    );
+    assert_eq!(
+        bed.ipam_addresses(),
+        want,
+        "IPAM holds exactly the surviving pods"
+    );
     let want_hosts: BTreeSet<String> = valid
         .iter()
         .map(|id| lace::agent::cni::host_ifname(id, "eth0"))
         .collect();
-    assert_eq!(bed.host_links(), want_hosts, "veths are exactly the surviving pods'");
+    assert_eq!(
+        bed.host_links(),
+        want_hosts,
+        "veths are exactly the surviving pods'"
+    );
     let want_routes: BTreeSet<String> = want
         .iter()
         .map(|a| a.split('/').next().unwrap().to_owned())
         .collect();
-    assert_eq!(bed.vrf_routes(), want_routes, "routes are exactly the surviving pods'");
+    assert_eq!(
+        bed.vrf_routes(),
+        want_routes,
+        "routes are exactly the surviving pods'"
+    );
 
     // The runtime retries the failed pods after cleaning them (DEL), and they get addresses
     // that no surviving pod holds.
@@ -583,12 +696,23 @@ fn sigkill_during_adds_then_restart_and_gc_leaks_nothing() {
     for (i, pod) in pods.iter().enumerate() {
         bed.del(&format!("ctr-{i}"), &pod.path());
     }
-    assert!(!bed.ipam_addresses().is_empty(), "nothing was left for the replay to release");
+    assert!(
+        !bed.ipam_addresses().is_empty(),
+        "nothing was left for the replay to release"
+    );
     assert_eq!(bed.host_links().len(), n);
     bed.start_agent();
-    assert!(bed.ipam_addresses().is_empty(), "{:?}", bed.ipam_addresses());
+    assert!(
+        bed.ipam_addresses().is_empty(),
+        "{:?}",
+        bed.ipam_addresses()
+    );
     assert!(bed.host_links().is_empty(), "{:?}", bed.host_links());
     assert!(bed.vrf_routes().is_empty(), "{:?}", bed.vrf_routes());
     let queue = bed.p("state/cni-del-queue");
-    assert_eq!(std::fs::read_dir(&queue).map(|d| d.count()).unwrap_or(0), 0, "queue not emptied");
+    assert_eq!(
+        std::fs::read_dir(&queue).map(|d| d.count()).unwrap_or(0),
+        0,
+        "queue not emptied"
+    );
 }

@@ -494,10 +494,12 @@ async fn check(agent: &Arc<Agent>, req: &Request) -> Result<(), CniError> {
     }
     match vrf {
         Some((name, t)) if name == placement.0 && t == placement.1 => {}
-        other => return Err(fail(format!(
+        other => {
+            return Err(fail(format!(
             "host interface {:?} is not enslaved to VRF {:?} (table {}): controller is {other:?}",
             rec.host_ifname, placement.0, placement.1
-        ))),
+        )))
+        }
     }
     for ip in &rec.ips {
         if !host_state.routes.iter().any(|(dst, _)| dst == ip) {
@@ -627,6 +629,118 @@ mod tests {
             .map(|i| host_ifname(&format!("c{i}"), "eth0"))
             .collect();
         assert_eq!(names.len(), 10_000, "no collision among 10k containers");
+    }
+
+    fn agent(node: &str, dir: &Path) -> Arc<Agent> {
+        Arc::new(Agent::new(
+            node.into(),
+            Netns::current(),
+            super::super::ipam::IpamStore::open(dir).unwrap(),
+            Arc::new(super::super::LogOnly),
+        ))
+    }
+
+    fn example() -> crate::state::ClusterState {
+        crate::load::load_dir(&Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/cluster"))
+            .unwrap()
+    }
+
+    fn status(agent: &Arc<Agent>) -> Result<Option<CniResult>, CniError> {
+        let req = Request {
+            command: Command::Status,
+            container_id: None,
+            netns: None,
+            ifname: None,
+            pod_namespace: None,
+            pod_name: None,
+            pod_uid: None,
+            cni_version: crate::wire::CniVersion::V1_1_0,
+            config: Default::default(),
+            prev_result: None,
+            valid_attachments: None,
+        };
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(handle(agent, req))
+    }
+
+    #[test]
+    fn placement_follows_bindings_and_blocks() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = agent("node-1", dir.path());
+        let pod = ObjectKey::new("default", "web");
+        let err = place(&a, &pod).err().unwrap();
+        assert_eq!(err.code, ErrorCode::TRY_AGAIN_LATER);
+        assert!(err.msg.contains("not ready"), "{}", err.msg);
+        assert_eq!(status(&a).unwrap_err().code, ErrorCode::NOT_AVAILABLE);
+
+        a.set_state(Ok(example()));
+        a.set_serving();
+        assert_eq!(status(&a).unwrap(), None);
+        let p = place(&a, &pod).unwrap();
+        assert_eq!(
+            (p.network.as_str(), p.vrf.as_str(), p.table),
+            ("default", "lv-default", 1_000_001)
+        );
+        assert_eq!(
+            p.blocks,
+            example().node_allocations["node-1"].blocks["default"]
+        );
+        let sys = place(&a, &ObjectKey::new("kube-system", "dns")).unwrap();
+        assert_eq!(sys.network, "system");
+
+        // No binding: retryable, names the pod.
+        let mut unbound = example();
+        unbound.network_bindings.clear();
+        a.set_state(Ok(unbound));
+        let err = place(&a, &pod).err().unwrap();
+        assert_eq!(err.code, ErrorCode::TRY_AGAIN_LATER);
+        assert!(
+            err.msg.contains("default/web") && err.msg.contains("NetworkBindingPolicy"),
+            "{}",
+            err.msg
+        );
+
+        // Bound to a Network without a block here: retryable, names Network and node.
+        let mut no_block = example();
+        no_block
+            .node_allocations
+            .get_mut("node-1")
+            .unwrap()
+            .blocks
+            .remove("default");
+        a.set_state(Ok(no_block));
+        let err = place(&a, &pod).err().unwrap();
+        assert_eq!(err.code, ErrorCode::TRY_AGAIN_LATER);
+        assert!(
+            err.msg.contains("\"default\"") && err.msg.contains("\"node-1\""),
+            "{}",
+            err.msg
+        );
+    }
+
+    #[test]
+    fn a_node_without_allocation_is_not_ready() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = agent("node-9", dir.path());
+        a.set_serving();
+        a.set_state(Ok(example()));
+        let err = status(&a).unwrap_err();
+        assert_eq!(err.code, ErrorCode::NOT_AVAILABLE);
+        assert!(
+            err.msg.contains("node-9") && err.msg.contains("lace-agent allocate"),
+            "{}",
+            err.msg
+        );
+        assert!(!a.is_ready());
+    }
+
+    #[test]
+    fn pod_mtu_leaves_room_for_one_segment() {
+        let dir = tempfile::tempdir().unwrap();
+        // 1500 - (40 IPv6 + 8 SRH + 16 segment) until the uplink is found.
+        assert_eq!(agent("node-1", dir.path()).pod_mtu(), 1436);
     }
 
     #[test]

@@ -132,3 +132,80 @@ async fn connection(stream: UnixStream, agent: Arc<Agent>) {
         tracing::debug!(error = %e, "CNI client went away before the answer");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{CniVersion, Command};
+
+    #[tokio::test]
+    async fn socket_is_private_and_stale_ones_are_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run/lace/cni.sock");
+        let first = bind(&path).await.unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        // A live agent is not displaced.
+        assert!(matches!(bind(&path).await, Err(ServerError::InUse(_))));
+        // A dead one's socket is.
+        drop(first);
+        let _second = bind(&path).await.unwrap();
+        // Anything that is not a socket is left alone.
+        let file = dir.path().join("file");
+        std::fs::write(&file, b"x").unwrap();
+        assert!(matches!(bind(&file).await, Err(ServerError::NotASocket(_))));
+        assert_eq!(std::fs::read(&file).unwrap(), b"x");
+    }
+
+    #[tokio::test]
+    async fn one_request_one_answer() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cni.sock");
+        let agent = Arc::new(Agent::new(
+            "node-1".into(),
+            super::super::netns::Netns::current(),
+            super::super::ipam::IpamStore::open(&dir.path().join("state")).unwrap(),
+            Arc::new(super::super::LogOnly),
+        ));
+        let listener = bind(&path).await.unwrap();
+        tokio::spawn(serve(listener, Arc::clone(&agent)));
+        let ask = |bytes: Vec<u8>| {
+            let path = path.clone();
+            async move {
+                let mut s = UnixStream::connect(&path).await.unwrap();
+                s.write_all(&bytes).await.unwrap();
+                let mut out = Vec::new();
+                tokio::io::AsyncReadExt::read_to_end(&mut s, &mut out)
+                    .await
+                    .unwrap();
+                decode_line::<Response>(&out).unwrap()
+            }
+        };
+        let status = Request {
+            command: Command::Status,
+            container_id: None,
+            netns: None,
+            ifname: None,
+            pod_namespace: None,
+            pod_name: None,
+            pod_uid: None,
+            cni_version: CniVersion::V1_1_0,
+            config: Default::default(),
+            prev_result: None,
+            valid_attachments: None,
+        };
+        // Not ready: no state loaded, and serving not flagged.
+        match ask(encode_line(&status).unwrap()).await {
+            Response::Err(e) => assert_eq!(e.code, ErrorCode::NOT_AVAILABLE),
+            other => panic!("{other:?}"),
+        }
+        match ask(b"{\"command\":\"NOPE\"}\n".to_vec()).await {
+            Response::Err(e) => assert_eq!(e.code, ErrorCode::DECODE, "{e}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(agent
+            .metrics
+            .render(&Default::default(), false)
+            .contains("lace_cni_requests_total{verb=\"STATUS\",result=\"50\"} 1"));
+    }
+}

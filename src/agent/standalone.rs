@@ -185,3 +185,45 @@ async fn replay_del_queue(agent: &Arc<Agent>, dir: &Path) -> Result<(), AgentErr
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fingerprint_sees_edits_additions_and_removals() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.yaml"), "x: 1\n").unwrap();
+        std::fs::write(dir.path().join("notes.txt"), "ignored").unwrap();
+        let first = fingerprint(dir.path()).unwrap();
+        assert_eq!(first.len(), 1, "only manifests count");
+        assert_eq!(
+            fingerprint(dir.path()).unwrap(),
+            first,
+            "stable without changes"
+        );
+        std::fs::write(dir.path().join("notes.txt"), "still ignored").unwrap();
+        assert_eq!(fingerprint(dir.path()).unwrap(), first);
+        std::fs::write(dir.path().join("a.yaml"), "x: 12\n").unwrap();
+        let edited = fingerprint(dir.path()).unwrap();
+        assert_ne!(edited, first);
+        std::fs::create_dir(dir.path().join("sub")).unwrap();
+        std::fs::write(dir.path().join("sub/b.yml"), "y: 2\n").unwrap();
+        let added = fingerprint(dir.path()).unwrap();
+        assert_eq!(added.len(), 2);
+        std::fs::remove_file(dir.path().join("a.yaml")).unwrap();
+        assert_eq!(fingerprint(dir.path()).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn invalid_manifests_are_reported_with_the_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("n.yaml"),
+            "apiVersion: lace.io/v1alpha1\nkind: Network\nmetadata:\n  name: a\nspec:\n  subnets:\n  - cidr: 10.0.0.0/16\n    blockPrefix: 8\n",
+        )
+        .unwrap();
+        let err = load(dir.path()).unwrap_err();
+        assert!(err.contains(&dir.path().display().to_string()), "{err}");
+    }
+}
