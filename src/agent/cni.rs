@@ -181,6 +181,7 @@ async fn add(agent: &Arc<Agent>, req: &Request) -> Result<CniResult, CniError> {
     let placement = place(agent, &pod)?;
     let host = host_ifname(&key.container_id, &key.ifname);
     let pod_ns = Netns::open(&netns_path).map_err(kernel)?;
+    let _in_flight = agent.in_flight(&key);
 
     let record = {
         let agent = Arc::clone(agent);
@@ -202,7 +203,6 @@ async fn add(agent: &Arc<Agent>, req: &Request) -> Result<CniResult, CniError> {
 
     match plumb(agent, &key, &host, &pod_ns, &placement, &record.ips).await {
         Ok((host_mac, pod_mac)) => {
-            agent.reconcile_wanted.notify_one();
             tracing::info!(
                 pod = %pod, container = %key.container_id, ifname = %key.ifname, host = %host,
                 network = %placement.network, ips = ?record.ips, "ADD"
@@ -380,7 +380,7 @@ fn existing_ns(path: Option<&PathBuf>) -> Option<Netns> {
 
 /// DEL of one attachment: interfaces first, then the addresses (so an address is never
 /// handed out again while an old veth still routes it).
-pub async fn del_attachment(agent: &Arc<Agent>, key: &AttachmentKey, netns: Option<&PathBuf>) {
+async fn del_attachment(agent: &Arc<Agent>, key: &AttachmentKey, netns: Option<&PathBuf>) {
     let host = host_ifname(&key.container_id, &key.ifname);
     let record = agent.ipam.get(key).ok().flatten();
     let pod_ns = existing_ns(netns.or(record.as_ref().and_then(|r| r.netns.as_ref())));
@@ -389,13 +389,13 @@ pub async fn del_attachment(agent: &Arc<Agent>, key: &AttachmentKey, netns: Opti
 
 async fn del(agent: &Arc<Agent>, req: &Request) -> Result<(), CniError> {
     let key = key_of(req)?;
+    let _in_flight = agent.in_flight(&key);
     del_attachment(agent, &key, req.netns.as_ref()).await;
     let agent2 = Arc::clone(agent);
     let k = key.clone();
     let released = blocking(move || agent2.ipam.release(&k)).await?;
     if let Some(rec) = released {
         tracing::info!(pod = %rec.pod, container = %key.container_id, ifname = %key.ifname, ips = ?rec.ips, "DEL");
-        agent.reconcile_wanted.notify_one();
     } else {
         tracing::debug!(container = %key.container_id, ifname = %key.ifname, "DEL of an unknown attachment");
     }

@@ -12,6 +12,27 @@
 //!    pods can really get networks;
 //! 6. reconcile on every change through [`Dataplane`].
 //!
+//! Decisions, in one place:
+//! - **Pod addressing**: one `/32` and one `/128` per pod (one per block of its Network on
+//!   this node), default routes via the link-local gateways `169.254.1.1` (with a `/32`
+//!   `scope link` route) and `fe80::1`, both pinned as permanent neighbour entries to the host
+//!   end's MAC, and proxy ARP on the host end. Which addresses are never handed out: see
+//!   [`ipam`].
+//! - **MTU**: pod MTU = MTU of the link holding the node's underlay address minus
+//!   [`SRV6_OVERHEAD`] (64 bytes: outer IPv6 40 + SRH 8 + one 16-byte segment), 1500 assumed
+//!   when no link holds it.
+//! - **VRF on a fresh node**: ADD creates the Network's VRF itself if it is missing, named and
+//!   numbered exactly as the planner does ([`crate::plan::vrf_name`],
+//!   [`crate::plan::vrf_table`]), so the first pod does not wait for a reconcile; the
+//!   reconciler then finds it as planned.
+//! - **Pod host route**: ADD installs `<ip> dev <host veth> table <vrf table>` itself (the
+//!   route the plan's `pod_routes` has), for latency, then triggers a reconcile for the rest
+//!   (the kubelet-probe table route); plans leave out attachments whose ADD/DEL is in flight.
+//! - **Unknown pods** (standalone mode): a pod missing from the manifests is bound by its
+//!   namespace's labels with empty pod labels, so the demo and tests can create pods by
+//!   exec'ing the plugin without listing each one.
+//! - **Conflist on shutdown**: kept (see [`install`]).
+//!
 //! Kubernetes mode (watches instead of a directory) is a later issue; it will feed the same
 //! [`Agent::set_state`].
 
@@ -132,6 +153,28 @@ pub struct Agent {
     pub(crate) vrf_lock: tokio::sync::Mutex<()>,
     underlay_mtu: AtomicU32,
     serving: AtomicBool,
+    /// Attachments whose interfaces are being created or deleted right now. The plan leaves
+    /// them out, so the reconciler never races an ADD or DEL for the pod's route (a route to
+    /// a veth that does not exist yet, or no longer). ADD installs the route itself and
+    /// triggers a reconcile when done.
+    in_flight: std::sync::Mutex<std::collections::HashSet<ipam::AttachmentKey>>,
+}
+
+/// Marks an attachment in flight until dropped, then triggers a reconcile.
+pub(crate) struct InFlight<'a> {
+    agent: &'a Agent,
+    key: ipam::AttachmentKey,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.agent
+            .in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.key);
+        self.agent.reconcile_wanted.notify_one();
+    }
 }
 
 impl std::fmt::Debug for Agent {
@@ -161,6 +204,19 @@ impl Agent {
             vrf_lock: tokio::sync::Mutex::new(()),
             underlay_mtu: AtomicU32::new(DEFAULT_UNDERLAY_MTU),
             serving: AtomicBool::new(false),
+            in_flight: Default::default(),
+        }
+    }
+
+    /// Leaves `key` out of plans while the returned guard lives (its interfaces are changing).
+    pub(crate) fn in_flight(&self, key: &ipam::AttachmentKey) -> InFlight<'_> {
+        self.in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key.clone());
+        InFlight {
+            agent: self,
+            key: key.clone(),
         }
     }
 
@@ -264,7 +320,15 @@ impl Agent {
         let Ok(loaded) = self.loaded() else {
             return Ok(None);
         };
-        let attachments = self.ipam.pod_attachments().map_err(|e| e.to_string())?;
+        let in_flight = self
+            .in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let attachments = self
+            .ipam
+            .pod_attachments(|k| in_flight.contains(k))
+            .map_err(|e| e.to_string())?;
         loaded
             .planner
             .plan(&attachments)

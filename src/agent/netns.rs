@@ -82,6 +82,12 @@ pub enum NetnsError {
     },
     #[error("interface {0:?} does not exist")]
     NoSuchLink(String),
+    #[error("VRF {name:?} uses table {found:?}, but its Network's table is {expected}")]
+    WrongTable {
+        name: String,
+        found: Option<u32>,
+        expected: u32,
+    },
     #[error("interface {name:?} exists but is a {found}, expected a {expected}")]
     WrongKind {
         name: String,
@@ -453,7 +459,7 @@ pub async fn configure_pod_side(
 /// name exists; returns its index. A concurrent creator winning the race is fine.
 pub async fn ensure_vrf(h: &Handle, name: &str, table: u32) -> Result<u32, NetnsError> {
     if let Some(link) = link_by_name(h, name).await? {
-        return vrf_index(&link, name);
+        return vrf_index(&link, name, table);
     }
     match h
         .link()
@@ -468,12 +474,20 @@ pub async fn ensure_vrf(h: &Handle, name: &str, table: u32) -> Result<u32, Netns
     let link = link_by_name(h, name)
         .await?
         .ok_or_else(|| NetnsError::NoSuchLink(name.to_owned()))?;
-    vrf_index(&link, name)
+    vrf_index(&link, name, table)
 }
 
-fn vrf_index(link: &LinkMessage, name: &str) -> Result<u32, NetnsError> {
+/// The index of VRF `name`, which must use `table`.
+fn vrf_index(link: &LinkMessage, name: &str, table: u32) -> Result<u32, NetnsError> {
     match link_kind(link) {
-        Some(InfoKind::Vrf) => Ok(link.header.index),
+        Some(InfoKind::Vrf) => match vrf_table_of(link) {
+            Some(t) if t == table => Ok(link.header.index),
+            found => Err(NetnsError::WrongTable {
+                name: name.to_owned(),
+                found,
+                expected: table,
+            }),
+        },
         other => Err(NetnsError::WrongKind {
             name: name.to_owned(),
             found: other.map_or_else(|| "link without kind".into(), |k| k.to_string()),
