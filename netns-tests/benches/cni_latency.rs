@@ -97,5 +97,22 @@ fn main() {
     row(&format!("ADD {concurrent} concurrent"), cadds);
     row(&format!("DEL {concurrent} concurrent"), cdels);
     println!();
+    // The agent's own share (socket to answer), from its histogram: the rest is the plugin's
+    // exec and the runtime side.
+    let metrics = bed.metrics();
+    for verb in ["ADD", "DEL"] {
+        let value = |series: &str| -> f64 {
+            let key = format!("lace_cni_request_duration_seconds_{series}{{verb=\"{verb}\"}} ");
+            metrics
+                .lines()
+                .find_map(|l| l.strip_prefix(key.as_str()))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(f64::NAN)
+        };
+        println!(
+            "agent-side {verb} mean over all runs: {:.2} ms",
+            value("sum") / value("count") * 1000.0
+        );
+    }
     println!("agent RSS: idle {idle_rss} KiB, with {sequential} pods {full_rss} KiB");
 }

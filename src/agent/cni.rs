@@ -268,7 +268,8 @@ async fn plumb(
         .await
         .map_err(kernel)?;
 
-    let _vrf_guard = agent.vrf_lock.lock().await;
+    // No lock around the VRF creation: `ensure_vrf` treats losing the creation race to a
+    // concurrent ADD (EEXIST) as success.
     let (vrf, table, h, ips_v) = (
         placement.vrf.clone(),
         placement.table,

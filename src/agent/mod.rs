@@ -149,8 +149,6 @@ pub struct Agent {
     pub(crate) reconcile_wanted: Notify,
     /// The state, or why there is none usable.
     cluster: RwLock<Result<Arc<Loaded>, String>>,
-    /// Serialises VRF creation at ADD (two pods of one Network on a fresh node).
-    pub(crate) vrf_lock: tokio::sync::Mutex<()>,
     underlay_mtu: AtomicU32,
     serving: AtomicBool,
     /// Attachments whose interfaces are being created or deleted right now. The plan leaves
@@ -201,7 +199,6 @@ impl Agent {
             dataplane,
             reconcile_wanted: Notify::new(),
             cluster: RwLock::new(Err("cluster state not loaded yet".into())),
-            vrf_lock: tokio::sync::Mutex::new(()),
             underlay_mtu: AtomicU32::new(DEFAULT_UNDERLAY_MTU),
             serving: AtomicBool::new(false),
             in_flight: Default::default(),
