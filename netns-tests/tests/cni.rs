@@ -361,3 +361,93 @@ fn sigkill_during_adds_then_restart_and_gc_leaks_nothing() {
         "queue not emptied"
     );
 }
+
+/// A node the manifests have no allocation for: the agent serves, but STATUS and `/healthz`
+/// say why it is not ready, and no conflist is written (so the node would stay NotReady).
+/// Once `lace-agent allocate` records the node, the watcher picks it up and the agent turns
+/// ready. Needs no VRF (no pod is created).
+#[test]
+fn unallocated_node_is_not_ready_until_allocated() {
+    let mut bed = Bed::for_node("un", "node-9");
+    let nodes = bed.p("manifests/nodes.yaml");
+    let mut text = std::fs::read_to_string(&nodes).unwrap();
+    text.push_str(
+        "---\napiVersion: v1\nkind: Node\nmetadata:\n  name: node-9\nstatus:\n  addresses:\n    - type: InternalIP\n      address: fd00:fab::9\n",
+    );
+    std::fs::write(&nodes, text).unwrap();
+    bed.spawn_agent();
+
+    let status = |bed: &Bed| -> (bool, Value) {
+        let conf = json!({
+            "cniVersion": "1.1.0", "name": "lace", "type": "lace",
+            "agentSocket": bed.p("run/cni.sock"),
+            "delQueueDir": bed.p("state/cni-del-queue"),
+        });
+        let mut child = Command::new(cni_bed::binary("lace"))
+            .env_clear()
+            .env("CNI_COMMAND", "STATUS")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(conf.to_string().as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        let json = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        (out.status.success(), json)
+    };
+    // Wait until the agent answers on its socket.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (ok, out) = loop {
+        let (ok, out) = status(&bed);
+        if ok || out["code"] == 50 && out["msg"].as_str().unwrap().contains("node-9") {
+            break (ok, out);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no STATUS answer: {out}\n{}",
+            bed.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(!ok, "{out}");
+    assert!(
+        out["msg"].as_str().unwrap().contains("lace-agent allocate"),
+        "{out}"
+    );
+    let health = bed.http_get("/healthz");
+    assert!(
+        health.starts_with("HTTP/1.1 503") && health.contains("node-9"),
+        "{health}"
+    );
+    assert!(bed.metrics().contains("lace_ready 0"));
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        !bed.p("conf/10-lace.conflist").exists(),
+        "conflist written while not ready"
+    );
+
+    let out = Command::new(cni_bed::binary("lace-agent"))
+        .arg("allocate")
+        .arg("--manifests")
+        .arg(bed.p("manifests"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    bed.wait_for_conflist(Duration::from_secs(15));
+    let (ok, out) = status(&bed);
+    assert!(ok, "{out}");
+    assert!(bed.http_get("/healthz").starts_with("HTTP/1.1 200"));
+    assert!(
+        bed.p("bin/lace").exists(),
+        "plugin binary installed with the conflist"
+    );
+}

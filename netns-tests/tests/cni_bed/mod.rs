@@ -95,17 +95,28 @@ pub struct Bed {
     pub agent: Option<Child>,
     pub metrics_port: u16,
     pub tag: String,
+    pub node_name: String,
 }
 
 impl Bed {
+    /// A bed for node-1, with the agent running and ready.
     pub fn new(tag: &str) -> Bed {
+        let mut bed = Bed::for_node(tag, NODE);
+        bed.start_agent();
+        bed
+    }
+
+    /// A bed for `node_name`, without an agent yet.
+    pub fn for_node(tag: &str, node_name: &str) -> Bed {
         require_root_and_vrf();
         let tag = format!("{tag}{}", std::process::id() % 100_000);
         let node = Ns::new(format!("lace-ct-node-{tag}"));
         let n = node.0.clone();
         // The uplink holds the underlay address; its MTU is what the pod MTU derives from.
+        // A veth (its peer unused), since not every kernel here has the dummy driver.
         ip(&[
-            "-n", &n, "link", "add", "up0", "mtu", "9000", "type", "dummy",
+            "-n", &n, "link", "add", "up0", "mtu", "9000", "type", "veth", "peer", "name", "up0p",
+            "mtu", "9000",
         ]);
         ip(&[
             "-n",
@@ -149,23 +160,43 @@ impl Bed {
             .local_addr()
             .unwrap()
             .port();
-        let mut bed = Bed {
+        Bed {
             node,
             dir,
             agent: None,
             metrics_port: port,
             tag,
-        };
-        bed.start_agent();
-        bed
+            node_name: node_name.to_owned(),
+        }
     }
 
     pub fn p(&self, rel: &str) -> PathBuf {
         self.dir.path().join(rel)
     }
 
+    /// Starts the agent and waits until it is ready.
     pub fn start_agent(&mut self) {
         let _ = std::fs::remove_file(self.p("conf/10-lace.conflist"));
+        self.spawn_agent();
+        // Ready = the conflist is written (the agent does that only once it can serve ADD).
+        self.wait_for_conflist(Duration::from_secs(60));
+    }
+
+    /// Waits for the conflist; panics with the agent's log after `timeout`.
+    pub fn wait_for_conflist(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while !self.p("conf/10-lace.conflist").exists() {
+            assert!(
+                Instant::now() < deadline,
+                "agent did not become ready:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Starts the agent without waiting.
+    pub fn spawn_agent(&mut self) {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -173,7 +204,7 @@ impl Bed {
             .unwrap();
         let child = Command::new(binary("lace-agent"))
             .arg("run")
-            .args(["--node-name", NODE])
+            .args(["--node-name", &self.node_name])
             .arg("--manifests")
             .arg(self.p("manifests"))
             .arg("--state-dir")
@@ -198,16 +229,6 @@ impl Bed {
             .spawn()
             .unwrap();
         self.agent = Some(child);
-        // Ready = the conflist is written (the agent does that only once it can serve ADD).
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !self.p("conf/10-lace.conflist").exists() {
-            assert!(
-                Instant::now() < deadline,
-                "agent did not become ready:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
     }
 
     pub fn kill_agent(&mut self) {
@@ -363,9 +384,14 @@ impl Bed {
     }
 
     pub fn metrics(&self) -> String {
+        self.http_get("/metrics")
+    }
+
+    /// The whole HTTP answer (status line, headers, body) of the agent's metrics listener.
+    pub fn http_get(&self, path: &str) -> String {
         use std::io::Read;
         let mut s = std::net::TcpStream::connect(("127.0.0.1", self.metrics_port)).unwrap();
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
             .unwrap();
         let mut body = String::new();
         s.read_to_string(&mut body).unwrap();
