@@ -45,6 +45,22 @@ pub const HOST_IFNAME_PREFIX: &str = "lp-";
 /// so DEL finds it without a record; 14 bytes, within IFNAMSIZ. FNV-1a is written out here
 /// because std's hasher may change between Rust releases, and the name must not.
 pub fn host_ifname(container_id: &str, ifname: &str) -> String {
+    format!(
+        "{HOST_IFNAME_PREFIX}{:011x}",
+        attachment_hash(container_id, ifname) & ((1 << 44) - 1)
+    )
+}
+
+/// The host-side veth's MAC: `02` (locally administered, unicast) and the top 40 bits of
+/// the same hash. Chosen by the agent so the pod's gateway neighbour entries can be written
+/// before the host side is looked at.
+pub fn host_mac(container_id: &str, ifname: &str) -> [u8; 6] {
+    let b = attachment_hash(container_id, ifname).to_be_bytes();
+    [0x02, b[0], b[1], b[2], b[3], b[4]]
+}
+
+/// 64-bit FNV-1a of `container_id`, a NUL and `ifname`.
+fn attachment_hash(container_id: &str, ifname: &str) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in container_id
         .bytes()
@@ -54,7 +70,7 @@ pub fn host_ifname(container_id: &str, ifname: &str) -> String {
         h ^= u64::from(b);
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
-    format!("{HOST_IFNAME_PREFIX}{:011x}", h & ((1 << 44) - 1))
+    h
 }
 
 fn kernel(e: impl std::fmt::Display) -> CniError {
@@ -248,25 +264,26 @@ async fn plumb(
         .map_err(kernel)?;
 
     let mtu = agent.pod_mtu();
+    let mac = host_mac(&key.container_id, &key.ifname);
     let (ifname, h, ips_v, node_ns) = (
         key.ifname.clone(),
         host.to_owned(),
         ips.to_vec(),
         agent.node_ns.clone(),
     );
-    let (host_mac, pod_mac) = pod_ns
+    let pod_mac = pod_ns
         .run(move |nl| async move {
             netns::delete_link(&nl, &h).await?;
             netns::delete_link(&nl, &ifname).await?;
-            let host_link = netns::create_veth(&nl, &ifname, &h, mtu).await?;
-            let host_mac = netns::link_mac(&host_link).unwrap_or_default().to_vec();
-            let pod_link = netns::configure_pod_side(&nl, &ifname, &ips_v, &host_mac).await?;
-            let pod_mac = netns::link_mac(&pod_link).unwrap_or_default().to_vec();
-            netns::move_link(&nl, host_link.header.index, &h, &node_ns).await?;
-            Ok((netns::format_mac(&host_mac), netns::format_mac(&pod_mac)))
+            netns::create_veth(&nl, &ifname, &h, mtu, mac, &node_ns).await?;
+            let pod_link = netns::configure_pod_side(&nl, &ifname, &ips_v, &mac).await?;
+            Ok(netns::format_mac(
+                netns::link_mac(&pod_link).unwrap_or_default(),
+            ))
         })
         .await
         .map_err(kernel)?;
+    let host_mac = netns::format_mac(&mac);
 
     // No lock around the VRF creation: `ensure_vrf` treats losing the creation race to a
     // concurrent ADD (EEXIST) as success.
@@ -546,8 +563,15 @@ async fn gc(agent: &Arc<Agent>, req: &Request) -> Result<(), CniError> {
             ifname: a.ifname.clone(),
         })
         .collect();
+    // An ADD still in flight is not in the runtime's list yet; it is not garbage.
+    let in_flight = agent.in_flight_keys();
     let agent2 = Arc::clone(agent);
-    let released = blocking(move || agent2.ipam.retain(|k, _| valid.contains(k))).await?;
+    let released = blocking(move || {
+        agent2
+            .ipam
+            .retain(|k, _| valid.contains(k) || in_flight.contains(k))
+    })
+    .await?;
     for (key, rec) in &released {
         let pod_ns = existing_ns(rec.netns.as_ref());
         remove_interfaces(agent, &rec.host_ifname, &key.ifname, pod_ns.as_ref()).await;
@@ -742,6 +766,15 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         // 1500 - (40 IPv6 + 8 SRH + 16 segment) until the uplink is found.
         assert_eq!(agent("node-1", dir.path()).pod_mtu(), 1436);
+    }
+
+    #[test]
+    fn host_macs_are_local_unicast_and_stable() {
+        let m = host_mac("0123456789abcdef", "eth0");
+        assert_eq!(m[0] & 0x01, 0, "unicast");
+        assert_eq!(m[0] & 0x02, 0x02, "locally administered");
+        assert_eq!(m, host_mac("0123456789abcdef", "eth0"));
+        assert_ne!(m, host_mac("0123456789abcdef", "eth1"));
     }
 
     #[test]

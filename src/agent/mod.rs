@@ -205,6 +205,14 @@ impl Agent {
         }
     }
 
+    /// The attachments in flight right now.
+    pub(crate) fn in_flight_keys(&self) -> std::collections::HashSet<ipam::AttachmentKey> {
+        self.in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     /// Leaves `key` out of plans while the returned guard lives (its interfaces are changing).
     pub(crate) fn in_flight(&self, key: &ipam::AttachmentKey) -> InFlight<'_> {
         self.in_flight

@@ -22,7 +22,7 @@ use futures::TryStreamExt;
 use ipnet::IpNet;
 use netlink_packet_route::address::{AddressAttribute, AddressFlags};
 use netlink_packet_route::link::{
-    InfoData, InfoKind, InfoVrf, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
+    InfoData, InfoKind, InfoVeth, InfoVrf, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
 };
 use netlink_packet_route::neighbour::NeighbourState;
 use netlink_packet_route::route::{
@@ -30,7 +30,7 @@ use netlink_packet_route::route::{
 };
 use netlink_packet_route::AddressFamily;
 use nix::sched::CloneFlags;
-use rtnetlink::{Handle, LinkUnspec, LinkVeth, LinkVrf, RouteMessageBuilder};
+use rtnetlink::{Handle, LinkMessageBuilder, LinkUnspec, LinkVeth, LinkVrf, RouteMessageBuilder};
 
 /// Protocol of the pod host routes the agent installs directly at ADD (`proto static`). The
 /// reconciler must treat a route with the planned key and next hop as equal whatever its
@@ -316,53 +316,34 @@ pub async fn delete_link(h: &Handle, name: &str) -> Result<bool, NetnsError> {
     }
 }
 
-/// `ip link add <name> mtu <mtu> type veth peer name <peer> mtu <mtu>` and returns the
-/// `<peer>` link (the host side, still in this namespace).
+/// `ip link add <name> mtu <mtu> type veth peer name <peer> mtu <mtu> address <peer_mac>
+/// netns <peer_ns>`: one request creates the pair with the peer (the host side) already in
+/// the node's namespace, so there is no separate move, and with a MAC chosen by the caller,
+/// so the pod side can be pointed at it without asking the other namespace.
 pub async fn create_veth(
     h: &Handle,
     name: &str,
     peer: &str,
     mtu: u32,
-) -> Result<LinkMessage, NetnsError> {
-    let what = || format!("creating veth {name:?} with peer {peer:?}");
-    h.link()
-        .add(LinkVeth::new(name, peer).mtu(mtu).build())
-        .execute()
-        .await
-        .map_err(nl(what()))?;
-    // The peer's MTU is not part of the request above; set it so both ends agree.
-    let link = link_by_name(h, peer)
-        .await?
-        .ok_or_else(|| NetnsError::NoSuchLink(peer.to_owned()))?;
-    h.link()
-        .set(
-            LinkUnspec::new_with_index(link.header.index)
-                .mtu(mtu)
-                .build(),
-        )
-        .execute()
-        .await
-        .map_err(nl(what()))?;
-    link_by_name(h, peer)
-        .await?
-        .ok_or_else(|| NetnsError::NoSuchLink(peer.to_owned()))
-}
-
-/// `ip link set <index> netns <ns>`.
-pub async fn move_link(h: &Handle, index: u32, name: &str, to: &Netns) -> Result<(), NetnsError> {
-    let file = to.fd_file()?;
-    h.link()
-        .set(
-            LinkUnspec::new_with_index(index)
-                .setns_by_fd(file.as_raw_fd())
-                .build(),
-        )
-        .execute()
-        .await
-        .map_err(nl(format!(
-            "moving interface {name:?} to namespace {}",
-            to.path().display()
-        )))
+    peer_mac: [u8; 6],
+    peer_ns: &Netns,
+) -> Result<(), NetnsError> {
+    let file = peer_ns.fd_file()?;
+    let peer_msg = LinkMessageBuilder::<LinkUnspec>::new()
+        .name(peer.to_owned())
+        .mtu(mtu)
+        .address(peer_mac.to_vec())
+        .setns_by_fd(file.as_raw_fd())
+        .build();
+    let msg = LinkMessageBuilder::<LinkVeth>::new_with_info_kind(InfoKind::Veth)
+        .name(name.to_owned())
+        .mtu(mtu)
+        .set_info_data(InfoData::Veth(InfoVeth::Peer(peer_msg)))
+        .build();
+    h.link().add(msg).execute().await.map_err(nl(format!(
+        "creating veth {name:?} with peer {peer:?} in namespace {}",
+        peer_ns.path().display()
+    )))
 }
 
 /// Inside the pod: `ip addr add <ip> dev <ifname>` (IPv6 `nodad`), `ip link set <ifname> up`,
