@@ -325,11 +325,7 @@ impl Agent {
         let Ok(loaded) = self.loaded() else {
             return Ok(None);
         };
-        let in_flight = self
-            .in_flight
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let in_flight = self.in_flight_keys();
         let attachments = self
             .ipam
             .pod_attachments(|k| in_flight.contains(k))
