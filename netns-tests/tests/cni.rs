@@ -451,3 +451,44 @@ fn unallocated_node_is_not_ready_until_allocated() {
         "plugin binary installed with the conflist"
     );
 }
+
+/// Without `--netns` the agent programs its own namespace: the host end of a pod's veth must
+/// land there, although the pair is created by a worker that has entered the pod's
+/// namespace. A worker living in a "node" namespace stands in for the agent's main thread.
+/// Needs no VRF.
+#[test]
+fn veth_host_end_lands_in_the_agents_own_namespace() {
+    use lace::agent::netns::{create_veth, Netns};
+    let tag = std::process::id() % 100_000;
+    let node = Ns::new(format!("lace-ct-own-{tag}"));
+    let pod = Ns::new(format!("lace-ct-ownp-{tag}"));
+    let pod_ns = Netns::open(std::path::Path::new(&pod.path())).unwrap();
+    let node_ns = Netns::open(std::path::Path::new(&node.path())).unwrap();
+    futures::executor::block_on(node_ns.run(move |_| async move {
+        let agent_ns = Netns::current()?;
+        pod_ns
+            .run(move |h| async move {
+                create_veth(
+                    &h,
+                    "eth0",
+                    "lp-owntest",
+                    1400,
+                    [2, 0, 0, 0, 0, 1],
+                    &agent_ns,
+                )
+                .await
+            })
+            .await
+    }))
+    .unwrap();
+    let host = ip(&["-n", &node.0, "link", "show", "dev", "lp-owntest"]);
+    assert!(
+        host.contains("mtu 1400") && host.contains("02:00:00:00:00:01"),
+        "{host}"
+    );
+    assert!(ip_ok(&["-n", &pod.0, "link", "show", "dev", "eth0"]));
+    assert!(
+        !ip_ok(&["link", "show", "dev", "lp-owntest"]),
+        "landed in the test's namespace"
+    );
+}

@@ -659,7 +659,7 @@ mod tests {
     fn agent(node: &str, dir: &Path) -> Arc<Agent> {
         Arc::new(Agent::new(
             node.into(),
-            Netns::current(),
+            Netns::current().unwrap(),
             super::super::ipam::IpamStore::open(dir).unwrap(),
             Arc::new(super::super::LogOnly),
         ))

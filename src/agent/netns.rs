@@ -113,17 +113,27 @@ fn nl(what: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> NetnsError {
 /// is unmounted meanwhile.
 #[derive(Clone, Debug)]
 pub struct Netns {
-    file: Option<Arc<File>>,
+    /// The namespace, for `IFLA_NET_NS_FD` (moving or creating links into it).
+    file: Arc<File>,
+    /// Whether workers must `setns` into it (not for the agent's own namespace).
+    enter: bool,
     path: PathBuf,
 }
 
 impl Netns {
-    /// The agent's own namespace (no `setns`).
-    pub fn current() -> Self {
-        Self {
-            file: None,
-            path: PathBuf::from("/proc/self/ns/net"),
-        }
+    /// The calling thread's namespace, captured now: call it from a thread that has not
+    /// entered another namespace (the agent's main thread). Workers run in it without `setns`.
+    pub fn current() -> Result<Self, NetnsError> {
+        let path = PathBuf::from("/proc/thread-self/ns/net");
+        let file = File::open(&path).map_err(|source| NetnsError::Open {
+            path: path.clone(),
+            source,
+        })?;
+        Ok(Self {
+            file: Arc::new(file),
+            enter: false,
+            path,
+        })
     }
 
     /// The namespace at `path` (`/run/netns/x`, `/proc/<pid>/ns/net`).
@@ -133,7 +143,8 @@ impl Netns {
             source,
         })?;
         Ok(Self {
-            file: Some(Arc::new(file)),
+            file: Arc::new(file),
+            enter: true,
             path: path.to_owned(),
         })
     }
@@ -141,20 +152,6 @@ impl Netns {
     /// Path the namespace was opened from.
     pub fn path(&self) -> &Path {
         &self.path
-    }
-
-    /// A file descriptor of the namespace, for `IFLA_NET_NS_FD`: an open file of it, or of
-    /// the agent's own namespace.
-    fn fd_file(&self) -> Result<Arc<File>, NetnsError> {
-        match &self.file {
-            Some(f) => Ok(Arc::clone(f)),
-            None => Ok(Arc::new(File::open("/proc/thread-self/ns/net").map_err(
-                |source| NetnsError::Open {
-                    path: self.path.clone(),
-                    source,
-                },
-            )?)),
-        }
     }
 
     /// Runs `work` with a netlink handle inside this namespace, on a dedicated thread.
@@ -165,7 +162,7 @@ impl Netns {
         Fut: Future<Output = Result<T, NetnsError>>,
     {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let file = self.file.clone();
+        let file = self.enter.then(|| Arc::clone(&self.file));
         let path = self.path.clone();
         let thread_path = path.clone();
         std::thread::Builder::new()
@@ -328,12 +325,11 @@ pub async fn create_veth(
     peer_mac: [u8; 6],
     peer_ns: &Netns,
 ) -> Result<(), NetnsError> {
-    let file = peer_ns.fd_file()?;
     let peer_msg = LinkMessageBuilder::<LinkUnspec>::new()
         .name(peer.to_owned())
         .mtu(mtu)
         .address(peer_mac.to_vec())
-        .setns_by_fd(file.as_raw_fd())
+        .setns_by_fd(peer_ns.file.as_raw_fd())
         .build();
     let msg = LinkMessageBuilder::<LinkVeth>::new_with_info_kind(InfoKind::Veth)
         .name(name.to_owned())

@@ -57,7 +57,7 @@ pub async fn run(config: Config, dataplane: Arc<dyn Dataplane>) -> Result<(), Ag
     let ipam = IpamStore::open(&config.state_dir)?;
     let node_ns = match &config.netns {
         Some(p) => Netns::open(p)?,
-        None => Netns::current(),
+        None => Netns::current()?,
     };
     let agent = Arc::new(Agent::new(config.node.clone(), node_ns, ipam, dataplane));
     tracing::info!(node = %config.node, manifests = %config.manifests.display(), "starting in standalone mode");
