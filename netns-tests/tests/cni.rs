@@ -219,70 +219,15 @@ fn sigkill_during_adds_then_restart_and_gc_leaks_nothing() {
     let pods: Vec<Arc<Ns>> = (0..n)
         .map(|i| Arc::new(Ns::new(format!("lace-ct-k{i}-{}", bed.tag))))
         .collect();
-    let conf = bed.netconf(json!({}));
-    let plugin = bed.p("bin/lace");
-    let bin_dir = bed.p("bin");
     let done = Arc::new(AtomicUsize::new(0));
-    let threads: Vec<_> = pods
-        .iter()
-        .enumerate()
-        .map(|(i, pod)| {
-            let (pod, conf, plugin, bin_dir, done) = (
-                Arc::clone(pod),
-                conf.clone(),
-                plugin.clone(),
-                bin_dir.clone(),
-                Arc::clone(&done),
-            );
-            std::thread::spawn(move || {
-                let id = format!("ctr-{i}");
-                let mut child = Command::new(&plugin)
-                    .env_clear()
-                    .env("CNI_COMMAND", "ADD")
-                    .env("CNI_CONTAINERID", &id)
-                    .env("CNI_NETNS", pod.path())
-                    .env("CNI_IFNAME", "eth0")
-                    .env(
-                        "CNI_ARGS",
-                        format!("K8S_POD_NAMESPACE=default;K8S_POD_NAME=k{i}"),
-                    )
-                    .env("CNI_PATH", &bin_dir)
-                    .stdin(Stdio::piped())
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::null())
-                    .spawn()
-                    .unwrap();
-                child
-                    .stdin
-                    .take()
-                    .unwrap()
-                    .write_all(conf.to_string().as_bytes())
-                    .unwrap();
-                let out = child.wait_with_output().unwrap();
-                if out.status.success() {
-                    done.fetch_add(1, Ordering::SeqCst);
-                    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-                    Ok((id, addresses(&v)))
-                } else {
-                    Err(String::from_utf8_lossy(&out.stdout).into_owned())
-                }
-            })
-        })
-        .collect();
+    let threads = add_storm(&bed, &pods, &done);
     // Let some ADDs finish and others be in flight, then kill.
     let deadline = Instant::now() + Duration::from_secs(60);
     while done.load(Ordering::SeqCst) < n / 3 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(5));
     }
     bed.kill_agent();
-    let (succeeded, failed): (Vec<_>, Vec<_>) = threads
-        .into_iter()
-        .map(|t| t.join().unwrap())
-        .partition(Result::is_ok);
-    let succeeded: Vec<(String, Vec<String>)> = succeeded.into_iter().flatten().collect();
-    for f in failed.iter().take(3) {
-        eprintln!("failed ADD: {f:?}");
-    }
+    let succeeded = join_storm(threads);
     assert!(!succeeded.is_empty(), "no ADD finished before the kill");
     eprintln!("{} of {n} ADDs succeeded before SIGKILL", succeeded.len());
 
@@ -491,4 +436,149 @@ fn veth_host_end_lands_in_the_agents_own_namespace() {
         !ip_ok(&["link", "show", "dev", "lp-owntest"]),
         "landed in the test's namespace"
     );
+}
+
+/// What one ADD of a storm gave: the container id and addresses, or the plugin's output.
+type StormResult = Result<(String, Vec<String>), String>;
+
+/// One thread per pod, each exec'ing ADD (`ctr-<i>`) as containerd does; `done` counts
+/// the successes as they come.
+fn add_storm(
+    bed: &Bed,
+    pods: &[Arc<Ns>],
+    done: &Arc<AtomicUsize>,
+) -> Vec<std::thread::JoinHandle<StormResult>> {
+    let conf = bed.netconf(json!({}));
+    let plugin = bed.p("bin/lace");
+    let bin_dir = bed.p("bin");
+    pods.iter()
+        .enumerate()
+        .map(|(i, pod)| {
+            let (pod, conf, plugin, bin_dir, done) = (
+                Arc::clone(pod),
+                conf.clone(),
+                plugin.clone(),
+                bin_dir.clone(),
+                Arc::clone(done),
+            );
+            std::thread::spawn(move || {
+                let id = format!("ctr-{i}");
+                let mut child = Command::new(&plugin)
+                    .env_clear()
+                    .env("CNI_COMMAND", "ADD")
+                    .env("CNI_CONTAINERID", &id)
+                    .env("CNI_NETNS", pod.path())
+                    .env("CNI_IFNAME", "eth0")
+                    .env(
+                        "CNI_ARGS",
+                        format!("K8S_POD_NAMESPACE=default;K8S_POD_NAME=k{i}"),
+                    )
+                    .env("CNI_PATH", &bin_dir)
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .unwrap();
+                child
+                    .stdin
+                    .take()
+                    .unwrap()
+                    .write_all(conf.to_string().as_bytes())
+                    .unwrap();
+                let out = child.wait_with_output().unwrap();
+                if out.status.success() {
+                    done.fetch_add(1, Ordering::SeqCst);
+                    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+                    Ok((id, addresses(&v)))
+                } else {
+                    Err(String::from_utf8_lossy(&out.stdout).into_owned())
+                }
+            })
+        })
+        .collect()
+}
+
+/// Waits for the storm's threads; returns the successful ADDs and prints a few failures.
+fn join_storm(threads: Vec<std::thread::JoinHandle<StormResult>>) -> Vec<(String, Vec<String>)> {
+    let (succeeded, failed): (Vec<_>, Vec<_>) = threads
+        .into_iter()
+        .map(|t| t.join().unwrap())
+        .partition(Result::is_ok);
+    for f in failed.iter().take(3) {
+        eprintln!("failed ADD: {f:?}");
+    }
+    succeeded.into_iter().flatten().collect()
+}
+
+/// SIGTERM in the middle of an ADD storm (an agent upgrade): requests being handled are
+/// finished before the agent exits, the restarted agent keeps every pod that was set up
+/// (CHECK passes, same addresses), and the rest get fresh, distinct addresses on retry.
+#[test]
+fn sigterm_during_adds_drains_and_restart_keeps_pods() {
+    let n = 20;
+    let mut bed = Bed::new("tm");
+    let pods: Vec<Arc<Ns>> = (0..n)
+        .map(|i| Arc::new(Ns::new(format!("lace-ct-t{i}-{}", bed.tag))))
+        .collect();
+    let done = Arc::new(AtomicUsize::new(0));
+    let threads = add_storm(&bed, &pods, &done);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while done.load(Ordering::SeqCst) < n / 4 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut agent = bed.agent.take().unwrap();
+    let term = Command::new("kill")
+        .args(["-TERM", &agent.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(term.success());
+    let exit = agent.wait().unwrap();
+    assert!(
+        exit.success(),
+        "agent exited with {exit} on SIGTERM:\n{}",
+        bed.log()
+    );
+    let succeeded = join_storm(threads);
+    eprintln!("{} of {n} ADDs succeeded before SIGTERM", succeeded.len());
+    assert!(
+        bed.log().contains("shutting down"),
+        "no clean shutdown:\n{}",
+        bed.log()
+    );
+    // Whatever the agent accepted, it finished: every IPAM record is a successful ADD.
+    let want: BTreeSet<String> = succeeded.iter().flat_map(|(_, a)| a.clone()).collect();
+    assert_eq!(bed.ipam_addresses(), want, "an accepted ADD was cut off");
+
+    bed.start_agent();
+    for (i, pod) in pods.iter().enumerate() {
+        let id = format!("ctr-{i}");
+        match succeeded.iter().find(|(s, _)| *s == id) {
+            Some((_, ips)) => {
+                let prev =
+                    json!({"ips": ips.iter().map(|a| json!({"address": a})).collect::<Vec<_>>()});
+                let (ok, out) = bed.cni(
+                    "CHECK",
+                    &id,
+                    &pod.path(),
+                    &pod.0,
+                    bed.netconf(json!({"prevResult": prev})),
+                );
+                assert!(ok, "pod {id} broken by the restart: {out}");
+            }
+            None => {
+                bed.del(&id, &pod.path());
+                bed.add(&id, pod);
+            }
+        }
+    }
+    assert_eq!(
+        bed.ipam_addresses().len(),
+        2 * n,
+        "duplicate or missing address"
+    );
+    assert_eq!(bed.host_links().len(), n);
+    for (i, pod) in pods.iter().enumerate() {
+        bed.del(&format!("ctr-{i}"), &pod.path());
+    }
+    assert!(bed.ipam_addresses().is_empty() && bed.host_links().is_empty());
 }

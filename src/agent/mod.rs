@@ -156,6 +156,8 @@ pub struct Agent {
     /// a veth that does not exist yet, or no longer). ADD installs the route itself and
     /// triggers a reconcile when done.
     in_flight: std::sync::Mutex<std::collections::HashSet<ipam::AttachmentKey>>,
+    /// CNI connections accepted and not answered yet.
+    pub(crate) open_connections: std::sync::atomic::AtomicUsize,
 }
 
 /// Marks an attachment in flight until dropped, then triggers a reconcile.
@@ -202,6 +204,7 @@ impl Agent {
             underlay_mtu: AtomicU32::new(DEFAULT_UNDERLAY_MTU),
             serving: AtomicBool::new(false),
             in_flight: Default::default(),
+            open_connections: Default::default(),
         }
     }
 

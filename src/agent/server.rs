@@ -8,6 +8,7 @@
 
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -66,6 +67,23 @@ pub async fn bind(path: &Path) -> Result<UnixListener, ServerError> {
     Ok(listener)
 }
 
+/// Counts a connection as open (request read, handled, answer written) while alive, so
+/// shutdown can wait for the answers.
+struct Open<'a>(&'a Agent);
+
+impl<'a> Open<'a> {
+    fn new(agent: &'a Agent) -> Self {
+        agent.open_connections.fetch_add(1, Ordering::SeqCst);
+        Open(agent)
+    }
+}
+
+impl Drop for Open<'_> {
+    fn drop(&mut self) {
+        self.0.open_connections.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// Accepts connections until the task is dropped.
 pub async fn serve(listener: UnixListener, agent: Arc<Agent>) {
     loop {
@@ -83,6 +101,7 @@ pub async fn serve(listener: UnixListener, agent: Arc<Agent>) {
 }
 
 async fn connection(stream: UnixStream, agent: Arc<Agent>) {
+    let _open = Open::new(&agent);
     let (read, mut write) = stream.into_split();
     let mut reader = BufReader::new(read).take(MAX_MESSAGE_BYTES as u64 + 1);
     let mut line = Vec::new();

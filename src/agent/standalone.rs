@@ -20,6 +20,8 @@ use crate::wire::{del_queue, Command};
 
 /// How often the manifests directory is checked.
 const POLL: Duration = Duration::from_secs(1);
+/// How long shutdown waits for CNI requests being handled.
+const DRAIN: Duration = Duration::from_secs(10);
 
 /// What identifies a version of the directory: each file's path, length and mtime.
 type Fingerprint = Vec<(PathBuf, u64, Option<SystemTime>)>;
@@ -138,7 +140,20 @@ pub async fn run(config: Config, dataplane: Arc<dyn Dataplane>) -> Result<(), Ag
         }
     }
     tracing::info!("shutting down; the conflist stays so the node keeps accepting pods");
-    for t in tasks {
+    let [server_task, rest @ ..] = tasks;
+    server_task.abort();
+    // Let the requests being handled finish and be answered (a cut one is safe, but costs
+    // the pod a retry).
+    let deadline = tokio::time::Instant::now() + DRAIN;
+    while agent
+        .open_connections
+        .load(std::sync::atomic::Ordering::SeqCst)
+        > 0
+        && tokio::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for t in rest {
         t.abort();
     }
     // The plugin treats a missing socket like a stopped agent (ADD retried, DEL queued).
