@@ -223,7 +223,8 @@ fn sigkill_during_adds_then_restart_and_gc_leaks_nothing() {
     let threads = add_storm(&bed, &pods, &done);
     // Let some ADDs finish and others be in flight, then kill.
     let deadline = Instant::now() + Duration::from_secs(60);
-    while done.load(Ordering::SeqCst) < n / 3 && Instant::now() < deadline {
+    // A few done, most still in flight (ADDs take ~0.1–0.3 s each in the VM).
+    while done.load(Ordering::SeqCst) < 3 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(5));
     }
     bed.kill_agent();
@@ -523,7 +524,7 @@ fn sigterm_during_adds_drains_and_restart_keeps_pods() {
     let done = Arc::new(AtomicUsize::new(0));
     let threads = add_storm(&bed, &pods, &done);
     let deadline = Instant::now() + Duration::from_secs(60);
-    while done.load(Ordering::SeqCst) < n / 4 && Instant::now() < deadline {
+    while done.load(Ordering::SeqCst) < 2 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(5));
     }
     let mut agent = bed.agent.take().unwrap();
