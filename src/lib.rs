@@ -7,6 +7,8 @@
 // `unsafe` is denied workspace-wide; only the syscall wrapper module (setns, bpf) may allow it.
 #![deny(unsafe_code)]
 
+#[cfg(feature = "agent")]
+pub mod agent;
 pub mod alloc;
 pub mod api;
 pub mod binding;

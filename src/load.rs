@@ -104,9 +104,7 @@ pub enum LoadError {
 
 /// Loads every manifest below `dir` into a [`ClusterState`].
 pub fn load_dir(dir: &Path) -> Result<ClusterState, LoadError> {
-    let mut files = Vec::new();
-    collect_files(dir, &mut files)?;
-    files.sort();
+    let files = manifest_files(dir)?;
     let mut loader = Loader::default();
     for file in &files {
         let text = std::fs::read_to_string(file).map_err(|source| LoadError::Read {
@@ -116,6 +114,15 @@ pub fn load_dir(dir: &Path) -> Result<ClusterState, LoadError> {
         loader.load_file(file, &text)?;
     }
     Ok(loader.finish())
+}
+
+/// The files [`load_dir`] reads: every `*.yaml` and `*.yml` below `dir`, sorted. Standalone
+/// mode watches exactly these for changes.
+pub fn manifest_files(dir: &Path) -> Result<Vec<PathBuf>, LoadError> {
+    let mut files = Vec::new();
+    collect_files(dir, &mut files)?;
+    files.sort();
+    Ok(files)
 }
 
 fn collect_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), LoadError> {

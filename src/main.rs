@@ -50,6 +50,49 @@ enum Command {
         #[arg(long)]
         nft_only: bool,
     },
+    /// Run the node agent: serve the CNI plugin, own pod IPAM, keep the node programmed.
+    Run(Box<RunArgs>),
+}
+
+/// Flags of `lace-agent run` (the chart passes the first six).
+#[derive(Debug, clap::Args)]
+struct RunArgs {
+    /// This node's name (`spec.nodeName`).
+    #[arg(long, env = "NODE_NAME")]
+    node_name: String,
+    /// Where the CNI plugin binary is installed.
+    #[arg(long, default_value = "/opt/cni/bin")]
+    cni_bin_dir: PathBuf,
+    /// Where the conflist is written.
+    #[arg(long, default_value = "/etc/cni/net.d")]
+    cni_conf_dir: PathBuf,
+    /// The conflist's file name.
+    #[arg(long, default_value = "10-lace.conflist")]
+    cni_conf_name: String,
+    /// The plugin binary to install [default: `lace` next to this executable].
+    #[arg(long)]
+    cni_bin_source: Option<PathBuf>,
+    /// The kubelet's cgroup (v2): its sockets get the probe mark. Unset: no probe program.
+    #[arg(long)]
+    kubelet_cgroup_path: Option<PathBuf>,
+    /// Remove previously pinned BPF objects at start.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    release_pinned_maps: bool,
+    /// Standalone mode: read the cluster state from this directory of manifests.
+    #[arg(long)]
+    manifests: Option<PathBuf>,
+    /// IPAM store and the plugin's DEL queue.
+    #[arg(long, default_value = "/var/lib/lace")]
+    state_dir: PathBuf,
+    /// The CNI socket.
+    #[arg(long, default_value = lace::wire::DEFAULT_AGENT_SOCKET)]
+    socket: PathBuf,
+    /// Program this network namespace as the node instead of the agent's own (tests).
+    #[arg(long)]
+    netns: Option<PathBuf>,
+    /// Prometheus `/metrics` and `/healthz`.
+    #[arg(long, default_value = "127.0.0.1:9964")]
+    metrics_addr: std::net::SocketAddr,
 }
 
 fn main() -> Result<()> {
@@ -104,7 +147,38 @@ fn main() -> Result<()> {
             text.push_str(&plan.render_nft());
             write_stdout(&text)?;
         }
+        Command::Run(args) => run(*args)?,
     }
+    Ok(())
+}
+
+fn run(args: RunArgs) -> Result<()> {
+    let Some(manifests) = args.manifests else {
+        bail!("not implemented yet: Kubernetes mode; use --manifests DIR (standalone mode)");
+    };
+    let cni_bin_source = match args.cni_bin_source {
+        Some(p) => p,
+        None => std::env::current_exe()
+            .context("locating this executable to find the `lace` plugin next to it")?
+            .with_file_name(lace::wire::PLUGIN_TYPE),
+    };
+    let config = lace::agent::Config {
+        node: args.node_name,
+        state_dir: args.state_dir,
+        socket: args.socket,
+        netns: args.netns,
+        cni_bin_dir: args.cni_bin_dir,
+        cni_conf_dir: args.cni_conf_dir,
+        cni_conf_name: args.cni_conf_name,
+        cni_bin_source,
+        manifests,
+        metrics_addr: args.metrics_addr,
+        kubelet_cgroup: args.kubelet_cgroup_path,
+        release_pinned: args.release_pinned_maps,
+    };
+    // The lead plugs the rtnetlink/nft reconciler in here.
+    let dataplane = std::sync::Arc::new(lace::agent::LogOnly);
+    lace::agent::run_standalone(config, dataplane)?;
     Ok(())
 }
 

@@ -1,0 +1,585 @@
+//! The CNI path end to end against a real kernel: the real `lace` plugin binary, exec'd with
+//! containerd's environment and stdin, talking to a real `lace-agent run --manifests ...`
+//! that programs a "node" network namespace; pods are network namespaces of their own.
+//!
+//! Needs root and a kernel with VRF (the agent creates the Network's VRF at ADD), so it runs
+//! in the VM: build first (`cargo build -p lace -p lace-cni`), then run the test binary with
+//! `--test-threads=1` (the tests share `/run/netns`). The kernel state is observed with `ip`
+//! (not the code under test), the agent's IPAM with its state file, and traffic with `ping`.
+//!
+//! The manifests are `examples/cluster` (node-1: Network `default` has function 1, so VRF
+//! `lv-default`, table 1000001, blocks 10.244.64.0/24 and fd00:244:0:100::/64).
+
+mod cni_bed;
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cni_bed::{addresses, ip, ip_ok, Bed, Ns, TABLE, VRF};
+use serde_json::{json, Value};
+#[test]
+fn lifecycle_add_check_del_del() {
+    let bed = Bed::new("lc");
+    let a = Ns::new(format!("lace-ct-a-{}", bed.tag));
+    let b = Ns::new(format!("lace-ct-b-{}", bed.tag));
+
+    let ra = bed.add("ctr-a", &a);
+    let rb = bed.add("ctr-b", &b);
+    assert_eq!(ra["cniVersion"], "1.1.0");
+    let (ips_a, ips_b) = (addresses(&ra), addresses(&rb));
+    assert_eq!(ips_a, ["10.244.64.1/32", "fd00:244:0:100::1/128"], "{ra}");
+    assert_eq!(ips_b, ["10.244.64.2/32", "fd00:244:0:100::2/128"], "{rb}");
+    assert_eq!(ra["ips"][0]["gateway"], "169.254.1.1");
+    assert_eq!(ra["ips"][1]["gateway"], "fe80::1");
+    let host_a = ra["interfaces"][0]["name"].as_str().unwrap().to_owned();
+    assert!(host_a.starts_with("lp-") && host_a.len() <= 15, "{host_a}");
+    // MTU: 9000 on the uplink minus 64 bytes of SRv6 overhead.
+    assert_eq!(ra["interfaces"][1]["mtu"], 8936);
+
+    // The kernel, as `ip` sees it.
+    let pod_addr = ip(&["-n", &a.0, "addr", "show", "dev", "eth0"]);
+    assert!(pod_addr.contains("inet 10.244.64.1/32"), "{pod_addr}");
+    assert!(
+        pod_addr.contains("inet6 fd00:244:0:100::1/128"),
+        "{pod_addr}"
+    );
+    assert!(pod_addr.contains("mtu 8936"), "{pod_addr}");
+    let pod_routes = ip(&["-n", &a.0, "route", "show"]);
+    assert!(
+        pod_routes.contains("default via 169.254.1.1 dev eth0"),
+        "{pod_routes}"
+    );
+    let pod_routes6 = ip(&["-n", &a.0, "-6", "route", "show"]);
+    assert!(
+        pod_routes6.contains("default via fe80::1 dev eth0"),
+        "{pod_routes6}"
+    );
+    let host = ip(&["-n", &bed.node.0, "link", "show", "dev", &host_a]);
+    assert!(
+        host.contains(&format!("master {VRF}")) && host.contains("state UP"),
+        "{host}"
+    );
+    let vrf = ip(&["-n", &bed.node.0, "-d", "link", "show", "dev", VRF]);
+    assert!(vrf.contains(&format!("vrf table {TABLE}")), "{vrf}");
+    let routes = bed.vrf_routes();
+    for want in [
+        "10.244.64.1",
+        "10.244.64.2",
+        "fd00:244:0:100::1",
+        "fd00:244:0:100::2",
+    ] {
+        assert!(
+            routes.contains(want),
+            "{want} not routed in table {TABLE}: {routes:?}"
+        );
+    }
+    let proxy_arp = ip(&[
+        "netns",
+        "exec",
+        &bed.node.0,
+        "sysctl",
+        "-n",
+        &format!("net.ipv4.conf.{host_a}.proxy_arp"),
+    ]);
+    assert_eq!(proxy_arp.trim(), "1");
+
+    // Real traffic between the two pods through the node's VRF, both families.
+    for (fam, dst) in [("-4", "10.244.64.2"), ("-6", "fd00:244:0:100::2")] {
+        let out = Command::new("ip")
+            .args([
+                "netns", "exec", &a.0, "ping", fam, "-c", "1", "-W", "3", dst,
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "ping {dst} from pod a failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    // CHECK passes on what ADD made...
+    let check_conf = bed.netconf(json!({"prevResult": ra}));
+    let (ok, out) = bed.cni("CHECK", "ctr-a", &a.path(), &a.0, check_conf.clone());
+    assert!(ok, "CHECK failed: {out}");
+    // ...and names what is broken.
+    ip(&["-n", &a.0, "route", "del", "default"]);
+    let (ok, out) = bed.cni("CHECK", "ctr-a", &a.path(), &a.0, check_conf.clone());
+    assert!(!ok && out["code"] == 100, "{out}");
+    assert!(
+        out["msg"].as_str().unwrap().contains("169.254.1.1"),
+        "{out}"
+    );
+    ip(&["-n", &bed.node.0, "link", "set", &host_a, "nomaster"]);
+    ip(&[
+        "-n",
+        &a.0,
+        "route",
+        "add",
+        "default",
+        "via",
+        "169.254.1.1",
+        "dev",
+        "eth0",
+    ]);
+    let (ok, out) = bed.cni("CHECK", "ctr-a", &a.path(), &a.0, check_conf);
+    assert!(!ok && out["msg"].as_str().unwrap().contains(VRF), "{out}");
+
+    // STATUS is ready.
+    let (ok, out) = bed.cni("STATUS", "", "", "x", bed.netconf(json!({})));
+    assert!(ok, "STATUS: {out}");
+    assert!(bed
+        .metrics()
+        .contains("lace_addresses_in_use{network=\"default\"} 4"));
+
+    // DEL, DEL again, DEL with the netns gone.
+    bed.del("ctr-a", &a.path());
+    assert!(
+        !ip_ok(&["-n", &bed.node.0, "link", "show", "dev", &host_a]),
+        "host veth left"
+    );
+    assert!(
+        !ip_ok(&["-n", &a.0, "link", "show", "dev", "eth0"]),
+        "pod interface left"
+    );
+    bed.del("ctr-a", &a.path());
+    drop(b);
+    bed.del("ctr-b", "/run/netns/lace-ct-gone");
+    bed.del("never-added", "");
+    assert!(
+        bed.ipam_addresses().is_empty(),
+        "{:?}",
+        bed.ipam_addresses()
+    );
+    assert!(bed.host_links().is_empty(), "{:?}", bed.host_links());
+    assert!(bed.vrf_routes().is_empty(), "{:?}", bed.vrf_routes());
+    // Released addresses are handed out again.
+    assert_eq!(addresses(&bed.add("ctr-c", &a))[0], "10.244.64.1/32");
+    bed.del("ctr-c", &a.path());
+    let metrics = bed.metrics();
+    assert!(
+        metrics.contains("lace_cni_requests_total{verb=\"ADD\",result=\"ok\"} 3"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("lace_cni_requests_total{verb=\"CHECK\",result=\"100\"} 2"),
+        "{metrics}"
+    );
+}
+
+/// Pods added concurrently (`LACE_CNI_PODS`, default 100; the VM run uses fewer because
+/// every netlink call is ~10x slower under emulation).
+#[test]
+fn concurrent_adds_never_share_an_address() {
+    let n: usize = std::env::var("LACE_CNI_PODS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100);
+    let bed = Arc::new(Bed::new("cc"));
+    let pods: Vec<Arc<Ns>> = (0..n)
+        .map(|i| Arc::new(Ns::new(format!("lace-ct-{i}-{}", bed.tag))))
+        .collect();
+    let threads: Vec<_> = pods
+        .iter()
+        .enumerate()
+        .map(|(i, pod)| {
+            let (bed, pod) = (Arc::clone(&bed), Arc::clone(pod));
+            std::thread::spawn(move || addresses(&bed.add(&format!("ctr-{i}"), &pod)))
+        })
+        .collect();
+    let mut all = BTreeSet::new();
+    for t in threads {
+        for a in t.join().unwrap() {
+            assert!(all.insert(a.clone()), "{a} handed out twice");
+        }
+    }
+    assert_eq!(all.len(), 2 * n);
+    assert_eq!(bed.ipam_addresses(), all);
+    assert_eq!(bed.host_links().len(), n);
+    assert_eq!(bed.vrf_routes().len(), 2 * n);
+    for (i, pod) in pods.iter().enumerate() {
+        bed.del(&format!("ctr-{i}"), &pod.path());
+    }
+    assert!(bed.ipam_addresses().is_empty());
+    assert!(bed.host_links().is_empty());
+    assert!(bed.vrf_routes().is_empty());
+}
+
+/// SIGKILL in the middle of an ADD storm, restart, GC with the attachments the runtime
+/// believes in: nothing leaks (address, interface or route) and nothing is handed out twice.
+#[test]
+fn sigkill_during_adds_then_restart_and_gc_leaks_nothing() {
+    let n = 30;
+    let mut bed = Bed::new("kl");
+    let pods: Vec<Arc<Ns>> = (0..n)
+        .map(|i| Arc::new(Ns::new(format!("lace-ct-k{i}-{}", bed.tag))))
+        .collect();
+    let done = Arc::new(AtomicUsize::new(0));
+    let threads = add_storm(&bed, &pods, &done);
+    // Let some ADDs finish and others be in flight, then kill.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    // A few done, most still in flight (ADDs take ~0.1–0.3 s each in the VM).
+    while done.load(Ordering::SeqCst) < 3 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    bed.kill_agent();
+    let succeeded = join_storm(threads);
+    assert!(!succeeded.is_empty(), "no ADD finished before the kill");
+    eprintln!("{} of {n} ADDs succeeded before SIGKILL", succeeded.len());
+
+    bed.start_agent();
+    let valid: Vec<String> = succeeded.iter().map(|(id, _)| id.clone()).collect();
+    bed.gc(&valid);
+
+    let want: BTreeSet<String> = succeeded.iter().flat_map(|(_, a)| a.clone()).collect();
+    assert_eq!(
+        want.len(),
+        2 * succeeded.len(),
+        "duplicate among successful ADDs"
+    );
+    assert_eq!(
+        bed.ipam_addresses(),
+        want,
+        "IPAM holds exactly the surviving pods"
+    );
+    let want_hosts: BTreeSet<String> = valid
+        .iter()
+        .map(|id| lace::agent::cni::host_ifname(id, "eth0"))
+        .collect();
+    assert_eq!(
+        bed.host_links(),
+        want_hosts,
+        "veths are exactly the surviving pods'"
+    );
+    let want_routes: BTreeSet<String> = want
+        .iter()
+        .map(|a| a.split('/').next().unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        bed.vrf_routes(),
+        want_routes,
+        "routes are exactly the surviving pods'"
+    );
+
+    // The runtime retries the failed pods after cleaning them (DEL), and they get addresses
+    // that no surviving pod holds.
+    let mut all = want.clone();
+    for (i, pod) in pods.iter().enumerate() {
+        let id = format!("ctr-{i}");
+        if valid.contains(&id) {
+            continue;
+        }
+        bed.del(&id, &pod.path());
+        for a in addresses(&bed.add(&id, pod)) {
+            assert!(all.insert(a.clone()), "{a} handed out twice after restart");
+        }
+    }
+    // Pods deleted while the agent is down: the plugin queues the DELs (and succeeds); the
+    // agent replays the queue at start, before serving, removing veths and addresses (the
+    // namespaces are still there, so it is the replay and not the start-up check that
+    // cleans).
+    bed.kill_agent();
+    for (i, pod) in pods.iter().enumerate() {
+        bed.del(&format!("ctr-{i}"), &pod.path());
+    }
+    assert!(
+        !bed.ipam_addresses().is_empty(),
+        "nothing was left for the replay to release"
+    );
+    assert_eq!(bed.host_links().len(), n);
+    bed.start_agent();
+    assert!(
+        bed.ipam_addresses().is_empty(),
+        "{:?}",
+        bed.ipam_addresses()
+    );
+    assert!(bed.host_links().is_empty(), "{:?}", bed.host_links());
+    assert!(bed.vrf_routes().is_empty(), "{:?}", bed.vrf_routes());
+    let queue = bed.p("state/cni-del-queue");
+    assert_eq!(
+        std::fs::read_dir(&queue).map(|d| d.count()).unwrap_or(0),
+        0,
+        "queue not emptied"
+    );
+}
+
+/// A node the manifests have no allocation for: the agent serves, but STATUS and `/healthz`
+/// say why it is not ready, and no conflist is written (so the node would stay NotReady).
+/// Once `lace-agent allocate` records the node, the watcher picks it up and the agent turns
+/// ready. Needs no VRF (no pod is created).
+#[test]
+fn unallocated_node_is_not_ready_until_allocated() {
+    let mut bed = Bed::for_node("un", "node-9");
+    let nodes = bed.p("manifests/nodes.yaml");
+    let mut text = std::fs::read_to_string(&nodes).unwrap();
+    text.push_str(
+        "---\napiVersion: v1\nkind: Node\nmetadata:\n  name: node-9\nstatus:\n  addresses:\n    - type: InternalIP\n      address: fd00:fab::9\n",
+    );
+    std::fs::write(&nodes, text).unwrap();
+    bed.spawn_agent();
+
+    let status = |bed: &Bed| -> (bool, Value) {
+        let conf = json!({
+            "cniVersion": "1.1.0", "name": "lace", "type": "lace",
+            "agentSocket": bed.p("run/cni.sock"),
+            "delQueueDir": bed.p("state/cni-del-queue"),
+        });
+        let mut child = Command::new(cni_bed::binary("lace"))
+            .env_clear()
+            .env("CNI_COMMAND", "STATUS")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(conf.to_string().as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        let json = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        (out.status.success(), json)
+    };
+    // Wait until the agent answers on its socket.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (ok, out) = loop {
+        let (ok, out) = status(&bed);
+        if ok || out["code"] == 50 && out["msg"].as_str().unwrap().contains("node-9") {
+            break (ok, out);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no STATUS answer: {out}\n{}",
+            bed.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(!ok, "{out}");
+    assert!(
+        out["msg"].as_str().unwrap().contains("lace-agent allocate"),
+        "{out}"
+    );
+    let health = bed.http_get("/healthz");
+    assert!(
+        health.starts_with("HTTP/1.1 503") && health.contains("node-9"),
+        "{health}"
+    );
+    assert!(bed.metrics().contains("lace_ready 0"));
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        !bed.p("conf/10-lace.conflist").exists(),
+        "conflist written while not ready"
+    );
+
+    let out = Command::new(cni_bed::binary("lace-agent"))
+        .arg("allocate")
+        .arg("--manifests")
+        .arg(bed.p("manifests"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    bed.wait_for_conflist(Duration::from_secs(15));
+    let (ok, out) = status(&bed);
+    assert!(ok, "{out}");
+    assert!(bed.http_get("/healthz").starts_with("HTTP/1.1 200"));
+    assert!(
+        bed.p("bin/lace").exists(),
+        "plugin binary installed with the conflist"
+    );
+}
+
+/// Without `--netns` the agent programs its own namespace: the host end of a pod's veth must
+/// land there, although the pair is created by a worker that has entered the pod's
+/// namespace. A worker living in a "node" namespace stands in for the agent's main thread.
+/// Needs no VRF.
+#[test]
+fn veth_host_end_lands_in_the_agents_own_namespace() {
+    use lace::agent::netns::{create_veth, Netns};
+    let tag = std::process::id() % 100_000;
+    let node = Ns::new(format!("lace-ct-own-{tag}"));
+    let pod = Ns::new(format!("lace-ct-ownp-{tag}"));
+    let pod_ns = Netns::open(std::path::Path::new(&pod.path())).unwrap();
+    let node_ns = Netns::open(std::path::Path::new(&node.path())).unwrap();
+    futures::executor::block_on(node_ns.run(move |_| async move {
+        let agent_ns = Netns::current()?;
+        pod_ns
+            .run(move |h| async move {
+                create_veth(
+                    &h,
+                    "eth0",
+                    "lp-owntest",
+                    1400,
+                    [2, 0, 0, 0, 0, 1],
+                    &agent_ns,
+                )
+                .await
+            })
+            .await
+    }))
+    .unwrap();
+    let host = ip(&["-n", &node.0, "link", "show", "dev", "lp-owntest"]);
+    assert!(
+        host.contains("mtu 1400") && host.contains("02:00:00:00:00:01"),
+        "{host}"
+    );
+    assert!(ip_ok(&["-n", &pod.0, "link", "show", "dev", "eth0"]));
+    assert!(
+        !ip_ok(&["link", "show", "dev", "lp-owntest"]),
+        "landed in the test's namespace"
+    );
+}
+
+/// What one ADD of a storm gave: the container id and addresses, or the plugin's output.
+type StormResult = Result<(String, Vec<String>), String>;
+
+/// One thread per pod, each exec'ing ADD (`ctr-<i>`) as containerd does; `done` counts
+/// the successes as they come.
+fn add_storm(
+    bed: &Bed,
+    pods: &[Arc<Ns>],
+    done: &Arc<AtomicUsize>,
+) -> Vec<std::thread::JoinHandle<StormResult>> {
+    let conf = bed.netconf(json!({}));
+    let plugin = bed.p("bin/lace");
+    let bin_dir = bed.p("bin");
+    pods.iter()
+        .enumerate()
+        .map(|(i, pod)| {
+            let (pod, conf, plugin, bin_dir, done) = (
+                Arc::clone(pod),
+                conf.clone(),
+                plugin.clone(),
+                bin_dir.clone(),
+                Arc::clone(done),
+            );
+            std::thread::spawn(move || {
+                let id = format!("ctr-{i}");
+                let mut child = Command::new(&plugin)
+                    .env_clear()
+                    .env("CNI_COMMAND", "ADD")
+                    .env("CNI_CONTAINERID", &id)
+                    .env("CNI_NETNS", pod.path())
+                    .env("CNI_IFNAME", "eth0")
+                    .env(
+                        "CNI_ARGS",
+                        format!("K8S_POD_NAMESPACE=default;K8S_POD_NAME=k{i}"),
+                    )
+                    .env("CNI_PATH", &bin_dir)
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .unwrap();
+                child
+                    .stdin
+                    .take()
+                    .unwrap()
+                    .write_all(conf.to_string().as_bytes())
+                    .unwrap();
+                let out = child.wait_with_output().unwrap();
+                if out.status.success() {
+                    done.fetch_add(1, Ordering::SeqCst);
+                    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+                    Ok((id, addresses(&v)))
+                } else {
+                    Err(String::from_utf8_lossy(&out.stdout).into_owned())
+                }
+            })
+        })
+        .collect()
+}
+
+/// Waits for the storm's threads; returns the successful ADDs and prints a few failures.
+fn join_storm(threads: Vec<std::thread::JoinHandle<StormResult>>) -> Vec<(String, Vec<String>)> {
+    let (succeeded, failed): (Vec<_>, Vec<_>) = threads
+        .into_iter()
+        .map(|t| t.join().unwrap())
+        .partition(Result::is_ok);
+    for f in failed.iter().take(3) {
+        eprintln!("failed ADD: {f:?}");
+    }
+    succeeded.into_iter().flatten().collect()
+}
+
+/// SIGTERM in the middle of an ADD storm (an agent upgrade): requests being handled are
+/// finished before the agent exits, the restarted agent keeps every pod that was set up
+/// (CHECK passes, same addresses), and the rest get fresh, distinct addresses on retry.
+#[test]
+fn sigterm_during_adds_drains_and_restart_keeps_pods() {
+    let n = 20;
+    let mut bed = Bed::new("tm");
+    let pods: Vec<Arc<Ns>> = (0..n)
+        .map(|i| Arc::new(Ns::new(format!("lace-ct-t{i}-{}", bed.tag))))
+        .collect();
+    let done = Arc::new(AtomicUsize::new(0));
+    let threads = add_storm(&bed, &pods, &done);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while done.load(Ordering::SeqCst) < 2 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut agent = bed.agent.take().unwrap();
+    let term = Command::new("kill")
+        .args(["-TERM", &agent.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(term.success());
+    let exit = agent.wait().unwrap();
+    assert!(
+        exit.success(),
+        "agent exited with {exit} on SIGTERM:\n{}",
+        bed.log()
+    );
+    let succeeded = join_storm(threads);
+    eprintln!("{} of {n} ADDs succeeded before SIGTERM", succeeded.len());
+    assert!(
+        bed.log().contains("shutting down"),
+        "no clean shutdown:\n{}",
+        bed.log()
+    );
+    // Whatever the agent accepted, it finished: every IPAM record is a successful ADD.
+    let want: BTreeSet<String> = succeeded.iter().flat_map(|(_, a)| a.clone()).collect();
+    assert_eq!(bed.ipam_addresses(), want, "an accepted ADD was cut off");
+
+    bed.start_agent();
+    for (i, pod) in pods.iter().enumerate() {
+        let id = format!("ctr-{i}");
+        match succeeded.iter().find(|(s, _)| *s == id) {
+            Some((_, ips)) => {
+                let prev =
+                    json!({"ips": ips.iter().map(|a| json!({"address": a})).collect::<Vec<_>>()});
+                let (ok, out) = bed.cni(
+                    "CHECK",
+                    &id,
+                    &pod.path(),
+                    &pod.0,
+                    bed.netconf(json!({"prevResult": prev})),
+                );
+                assert!(ok, "pod {id} broken by the restart: {out}");
+            }
+            None => {
+                bed.del(&id, &pod.path());
+                bed.add(&id, pod);
+            }
+        }
+    }
+    assert_eq!(
+        bed.ipam_addresses().len(),
+        2 * n,
+        "duplicate or missing address"
+    );
+    assert_eq!(bed.host_links().len(), n);
+    for (i, pod) in pods.iter().enumerate() {
+        bed.del(&format!("ctr-{i}"), &pod.path());
+    }
+    assert!(bed.ipam_addresses().is_empty() && bed.host_links().is_empty());
+}

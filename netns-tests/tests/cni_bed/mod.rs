@@ -1,0 +1,418 @@
+//! The test bed of the CNI netns tests and the CNI latency benchmark: a "node" network
+//! namespace with an uplink, a copy of `examples/cluster`, a running `lace-agent run` and
+//! helpers that exec the installed `lace` plugin exactly as containerd does.
+// Shared by `tests/cni.rs` and `benches/cni_latency.rs`; each uses a subset.
+#![allow(dead_code)]
+
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+pub const NODE: &str = "node-1";
+pub const VRF: &str = "lv-default";
+pub const TABLE: &str = "1000001";
+
+pub fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_owned()
+}
+
+/// `lace` or `lace-agent` from `$LACE_BIN_DIR` (default: the workspace's `target/debug`).
+pub fn binary(name: &str) -> PathBuf {
+    let dir = std::env::var_os("LACE_BIN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace().join("target/debug"));
+    let p = dir.join(name);
+    assert!(
+        p.exists(),
+        "{} is missing: run `cargo build -p lace -p lace-cni` first",
+        p.display()
+    );
+    p
+}
+
+pub fn require_root_and_vrf() {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let uid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .unwrap();
+    assert_eq!(uid, "0", "the CNI netns tests must run as root");
+}
+
+pub fn ip(args: &[&str]) -> String {
+    let out = Command::new("ip").args(args).output().expect("ip");
+    assert!(
+        out.status.success(),
+        "ip {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+pub fn ip_ok(args: &[&str]) -> bool {
+    Command::new("ip")
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// A named network namespace, deleted on drop.
+pub struct Ns(pub String);
+
+impl Ns {
+    pub fn new(name: String) -> Self {
+        let _ = ip_ok(&["netns", "del", &name]);
+        ip(&["netns", "add", &name]);
+        ip(&["-n", &name, "link", "set", "lo", "up"]);
+        Ns(name)
+    }
+    pub fn path(&self) -> String {
+        format!("/run/netns/{}", self.0)
+    }
+}
+
+impl Drop for Ns {
+    fn drop(&mut self) {
+        let _ = ip_ok(&["netns", "del", &self.0]);
+    }
+}
+
+/// The node namespace, a manifests copy and a running agent.
+pub struct Bed {
+    pub node: Ns,
+    pub dir: tempfile::TempDir,
+    pub agent: Option<Child>,
+    pub metrics_port: u16,
+    pub tag: String,
+    pub node_name: String,
+}
+
+impl Bed {
+    /// A bed for node-1, with the agent running and ready.
+    pub fn new(tag: &str) -> Bed {
+        let mut bed = Bed::for_node(tag, NODE);
+        bed.start_agent();
+        bed
+    }
+
+    /// A bed for `node_name`, without an agent yet.
+    pub fn for_node(tag: &str, node_name: &str) -> Bed {
+        require_root_and_vrf();
+        let tag = format!("{tag}{}", std::process::id() % 100_000);
+        let node = Ns::new(format!("lace-ct-node-{tag}"));
+        let n = node.0.clone();
+        // The uplink holds the underlay address; its MTU is what the pod MTU derives from.
+        // A veth (its peer unused), since not every kernel here has the dummy driver.
+        ip(&[
+            "-n", &n, "link", "add", "up0", "mtu", "9000", "type", "veth", "peer", "name", "up0p",
+            "mtu", "9000",
+        ]);
+        ip(&[
+            "-n",
+            &n,
+            "addr",
+            "add",
+            "fd00:fab::1/64",
+            "dev",
+            "up0",
+            "nodad",
+        ]);
+        ip(&["-n", &n, "link", "set", "up0", "up"]);
+        // What the plan's sysctls would set (no reconciler is plugged into the agent here).
+        ip(&[
+            "netns",
+            "exec",
+            &n,
+            "sysctl",
+            "-qw",
+            "net.ipv4.ip_forward=1",
+        ]);
+        ip(&[
+            "netns",
+            "exec",
+            &n,
+            "sysctl",
+            "-qw",
+            "net.ipv6.conf.all.forwarding=1",
+        ]);
+        let dir = tempfile::tempdir().unwrap();
+        let manifests = dir.path().join("manifests");
+        std::fs::create_dir(&manifests).unwrap();
+        for entry in std::fs::read_dir(workspace().join("examples/cluster")).unwrap() {
+            let p = entry.unwrap().path();
+            if p.extension().is_some_and(|e| e == "yaml") {
+                std::fs::copy(&p, manifests.join(p.file_name().unwrap())).unwrap();
+            }
+        }
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        Bed {
+            node,
+            dir,
+            agent: None,
+            metrics_port: port,
+            tag,
+            node_name: node_name.to_owned(),
+        }
+    }
+
+    pub fn p(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    /// Starts the agent and waits until it is ready.
+    pub fn start_agent(&mut self) {
+        let _ = std::fs::remove_file(self.p("conf/10-lace.conflist"));
+        self.spawn_agent();
+        // Ready = the conflist is written (the agent does that only once it can serve ADD).
+        self.wait_for_conflist(Duration::from_secs(60));
+    }
+
+    /// Waits for the conflist; panics with the agent's log after `timeout`.
+    pub fn wait_for_conflist(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while !self.p("conf/10-lace.conflist").exists() {
+            assert!(
+                Instant::now() < deadline,
+                "agent did not become ready:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Starts the agent without waiting.
+    pub fn spawn_agent(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.p("agent.log"))
+            .unwrap();
+        let child = Command::new(binary("lace-agent"))
+            .arg("run")
+            .args(["--node-name", &self.node_name])
+            .arg("--manifests")
+            .arg(self.p("manifests"))
+            .arg("--state-dir")
+            .arg(self.p("state"))
+            .arg("--socket")
+            .arg(self.p("run/cni.sock"))
+            .arg("--netns")
+            .arg(self.node.path())
+            .arg("--cni-bin-dir")
+            .arg(self.p("bin"))
+            .arg("--cni-conf-dir")
+            .arg(self.p("conf"))
+            .arg("--cni-bin-source")
+            .arg(binary("lace"))
+            .args([
+                "--metrics-addr",
+                &format!("127.0.0.1:{}", self.metrics_port),
+            ])
+            .env("LACE_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.agent = Some(child);
+    }
+
+    pub fn kill_agent(&mut self) {
+        if let Some(mut c) = self.agent.take() {
+            let _ = c.kill(); // SIGKILL
+            let _ = c.wait();
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.p("agent.log")).unwrap_or_default()
+    }
+
+    /// The plugin configuration as containerd passes it on stdin: the conflist's plugin
+    /// entry with the list's name and version merged in.
+    pub fn netconf(&self, extra: Value) -> Value {
+        let list: Value =
+            serde_json::from_slice(&std::fs::read(self.p("conf/10-lace.conflist")).unwrap())
+                .unwrap();
+        let mut entry = list["plugins"][0].as_object().unwrap().clone();
+        entry.insert("cniVersion".into(), list["cniVersion"].clone());
+        entry.insert("name".into(), list["name"].clone());
+        if let Value::Object(extra) = extra {
+            entry.extend(extra);
+        }
+        Value::Object(entry)
+    }
+
+    /// Execs the installed plugin; returns (exit success, stdout JSON).
+    pub fn cni(
+        &self,
+        command: &str,
+        id: &str,
+        netns: &str,
+        pod: &str,
+        conf: Value,
+    ) -> (bool, Value) {
+        let mut cmd = Command::new(self.p("bin/lace"));
+        cmd.env_clear()
+            .env("CNI_COMMAND", command)
+            .env("CNI_IFNAME", "eth0")
+            .env(
+                "CNI_ARGS",
+                format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={pod};K8S_POD_INFRA_CONTAINER_ID={id}"),
+            )
+            .env("CNI_PATH", self.p("bin"));
+        // containerd leaves out what a verb does not have (GC and STATUS: no container).
+        for (k, v) in [("CNI_CONTAINERID", id), ("CNI_NETNS", netns)] {
+            if !v.is_empty() {
+                cmd.env(k, v);
+            }
+        }
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(conf.to_string().as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        let json = if out.stdout.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+                panic!(
+                    "{command}: stdout is not JSON ({e}): {}",
+                    String::from_utf8_lossy(&out.stdout)
+                )
+            })
+        };
+        (out.status.success(), json)
+    }
+
+    pub fn add(&self, id: &str, pod: &Ns) -> Value {
+        let (ok, out) = self.cni("ADD", id, &pod.path(), &pod.0, self.netconf(json!({})));
+        assert!(ok, "ADD {id} failed: {out}\n{}", self.log());
+        out
+    }
+
+    pub fn del(&self, id: &str, netns: &str) {
+        let (ok, out) = self.cni("DEL", id, netns, "x", self.netconf(json!({})));
+        assert!(ok, "DEL {id} failed: {out}\n{}", self.log());
+    }
+
+    pub fn gc(&self, valid: &[String]) {
+        let list: Vec<Value> = valid
+            .iter()
+            .map(|id| json!({"containerID": id, "ifname": "eth0"}))
+            .collect();
+        let (ok, out) = self.cni(
+            "GC",
+            "",
+            "",
+            "x",
+            self.netconf(json!({"cni.dev/valid-attachments": list})),
+        );
+        assert!(ok, "GC failed: {out}\n{}", self.log());
+    }
+
+    /// Addresses in the agent's IPAM state file.
+    pub fn ipam_addresses(&self) -> BTreeSet<String> {
+        let Ok(bytes) = std::fs::read(self.p("state/ipam.json")) else {
+            return BTreeSet::new();
+        };
+        let v: Value = serde_json::from_slice(&bytes).unwrap();
+        v["attachments"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|pair| pair[1]["ips"].as_array().unwrap().clone())
+            .map(|ip| ip.as_str().unwrap().to_owned())
+            .collect()
+    }
+
+    pub fn host_links(&self) -> BTreeSet<String> {
+        ip(&["-n", &self.node.0, "-o", "link", "show"])
+            .lines()
+            .filter_map(|l| l.split(": ").nth(1))
+            .map(|n| n.split('@').next().unwrap().to_owned())
+            .filter(|n| n.starts_with("lp-"))
+            .collect()
+    }
+
+    /// Destinations of pod host routes in the Network's table (both families).
+    pub fn vrf_routes(&self) -> BTreeSet<String> {
+        let mut out = BTreeSet::new();
+        for fam in ["-4", "-6"] {
+            for l in ip(&["-n", &self.node.0, fam, "route", "show", "table", TABLE]).lines() {
+                // Pod host routes only, not the kernel's fe80::/64 of each veth.
+                if l.contains("dev lp-") && !l.contains("proto kernel") {
+                    out.insert(l.split_whitespace().next().unwrap().to_owned());
+                }
+            }
+        }
+        out
+    }
+
+    /// The agent's resident set size in KiB (`VmRSS`).
+    pub fn agent_rss_kib(&self) -> u64 {
+        let pid = self.agent.as_ref().map(|c| c.id()).unwrap_or_default();
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    }
+
+    pub fn metrics(&self) -> String {
+        self.http_get("/metrics")
+    }
+
+    /// The whole HTTP answer (status line, headers, body) of the agent's metrics listener.
+    pub fn http_get(&self, path: &str) -> String {
+        use std::io::Read;
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.metrics_port)).unwrap();
+        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+            .unwrap();
+        let mut body = String::new();
+        s.read_to_string(&mut body).unwrap();
+        body
+    }
+}
+
+impl Drop for Bed {
+    fn drop(&mut self) {
+        self.kill_agent();
+        if std::thread::panicking() {
+            eprintln!("--- agent log ({}) ---\n{}", self.tag, self.log());
+        }
+    }
+}
+
+pub fn addresses(result: &Value) -> Vec<String> {
+    result["ips"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["address"].as_str().unwrap().to_owned())
+        .collect()
+}

@@ -1,0 +1,803 @@
+//! The CNI verbs on the agent side: ADD, DEL, CHECK, STATUS, GC.
+//!
+//! Error codes the agent answers (the plugin prints them unchanged):
+//! - 3 (unknown container): CHECK of an attachment the agent has no record of;
+//! - 4 (invalid environment): a request without the container id, ifname or netns the verb
+//!   needs (the plugin validates these first, so only a foreign client sees it);
+//! - 11 (try again later): ADD while the agent is not ready, the pod matches no
+//!   NetworkBindingPolicy, or its Network has no block on this node yet — each is fixed by a
+//!   state change, after which the runtime's retry succeeds;
+//! - 50 (not available): STATUS while not ready;
+//! - 100: CHECK found the pod's network different from what ADD made (the message says what);
+//! - 101: a kernel operation failed (the message names interface, route or namespace);
+//! - 102: IPAM failed (exhausted block, state file not writable).
+//!
+//! DEL never fails for missing things: unknown container, missing netns, half-created pod
+//! all succeed after cleaning what exists.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use ipnet::IpNet;
+
+use super::ipam::{AttachmentKey, IpamError, Record};
+use super::netns::{self, Netns, GATEWAY_V4, GATEWAY_V6};
+use super::Agent;
+use crate::binding;
+use crate::plan::{vrf_name, vrf_table, MAIN_TABLE};
+use crate::state::{ObjectKey, Pod};
+use crate::wire::{CniError, CniResult, Command, ErrorCode, Interface, IpConfig, Request, Route};
+
+/// CHECK found a difference.
+pub const CHECK_FAILED: ErrorCode = ErrorCode(100);
+/// A kernel operation failed.
+pub const KERNEL: ErrorCode = ErrorCode(101);
+/// IPAM failed.
+pub const IPAM: ErrorCode = ErrorCode(102);
+
+/// Prefix of the host side of every pod veth ("lace pod").
+pub const HOST_IFNAME_PREFIX: &str = "lp-";
+
+/// The host-side veth name of attachment (`container_id`, `ifname`): `lp-` and 11 hex digits
+/// (44 bits) of the 64-bit FNV-1a hash of `container_id`, a NUL and `ifname`. Deterministic,
+/// so DEL finds it without a record; 14 bytes, within IFNAMSIZ. FNV-1a is written out here
+/// because std's hasher may change between Rust releases, and the name must not.
+pub fn host_ifname(container_id: &str, ifname: &str) -> String {
+    format!(
+        "{HOST_IFNAME_PREFIX}{:011x}",
+        attachment_hash(container_id, ifname) & ((1 << 44) - 1)
+    )
+}
+
+/// The host-side veth's MAC: `02` (locally administered, unicast) and the top 40 bits of
+/// the same hash. Chosen by the agent so the pod's gateway neighbour entries can be written
+/// before the host side is looked at.
+pub fn host_mac(container_id: &str, ifname: &str) -> [u8; 6] {
+    let b = attachment_hash(container_id, ifname).to_be_bytes();
+    [0x02, b[0], b[1], b[2], b[3], b[4]]
+}
+
+/// 64-bit FNV-1a of `container_id`, a NUL and `ifname`.
+fn attachment_hash(container_id: &str, ifname: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in container_id
+        .bytes()
+        .chain(std::iter::once(0))
+        .chain(ifname.bytes())
+    {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+fn kernel(e: impl std::fmt::Display) -> CniError {
+    CniError::new(KERNEL, e.to_string())
+}
+
+fn ipam(e: IpamError) -> CniError {
+    CniError::new(IPAM, e.to_string())
+}
+
+fn missing(what: &str, verb: Command) -> CniError {
+    CniError::new(
+        ErrorCode::INVALID_ENVIRONMENT,
+        format!("{verb} request without {what}"),
+    )
+}
+
+fn key_of(req: &Request) -> Result<AttachmentKey, CniError> {
+    Ok(AttachmentKey {
+        container_id: req
+            .container_id
+            .clone()
+            .ok_or_else(|| missing("CNI_CONTAINERID", req.command))?,
+        ifname: req
+            .ifname
+            .clone()
+            .ok_or_else(|| missing("CNI_IFNAME", req.command))?,
+    })
+}
+
+/// Runs a blocking IPAM operation off the async workers (it fsyncs).
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, IpamError> + Send + 'static,
+) -> Result<T, CniError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| CniError::new(IPAM, format!("IPAM task failed: {e}")))?
+        .map_err(ipam)
+}
+
+/// Dispatches one request.
+pub async fn handle(agent: &Arc<Agent>, req: Request) -> Result<Option<CniResult>, CniError> {
+    match req.command {
+        Command::Add => add(agent, &req).await.map(Some),
+        Command::Del => del(agent, &req).await.map(|()| None),
+        Command::Check => check(agent, &req).await.map(|()| None),
+        Command::Status => match agent.not_ready_reason() {
+            None => Ok(None),
+            Some(why) => Err(CniError::new(
+                ErrorCode::NOT_AVAILABLE,
+                format!("lace agent on node {:?} is not ready: {why}", agent.node),
+            )),
+        },
+        Command::Gc => gc(agent, &req).await.map(|()| None),
+    }
+}
+
+/// Where a pod goes: its Network, that Network's VRF and table, and this node's blocks.
+struct Placement {
+    network: String,
+    vrf: String,
+    table: u32,
+    blocks: Vec<IpNet>,
+}
+
+fn place(agent: &Agent, pod_key: &ObjectKey) -> Result<Placement, CniError> {
+    let loaded = agent.loaded().map_err(|why| {
+        CniError::new(
+            ErrorCode::TRY_AGAIN_LATER,
+            format!("lace agent on node {:?} is not ready: {why}", agent.node),
+        )
+    })?;
+    let state = &loaded.state;
+    // In standalone mode the manifests need not list every pod the runtime creates: a pod
+    // missing from the state is bound by its namespace's labels alone (empty pod labels).
+    let unknown = Pod::default();
+    let pod = state.pods.get(pod_key).unwrap_or(&unknown);
+    let binding = binding::pod_network(state, pod_key, pod).ok_or_else(|| {
+        CniError::new(
+            ErrorCode::TRY_AGAIN_LATER,
+            format!("pod {pod_key} matches no NetworkBindingPolicy, so it has no Network"),
+        )
+    })?;
+    let network = binding.network.to_owned();
+    let not_here = |what: &str| {
+        CniError::new(
+            ErrorCode::TRY_AGAIN_LATER,
+            format!(
+                "pod {pod_key} is bound to Network {network:?} (policy {:?}), which {what} on node {:?}",
+                binding.policy, agent.node
+            ),
+        )
+    };
+    let blocks = state
+        .node_allocations
+        .get(&agent.node)
+        .and_then(|a| a.blocks.get(&network))
+        .filter(|b| !b.is_empty())
+        .cloned()
+        .ok_or_else(|| not_here("has no address block yet"))?;
+    let function = state
+        .network_allocations
+        .get(&network)
+        .ok_or_else(|| not_here("has no NetworkAllocation (SID function) yet"))?
+        .function;
+    Ok(Placement {
+        vrf: vrf_name(&network, function),
+        table: vrf_table(function),
+        network,
+        blocks,
+    })
+}
+
+async fn add(agent: &Arc<Agent>, req: &Request) -> Result<CniResult, CniError> {
+    let key = key_of(req)?;
+    let netns_path = req
+        .netns
+        .clone()
+        .ok_or_else(|| missing("CNI_NETNS", req.command))?;
+    let (Some(ns), Some(name)) = (&req.pod_namespace, &req.pod_name) else {
+        return Err(missing("K8S_POD_NAMESPACE and K8S_POD_NAME", req.command));
+    };
+    let pod = ObjectKey::new(ns.clone(), name.clone());
+    let placement = place(agent, &pod)?;
+    let host = host_ifname(&key.container_id, &key.ifname);
+    let pod_ns = Netns::open(&netns_path).map_err(kernel)?;
+    let _in_flight = agent.in_flight(&key);
+
+    let record = {
+        let agent = Arc::clone(agent);
+        let (key, pod, network, blocks, host, netns_path) = (
+            key.clone(),
+            pod.clone(),
+            placement.network.clone(),
+            placement.blocks.clone(),
+            host.clone(),
+            netns_path.clone(),
+        );
+        blocking(move || {
+            agent
+                .ipam
+                .allocate(&key, &pod, &network, &blocks, &host, Some(netns_path))
+        })
+        .await?
+    };
+
+    match plumb(agent, &key, &host, &pod_ns, &placement, &record.ips).await {
+        Ok((host_mac, pod_mac)) => {
+            tracing::info!(
+                pod = %pod, container = %key.container_id, ifname = %key.ifname, host = %host,
+                network = %placement.network, ips = ?record.ips, "ADD"
+            );
+            Ok(result(
+                &key.ifname,
+                &host,
+                &host_mac,
+                &pod_mac,
+                agent.pod_mtu(),
+                &netns_path,
+                &record.ips,
+            ))
+        }
+        Err(e) => {
+            // Leave nothing behind: the runtime will retry ADD (or DEL) from scratch.
+            remove_interfaces(agent, &host, &key.ifname, Some(&pod_ns)).await;
+            let agent2 = Arc::clone(agent);
+            let k = key.clone();
+            if let Err(re) = blocking(move || agent2.ipam.release(&k)).await {
+                tracing::error!(error = %re.msg, "releasing after a failed ADD");
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Creates and configures the veth pair; returns the MACs of the host and pod sides.
+async fn plumb(
+    agent: &Arc<Agent>,
+    key: &AttachmentKey,
+    host: &str,
+    pod_ns: &Netns,
+    placement: &Placement,
+    ips: &[IpNet],
+) -> Result<(String, String), CniError> {
+    // A retried ADD may find the previous attempt's interfaces: start clean.
+    let h = host.to_owned();
+    agent
+        .node_ns
+        .run(move |nl| async move { netns::delete_link(&nl, &h).await })
+        .await
+        .map_err(kernel)?;
+
+    let mtu = agent.pod_mtu();
+    let mac = host_mac(&key.container_id, &key.ifname);
+    let (ifname, h, ips_v, node_ns) = (
+        key.ifname.clone(),
+        host.to_owned(),
+        ips.to_vec(),
+        agent.node_ns.clone(),
+    );
+    let pod_mac = pod_ns
+        .run(move |nl| async move {
+            netns::delete_link(&nl, &h).await?;
+            netns::delete_link(&nl, &ifname).await?;
+            netns::create_veth(&nl, &ifname, &h, mtu, mac, &node_ns).await?;
+            let pod_link = netns::configure_pod_side(&nl, &ifname, &ips_v, &mac).await?;
+            Ok(netns::format_mac(
+                netns::link_mac(&pod_link).unwrap_or_default(),
+            ))
+        })
+        .await
+        .map_err(kernel)?;
+    let host_mac = netns::format_mac(&mac);
+
+    // No lock around the VRF creation: `ensure_vrf` treats losing the creation race to a
+    // concurrent ADD (EEXIST) as success.
+    let (vrf, table, h, ips_v) = (
+        placement.vrf.clone(),
+        placement.table,
+        host.to_owned(),
+        ips.to_vec(),
+    );
+    agent
+        .node_ns
+        .run(move |nl| async move {
+            let vrf_index = netns::ensure_vrf(&nl, &vrf, table).await?;
+            netns::configure_host_side(&nl, &h, vrf_index, table, &ips_v).await
+        })
+        .await
+        .map_err(kernel)?;
+    Ok((host_mac, pod_mac))
+}
+
+fn result(
+    ifname: &str,
+    host: &str,
+    host_mac: &str,
+    pod_mac: &str,
+    mtu: u32,
+    netns_path: &Path,
+    ips: &[IpNet],
+) -> CniResult {
+    let gateway = |ip: &IpNet| match ip.addr() {
+        IpAddr::V4(_) => IpAddr::V4(GATEWAY_V4),
+        IpAddr::V6(_) => IpAddr::V6(GATEWAY_V6),
+    };
+    CniResult {
+        cni_version: None,
+        interfaces: vec![
+            Interface {
+                name: host.to_owned(),
+                mac: Some(host_mac.to_owned()),
+                mtu: Some(mtu),
+                ..Default::default()
+            },
+            Interface {
+                name: ifname.to_owned(),
+                mac: Some(pod_mac.to_owned()),
+                mtu: Some(mtu),
+                sandbox: Some(netns_path.display().to_string()),
+                ..Default::default()
+            },
+        ],
+        ips: ips
+            .iter()
+            .map(|ip| IpConfig {
+                address: *ip,
+                gateway: Some(gateway(ip)),
+                interface: Some(1),
+            })
+            .collect(),
+        routes: ips
+            .iter()
+            .map(|ip| Route {
+                dst: default_route(ip.addr()),
+                gw: Some(gateway(ip)),
+                mtu: None,
+                advmss: None,
+                priority: None,
+                table: None,
+                scope: None,
+            })
+            .collect(),
+        dns: Default::default(),
+    }
+}
+
+fn default_route(of: IpAddr) -> IpNet {
+    match of {
+        IpAddr::V4(_) => IpNet::V4(Default::default()),
+        IpAddr::V6(_) => IpNet::V6(Default::default()),
+    }
+}
+
+/// Deletes the host veth in the node namespace and, if the pod namespace is known, both
+/// names there (a pair never moved out of it by a crashed ADD). Logs, never fails: the
+/// start-up check and GC catch what is left.
+async fn remove_interfaces(agent: &Agent, host: &str, ifname: &str, pod_ns: Option<&Netns>) {
+    let h = host.to_owned();
+    if let Err(e) = agent
+        .node_ns
+        .run(move |nl| async move { netns::delete_link(&nl, &h).await })
+        .await
+    {
+        tracing::warn!(host, error = %e, "deleting host veth");
+    }
+    if let Some(ns) = pod_ns {
+        let (h, i) = (host.to_owned(), ifname.to_owned());
+        if let Err(e) = ns
+            .run(move |nl| async move {
+                netns::delete_link(&nl, &h).await?;
+                netns::delete_link(&nl, &i).await
+            })
+            .await
+        {
+            tracing::warn!(ifname, error = %e, "deleting pod interface");
+        }
+    }
+}
+
+/// Opens `path` as a namespace only if it still exists (DEL after the pod died).
+fn existing_ns(path: Option<&PathBuf>) -> Option<Netns> {
+    path.and_then(|p| Netns::open(p).ok())
+}
+
+/// DEL of one attachment: interfaces first, then the addresses (so an address is never
+/// handed out again while an old veth still routes it).
+async fn del_attachment(agent: &Arc<Agent>, key: &AttachmentKey, netns: Option<&PathBuf>) {
+    let host = host_ifname(&key.container_id, &key.ifname);
+    let record = agent.ipam.get(key).ok().flatten();
+    let pod_ns = existing_ns(netns.or(record.as_ref().and_then(|r| r.netns.as_ref())));
+    remove_interfaces(agent, &host, &key.ifname, pod_ns.as_ref()).await;
+}
+
+async fn del(agent: &Arc<Agent>, req: &Request) -> Result<(), CniError> {
+    let key = key_of(req)?;
+    let _in_flight = agent.in_flight(&key);
+    del_attachment(agent, &key, req.netns.as_ref()).await;
+    let agent2 = Arc::clone(agent);
+    let k = key.clone();
+    let released = blocking(move || agent2.ipam.release(&k)).await?;
+    if let Some(rec) = released {
+        tracing::info!(pod = %rec.pod, container = %key.container_id, ifname = %key.ifname, ips = ?rec.ips, "DEL");
+    } else {
+        tracing::debug!(container = %key.container_id, ifname = %key.ifname, "DEL of an unknown attachment");
+    }
+    Ok(())
+}
+
+async fn check(agent: &Arc<Agent>, req: &Request) -> Result<(), CniError> {
+    let key = key_of(req)?;
+    let netns_path = req
+        .netns
+        .clone()
+        .ok_or_else(|| missing("CNI_NETNS", req.command))?;
+    let rec = agent.ipam.get(&key).map_err(ipam)?.ok_or_else(|| {
+        CniError::new(
+            ErrorCode::UNKNOWN_CONTAINER,
+            format!("CHECK: no attachment {key} on node {:?}", agent.node),
+        )
+    })?;
+    let fail = |what: String| CniError::new(CHECK_FAILED, format!("CHECK {key}: {what}"));
+    if let Some(prev) = &req.prev_result {
+        let prev_ips: BTreeSet<IpNet> = prev.ips.iter().map(|c| c.address).collect();
+        let ips: BTreeSet<IpNet> = rec.ips.iter().copied().collect();
+        if prev_ips != ips {
+            return Err(fail(format!(
+                "prevResult has addresses {prev_ips:?}, the agent assigned {ips:?}"
+            )));
+        }
+    }
+    let placement = network_table(agent, &rec)?;
+    // Pod side.
+    let pod_ns = Netns::open(&netns_path).map_err(kernel)?;
+    let ifname = key.ifname.clone();
+    let pod_side = pod_ns
+        .run(move |nl| async move { netns::link_state(&nl, &ifname, MAIN_TABLE).await })
+        .await
+        .map_err(kernel)?
+        .ok_or_else(|| {
+            fail(format!(
+                "interface {:?} is missing in {}",
+                key.ifname,
+                netns_path.display()
+            ))
+        })?;
+    if !pod_side.up {
+        return Err(fail(format!("interface {:?} is down", key.ifname)));
+    }
+    for ip in &rec.ips {
+        if !pod_side.addresses.contains(ip) {
+            return Err(fail(format!(
+                "interface {:?} lacks address {ip} (has {:?})",
+                key.ifname, pod_side.addresses
+            )));
+        }
+        let want = (
+            default_route(ip.addr()),
+            Some(match ip.addr() {
+                IpAddr::V4(_) => IpAddr::V4(GATEWAY_V4),
+                IpAddr::V6(_) => IpAddr::V6(GATEWAY_V6),
+            }),
+        );
+        if !pod_side.routes.contains(&want) {
+            return Err(fail(format!(
+                "no default route via {} on {:?}",
+                want.1.map(|g| g.to_string()).unwrap_or_default(),
+                key.ifname
+            )));
+        }
+    }
+    // Host side.
+    let (host, table) = (rec.host_ifname.clone(), placement.1);
+    let host_side = agent
+        .node_ns
+        .run(move |nl| async move {
+            let Some(state) = netns::link_state(&nl, &host, table).await? else {
+                return Ok(None);
+            };
+            let vrf = match state.controller {
+                Some(c) => netns::vrf_table(&nl, c).await?,
+                None => None,
+            };
+            Ok(Some((state, vrf)))
+        })
+        .await
+        .map_err(kernel)?;
+    let Some((host_state, vrf)) = host_side else {
+        return Err(fail(format!(
+            "host interface {:?} is missing",
+            rec.host_ifname
+        )));
+    };
+    if !host_state.up {
+        return Err(fail(format!(
+            "host interface {:?} is down",
+            rec.host_ifname
+        )));
+    }
+    match vrf {
+        Some((name, t)) if name == placement.0 && t == placement.1 => {}
+        other => {
+            return Err(fail(format!(
+            "host interface {:?} is not enslaved to VRF {:?} (table {}): controller is {other:?}",
+            rec.host_ifname, placement.0, placement.1
+        )))
+        }
+    }
+    for ip in &rec.ips {
+        if !host_state.routes.iter().any(|(dst, _)| dst == ip) {
+            return Err(fail(format!(
+                "no route {ip} dev {} in table {}",
+                rec.host_ifname, placement.1
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The VRF name and table of the record's Network in the current state.
+fn network_table(agent: &Agent, rec: &Record) -> Result<(String, u32), CniError> {
+    let loaded = agent
+        .loaded()
+        .map_err(|why| CniError::new(ErrorCode::TRY_AGAIN_LATER, format!("not ready: {why}")))?;
+    let function = loaded
+        .state
+        .network_allocations
+        .get(&rec.network)
+        .ok_or_else(|| {
+            CniError::new(
+                CHECK_FAILED,
+                format!(
+                    "Network {:?} of pod {} no longer exists",
+                    rec.network, rec.pod
+                ),
+            )
+        })?
+        .function;
+    Ok((vrf_name(&rec.network, function), vrf_table(function)))
+}
+
+async fn gc(agent: &Arc<Agent>, req: &Request) -> Result<(), CniError> {
+    let valid: BTreeSet<AttachmentKey> = req
+        .valid_attachments
+        .as_ref()
+        .ok_or_else(|| missing("cni.dev/valid-attachments", req.command))?
+        .iter()
+        .map(|a| AttachmentKey {
+            container_id: a.container_id.clone(),
+            ifname: a.ifname.clone(),
+        })
+        .collect();
+    // An ADD still in flight is not in the runtime's list yet; it is not garbage.
+    let in_flight = agent.in_flight_keys();
+    let agent2 = Arc::clone(agent);
+    let released = blocking(move || {
+        agent2
+            .ipam
+            .retain(|k, _| valid.contains(k) || in_flight.contains(k))
+    })
+    .await?;
+    for (key, rec) in &released {
+        let pod_ns = existing_ns(rec.netns.as_ref());
+        remove_interfaces(agent, &rec.host_ifname, &key.ifname, pod_ns.as_ref()).await;
+        tracing::info!(pod = %rec.pod, container = %key.container_id, ips = ?rec.ips, "GC released");
+    }
+    remove_unowned_veths(agent).await.map_err(kernel)?;
+    if !released.is_empty() {
+        agent.reconcile_wanted.notify_one();
+    }
+    Ok(())
+}
+
+/// Deletes every `lp-*` link in the node namespace that no record owns; returns their names.
+async fn remove_unowned_veths(agent: &Agent) -> Result<Vec<String>, String> {
+    let owned: BTreeSet<String> = agent
+        .ipam
+        .records()
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .map(|(_, r)| r.host_ifname)
+        .collect();
+    agent
+        .node_ns
+        .run(move |nl| async move {
+            let mut removed = Vec::new();
+            for name in netns::links_with_prefix(&nl, HOST_IFNAME_PREFIX).await? {
+                if !owned.contains(&name) && netns::delete_link(&nl, &name).await? {
+                    removed.push(name);
+                }
+            }
+            Ok(removed)
+        })
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// Start-up check: releases records whose host veth is gone (a crash between allocation and
+/// veth creation, a reboot) and deletes `lp-*` veths without a record.
+pub async fn verify_against_kernel(agent: &Arc<Agent>) -> Result<(), String> {
+    let present: BTreeSet<String> = agent
+        .node_ns
+        .run(|nl| async move { netns::links_with_prefix(&nl, HOST_IFNAME_PREFIX).await })
+        .await
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .collect();
+    let released = agent
+        .ipam
+        .retain(|_, r| present.contains(&r.host_ifname))
+        .map_err(|e| e.to_string())?;
+    for (key, rec) in &released {
+        tracing::info!(pod = %rec.pod, container = %key.container_id, ips = ?rec.ips, "released: host veth is gone");
+    }
+    for name in remove_unowned_veths(agent).await? {
+        tracing::info!(host = %name, "deleted a Lace veth without an IPAM record");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_ifnames_are_short_stable_and_distinct() {
+        let a = host_ifname("0123456789abcdef", "eth0");
+        assert_eq!(a.len(), 14);
+        assert!(a.len() <= crate::wire::MAX_IFNAME_LEN);
+        assert!(a.starts_with(HOST_IFNAME_PREFIX));
+        assert!(a[3..].chars().all(|c| c.is_ascii_hexdigit()));
+        assert_eq!(a, host_ifname("0123456789abcdef", "eth0"));
+        assert_ne!(a, host_ifname("0123456789abcdef", "eth1"));
+        // The separator keeps ("ab", "c") and ("a", "bc") apart.
+        assert_ne!(host_ifname("ab", "c"), host_ifname("a", "bc"));
+        // FNV-1a 64 reference value: the hash of the empty input is the offset basis, so the
+        // name of ("", "") is the basis ^ 0 * prime of the single NUL byte.
+        let expected = (0xcbf2_9ce4_8422_2325_u64).wrapping_mul(0x0100_0000_01b3) & ((1 << 44) - 1);
+        assert_eq!(host_ifname("", ""), format!("lp-{expected:011x}"));
+        let names: BTreeSet<String> = (0..10_000)
+            .map(|i| host_ifname(&format!("c{i}"), "eth0"))
+            .collect();
+        assert_eq!(names.len(), 10_000, "no collision among 10k containers");
+    }
+
+    fn agent(node: &str, dir: &Path) -> Arc<Agent> {
+        Arc::new(Agent::new(
+            node.into(),
+            Netns::current().unwrap(),
+            super::super::ipam::IpamStore::open(dir).unwrap(),
+            Arc::new(super::super::LogOnly),
+        ))
+    }
+
+    fn example() -> crate::state::ClusterState {
+        crate::load::load_dir(&Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/cluster"))
+            .unwrap()
+    }
+
+    fn status(agent: &Arc<Agent>) -> Result<Option<CniResult>, CniError> {
+        let req = Request {
+            command: Command::Status,
+            container_id: None,
+            netns: None,
+            ifname: None,
+            pod_namespace: None,
+            pod_name: None,
+            pod_uid: None,
+            cni_version: crate::wire::CniVersion::V1_1_0,
+            config: Default::default(),
+            prev_result: None,
+            valid_attachments: None,
+        };
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(handle(agent, req))
+    }
+
+    #[test]
+    fn placement_follows_bindings_and_blocks() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = agent("node-1", dir.path());
+        let pod = ObjectKey::new("default", "web");
+        let err = place(&a, &pod).err().unwrap();
+        assert_eq!(err.code, ErrorCode::TRY_AGAIN_LATER);
+        assert!(err.msg.contains("not ready"), "{}", err.msg);
+        assert_eq!(status(&a).unwrap_err().code, ErrorCode::NOT_AVAILABLE);
+
+        a.set_state(Ok(example()));
+        a.set_serving();
+        assert_eq!(status(&a).unwrap(), None);
+        let p = place(&a, &pod).unwrap();
+        assert_eq!(
+            (p.network.as_str(), p.vrf.as_str(), p.table),
+            ("default", "lv-default", 1_000_001)
+        );
+        assert_eq!(
+            p.blocks,
+            example().node_allocations["node-1"].blocks["default"]
+        );
+        let sys = place(&a, &ObjectKey::new("kube-system", "dns")).unwrap();
+        assert_eq!(sys.network, "system");
+
+        // No binding: retryable, names the pod.
+        let mut unbound = example();
+        unbound.network_bindings.clear();
+        a.set_state(Ok(unbound));
+        let err = place(&a, &pod).err().unwrap();
+        assert_eq!(err.code, ErrorCode::TRY_AGAIN_LATER);
+        assert!(
+            err.msg.contains("default/web") && err.msg.contains("NetworkBindingPolicy"),
+            "{}",
+            err.msg
+        );
+
+        // Bound to a Network without a block here: retryable, names Network and node.
+        let mut no_block = example();
+        no_block
+            .node_allocations
+            .get_mut("node-1")
+            .unwrap()
+            .blocks
+            .remove("default");
+        a.set_state(Ok(no_block));
+        let err = place(&a, &pod).err().unwrap();
+        assert_eq!(err.code, ErrorCode::TRY_AGAIN_LATER);
+        assert!(
+            err.msg.contains("\"default\"") && err.msg.contains("\"node-1\""),
+            "{}",
+            err.msg
+        );
+    }
+
+    #[test]
+    fn a_node_without_allocation_is_not_ready() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = agent("node-9", dir.path());
+        a.set_serving();
+        a.set_state(Ok(example()));
+        let err = status(&a).unwrap_err();
+        assert_eq!(err.code, ErrorCode::NOT_AVAILABLE);
+        assert!(
+            err.msg.contains("node-9") && err.msg.contains("lace-agent allocate"),
+            "{}",
+            err.msg
+        );
+        assert!(!a.is_ready());
+    }
+
+    #[test]
+    fn pod_mtu_leaves_room_for_one_segment() {
+        let dir = tempfile::tempdir().unwrap();
+        // 1500 - (40 IPv6 + 8 SRH + 16 segment) until the uplink is found.
+        assert_eq!(agent("node-1", dir.path()).pod_mtu(), 1436);
+    }
+
+    #[test]
+    fn host_macs_are_local_unicast_and_stable() {
+        let m = host_mac("0123456789abcdef", "eth0");
+        assert_eq!(m[0] & 0x01, 0, "unicast");
+        assert_eq!(m[0] & 0x02, 0x02, "locally administered");
+        assert_eq!(m, host_mac("0123456789abcdef", "eth0"));
+        assert_ne!(m, host_mac("0123456789abcdef", "eth1"));
+    }
+
+    #[test]
+    fn result_shape() {
+        let ips: Vec<IpNet> = vec![
+            "10.0.0.5/32".parse().unwrap(),
+            "fd00::5/128".parse().unwrap(),
+        ];
+        let r = result(
+            "eth0",
+            "lp-1",
+            "aa:aa:aa:aa:aa:aa",
+            "bb:bb:bb:bb:bb:bb",
+            1436,
+            Path::new("/run/netns/p"),
+            &ips,
+        );
+        r.validate().unwrap();
+        assert_eq!(r.ips[0].gateway, Some("169.254.1.1".parse().unwrap()));
+        assert_eq!(r.ips[1].gateway, Some("fe80::1".parse().unwrap()));
+        assert_eq!(r.routes[0].dst.to_string(), "0.0.0.0/0");
+        assert_eq!(r.routes[1].dst.to_string(), "::/0");
+        assert_eq!(r.interfaces[1].sandbox.as_deref(), Some("/run/netns/p"));
+        assert!(r.ips.iter().all(|c| c.interface == Some(1)));
+    }
+}

@@ -1,0 +1,629 @@
+//! Pod IPAM persisted on the node: which attachment (container id, ifname) holds which
+//! addresses of which Network.
+//!
+//! Why it is safe across restarts, crashes and reboots:
+//! - every change is written before the kernel is touched (allocate → persist → create the
+//!   veth), so a crash can leave a record without an interface, never an interface without a
+//!   record; the agent's start-up check ([`IpamStore::retain`]) then releases records whose
+//!   host veth is gone and removes Lace veths without a record;
+//! - writes are atomic: the whole store goes to a temporary file in the same directory, is
+//!   fsynced, renamed over `ipam.json` and the directory is fsynced. A torn temporary file is
+//!   never read (only `ipam.json` is);
+//! - one process at a time: the store holds an exclusive `flock` on `ipam.lock` for its whole
+//!   life (a second agent on the same state directory fails to start), and an in-process mutex
+//!   serialises concurrent ADDs, so no address is handed out twice.
+//!
+//! Addresses handed out (decided here, documented in the agent's README section):
+//! - IPv4 blocks shorter than /31: never the block's network address nor its broadcast
+//!   address (pods get /32s and a link-local gateway, so neither has a role, but tools and
+//!   people treat `.0` and `.255` specially); /31 and /32 blocks use every address (RFC 3021);
+//! - IPv6 blocks: never the block's first address, the subnet-router anycast address
+//!   (RFC 4291 §2.6.1);
+//! - nothing else is reserved: the pods' gateway is link-local, not in the block.
+//!
+//! The lowest free address is taken, so addresses are reused after release.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+use nix::fcntl::{Flock, FlockArg};
+use serde::{Deserialize, Serialize};
+
+use crate::state::{ObjectKey, PodAttachment};
+
+/// The store's file in the state directory.
+pub const STORE_FILE: &str = "ipam.json";
+/// The lock file held by the agent that owns the state directory.
+pub const LOCK_FILE: &str = "ipam.lock";
+/// Version of the on-disk format.
+const FORMAT_VERSION: u32 = 1;
+/// How long [`IpamStore::open`] waits for another process to release the lock (an agent
+/// being replaced by its successor).
+const LOCK_WAIT: Duration = Duration::from_secs(10);
+
+/// What went wrong in the IPAM store. Every variant names the file, Network or block.
+#[derive(Debug, thiserror::Error)]
+pub enum IpamError {
+    #[error("IPAM state {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("IPAM state {path} is corrupt: {source}")]
+    Corrupt {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error(
+        "IPAM state {path} has format version {found}, this agent reads version {FORMAT_VERSION}"
+    )]
+    Version { path: PathBuf, found: u32 },
+    #[error("IPAM lock {path} is held by another process (is another lace-agent using this state directory?): {errno}")]
+    Locked {
+        path: PathBuf,
+        errno: nix::errno::Errno,
+    },
+    #[error("Network {network:?} has no free address left in block {block} on this node")]
+    Exhausted { network: String, block: IpNet },
+    #[error("Network {network:?} has no block on this node")]
+    NoBlocks { network: String },
+    #[error("IPAM state lock poisoned by a panic in another request")]
+    Poisoned,
+}
+
+/// Identity of one pod interface: what the runtime passes as `CNI_CONTAINERID` and
+/// `CNI_IFNAME` (and lists in `cni.dev/valid-attachments`).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct AttachmentKey {
+    pub container_id: String,
+    pub ifname: String,
+}
+
+impl std::fmt::Display for AttachmentKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.container_id, self.ifname)
+    }
+}
+
+/// What the store knows about one attachment.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    pub pod: ObjectKey,
+    pub network: String,
+    /// Host side of the pod's veth.
+    pub host_ifname: String,
+    /// One host address (`/32`, `/128`) per block of the Network on this node.
+    pub ips: Vec<IpNet>,
+    /// `CNI_NETNS` at ADD (for CHECK and for cleaning a half-created pod at DEL).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub netns: Option<PathBuf>,
+}
+
+impl Record {
+    /// The attachment as the planner sees it.
+    pub fn to_pod_attachment(&self, key: &AttachmentKey) -> PodAttachment {
+        PodAttachment {
+            pod: self.pod.clone(),
+            container_id: key.container_id.clone(),
+            host_ifname: self.host_ifname.clone(),
+            network: self.network.clone(),
+            ips: self.ips.clone(),
+        }
+    }
+}
+
+/// The file's content.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct StoreFile {
+    version: u32,
+    attachments: Vec<(AttachmentKey, Record)>,
+}
+
+/// The persisted IPAM store of one node. Cheap to share behind an `Arc`.
+#[derive(Debug)]
+pub struct IpamStore {
+    dir: PathBuf,
+    records: Mutex<BTreeMap<AttachmentKey, Record>>,
+    /// Held for the store's life; released by the kernel when the process dies.
+    _lock: Flock<File>,
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> IpamError + '_ {
+    move |source| IpamError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+impl IpamStore {
+    /// Opens (creating if needed) the store in `dir`, taking its lock and loading
+    /// `ipam.json`. Leftover temporary files of a crashed write are removed.
+    pub fn open(dir: &Path) -> Result<Self, IpamError> {
+        fs::create_dir_all(dir).map_err(io_err(dir))?;
+        let lock_path = dir.join(LOCK_FILE);
+        let lock_file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .open(&lock_path)
+            .map_err(io_err(&lock_path))?;
+        let lock = take_lock(lock_file, &lock_path)?;
+        let path = dir.join(STORE_FILE);
+        let records = match fs::read(&path) {
+            Ok(bytes) => {
+                let file: StoreFile =
+                    serde_json::from_slice(&bytes).map_err(|source| IpamError::Corrupt {
+                        path: path.clone(),
+                        source,
+                    })?;
+                if file.version != FORMAT_VERSION {
+                    return Err(IpamError::Version {
+                        path,
+                        found: file.version,
+                    });
+                }
+                file.attachments.into_iter().collect()
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
+            Err(e) => return Err(io_err(&path)(e)),
+        };
+        // Temporary files are only ever half-written leftovers of a crash: we hold the lock.
+        for entry in fs::read_dir(dir).map_err(io_err(dir))? {
+            let entry = entry.map_err(io_err(dir))?;
+            if entry.file_name().to_string_lossy().starts_with(TMP_PREFIX) {
+                let p = entry.path();
+                fs::remove_file(&p).map_err(io_err(&p))?;
+            }
+        }
+        Ok(Self {
+            dir: dir.to_owned(),
+            records: Mutex::new(records),
+            _lock: lock,
+        })
+    }
+
+    fn lock(&self) -> Result<MutexGuard<'_, BTreeMap<AttachmentKey, Record>>, IpamError> {
+        self.records.lock().map_err(|_| IpamError::Poisoned)
+    }
+
+    /// Every record, sorted by key.
+    pub fn records(&self) -> Result<Vec<(AttachmentKey, Record)>, IpamError> {
+        Ok(self
+            .lock()?
+            .iter()
+            .map(|(k, r)| (k.clone(), r.clone()))
+            .collect())
+    }
+
+    /// The record of `key`, if any.
+    pub fn get(&self, key: &AttachmentKey) -> Result<Option<Record>, IpamError> {
+        Ok(self.lock()?.get(key).cloned())
+    }
+
+    /// The attachments as the planner takes them, except those `skip` names.
+    pub fn pod_attachments(
+        &self,
+        skip: impl Fn(&AttachmentKey) -> bool,
+    ) -> Result<Vec<PodAttachment>, IpamError> {
+        Ok(self
+            .lock()?
+            .iter()
+            .filter(|(k, _)| !skip(k))
+            .map(|(k, r)| r.to_pod_attachment(k))
+            .collect())
+    }
+
+    /// Addresses in use per Network.
+    pub fn in_use(&self) -> Result<BTreeMap<String, usize>, IpamError> {
+        let mut out = BTreeMap::new();
+        for r in self.lock()?.values() {
+            *out.entry(r.network.clone()).or_default() += r.ips.len();
+        }
+        Ok(out)
+    }
+
+    /// Allocates one address from each of `blocks` (this node's blocks of `network`) for
+    /// `key` and persists it before returning. If `key` already holds addresses of the same
+    /// Network (a retried ADD), they are returned unchanged; if it holds another Network's,
+    /// those are released first.
+    pub fn allocate(
+        &self,
+        key: &AttachmentKey,
+        pod: &ObjectKey,
+        network: &str,
+        blocks: &[IpNet],
+        host_ifname: &str,
+        netns: Option<PathBuf>,
+    ) -> Result<Record, IpamError> {
+        if blocks.is_empty() {
+            return Err(IpamError::NoBlocks {
+                network: network.to_owned(),
+            });
+        }
+        let mut records = self.lock()?;
+        if let Some(existing) = records.get(key) {
+            if existing.network == network
+                && existing.ips.len() == blocks.len()
+                && existing
+                    .ips
+                    .iter()
+                    .zip(blocks)
+                    .all(|(ip, b)| b.contains(&ip.addr()))
+            {
+                let mut rec = existing.clone();
+                if rec.netns != netns {
+                    rec.netns = netns;
+                    records.insert(key.clone(), rec.clone());
+                    self.persist(&records)?;
+                }
+                return Ok(rec);
+            }
+        }
+        let used: HashSet<IpAddr> = records
+            .iter()
+            .filter(|(k, _)| *k != key)
+            .flat_map(|(_, r)| r.ips.iter().map(|ip| ip.addr()))
+            .collect();
+        let mut ips = Vec::with_capacity(blocks.len());
+        for block in blocks {
+            let ip = first_free(*block, &used).ok_or_else(|| IpamError::Exhausted {
+                network: network.to_owned(),
+                block: *block,
+            })?;
+            ips.push(host_net(ip));
+        }
+        let rec = Record {
+            pod: pod.clone(),
+            network: network.to_owned(),
+            host_ifname: host_ifname.to_owned(),
+            ips,
+            netns,
+        };
+        let previous = records.insert(key.clone(), rec.clone());
+        if let Err(e) = self.persist(&records) {
+            // Keep memory equal to disk: the caller reports the error and creates nothing.
+            match previous {
+                Some(p) => records.insert(key.clone(), p),
+                None => records.remove(key),
+            };
+            return Err(e);
+        }
+        Ok(rec)
+    }
+
+    /// Releases `key`'s addresses; returns the record if there was one.
+    pub fn release(&self, key: &AttachmentKey) -> Result<Option<Record>, IpamError> {
+        let mut records = self.lock()?;
+        let Some(rec) = records.remove(key) else {
+            return Ok(None);
+        };
+        if let Err(e) = self.persist(&records) {
+            records.insert(key.clone(), rec);
+            return Err(e);
+        }
+        Ok(Some(rec))
+    }
+
+    /// Keeps the records for which `keep` is true and releases the others (GC, start-up
+    /// verification); returns the released ones.
+    pub fn retain(
+        &self,
+        mut keep: impl FnMut(&AttachmentKey, &Record) -> bool,
+    ) -> Result<Vec<(AttachmentKey, Record)>, IpamError> {
+        let mut records = self.lock()?;
+        let drop: BTreeSet<AttachmentKey> = records
+            .iter()
+            .filter(|(k, r)| !keep(k, r))
+            .map(|(k, _)| k.clone())
+            .collect();
+        if drop.is_empty() {
+            return Ok(Vec::new());
+        }
+        let before = records.clone();
+        let released: Vec<_> = drop
+            .into_iter()
+            .filter_map(|k| records.remove_entry(&k))
+            .collect();
+        if let Err(e) = self.persist(&records) {
+            *records = before;
+            return Err(e);
+        }
+        Ok(released)
+    }
+
+    /// Writes `records` atomically: temporary file, fsync, rename, fsync of the directory.
+    fn persist(&self, records: &BTreeMap<AttachmentKey, Record>) -> Result<(), IpamError> {
+        let file = StoreFile {
+            version: FORMAT_VERSION,
+            attachments: records
+                .iter()
+                .map(|(k, r)| (k.clone(), r.clone()))
+                .collect(),
+        };
+        let path = self.dir.join(STORE_FILE);
+        let tmp = self
+            .dir
+            .join(format!("{TMP_PREFIX}{STORE_FILE}.{}", std::process::id()));
+        let bytes = serde_json::to_vec(&file).map_err(|e| IpamError::Io {
+            path: tmp.clone(),
+            source: std::io::Error::other(e),
+        })?;
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(io_err(&tmp))?;
+        f.write_all(&bytes)
+            .and_then(|()| f.sync_all())
+            .map_err(io_err(&tmp))?;
+        fs::rename(&tmp, &path).map_err(io_err(&path))?;
+        File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io_err(&self.dir))
+    }
+}
+
+/// Prefix of the store's temporary files.
+const TMP_PREFIX: &str = ".tmp-";
+
+fn take_lock(mut file: File, path: &Path) -> Result<Flock<File>, IpamError> {
+    let deadline = Instant::now() + LOCK_WAIT;
+    loop {
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => return Ok(lock),
+            Err((f, errno)) => {
+                if errno != nix::errno::Errno::EWOULDBLOCK || Instant::now() >= deadline {
+                    return Err(IpamError::Locked {
+                        path: path.to_owned(),
+                        errno,
+                    });
+                }
+                file = f;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+fn host_net(ip: IpAddr) -> IpNet {
+    match ip {
+        IpAddr::V4(a) => IpNet::V4(Ipv4Net::from(a)),
+        IpAddr::V6(a) => IpNet::V6(Ipv6Net::from(a)),
+    }
+}
+
+/// The lowest address of `block` that is neither reserved (see the module docs) nor in
+/// `used`. Looks at most `used.len() + 1` usable candidates, so it is fast even for a /64.
+fn first_free(block: IpNet, used: &HashSet<IpAddr>) -> Option<IpAddr> {
+    match block.trunc() {
+        IpNet::V4(b) => {
+            let first = u32::from(b.network());
+            let last = u32::from(b.broadcast());
+            let (lo, hi) = if b.prefix_len() >= 31 {
+                (first, last)
+            } else {
+                (first + 1, last - 1)
+            };
+            (lo..=hi)
+                .map(|n| IpAddr::V4(Ipv4Addr::from(n)))
+                .take(used.len() + 1)
+                .find(|a| !used.contains(a))
+        }
+        IpNet::V6(b) => {
+            let first = u128::from(b.network());
+            let last = u128::from(b.broadcast());
+            let lo = if b.prefix_len() == 128 {
+                first
+            } else {
+                first + 1
+            };
+            (lo..=last)
+                .map(|n| IpAddr::V6(Ipv6Addr::from(n)))
+                .take(used.len() + 1)
+                .find(|a| !used.contains(a))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn key(i: usize) -> AttachmentKey {
+        AttachmentKey {
+            container_id: format!("c{i:04}"),
+            ifname: "eth0".into(),
+        }
+    }
+
+    fn pod(i: usize) -> ObjectKey {
+        ObjectKey::new("default", format!("p{i}"))
+    }
+
+    fn blocks() -> Vec<IpNet> {
+        vec![
+            "10.244.64.0/24".parse().unwrap(),
+            "fd00:244:0:100::/64".parse().unwrap(),
+        ]
+    }
+
+    fn alloc(s: &IpamStore, i: usize, blocks: &[IpNet]) -> Result<Record, IpamError> {
+        s.allocate(
+            &key(i),
+            &pod(i),
+            "default",
+            blocks,
+            &format!("lp-{i}"),
+            None,
+        )
+    }
+
+    #[test]
+    fn concurrent_allocations_never_share_an_address() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(IpamStore::open(dir.path()).unwrap());
+        let threads: Vec<_> = (0..4)
+            .map(|t| {
+                let store = Arc::clone(&store);
+                std::thread::spawn(move || {
+                    (0..25)
+                        .map(|j| alloc(&store, t * 25 + j, &blocks()).unwrap())
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let mut seen = HashSet::new();
+        for t in threads {
+            for rec in t.join().unwrap() {
+                assert_eq!(rec.ips.len(), 2);
+                for ip in rec.ips {
+                    assert!(seen.insert(ip.addr()), "{ip} handed out twice");
+                }
+            }
+        }
+        assert_eq!(seen.len(), 200);
+        // Disk agrees with memory.
+        let records = store.records().unwrap();
+        drop(store);
+        assert_eq!(
+            IpamStore::open(dir.path()).unwrap().records().unwrap(),
+            records
+        );
+    }
+
+    #[test]
+    fn reserved_addresses_are_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = IpamStore::open(dir.path()).unwrap();
+        let rec = alloc(&s, 0, &blocks()).unwrap();
+        assert_eq!(rec.ips[0].to_string(), "10.244.64.1/32");
+        assert_eq!(rec.ips[1].to_string(), "fd00:244:0:100::1/128");
+        // A /30 has exactly two usable addresses, .1 and .2.
+        let small: Vec<IpNet> = vec!["192.0.2.0/30".parse().unwrap()];
+        let got: Vec<_> = (1..3)
+            .map(|i| alloc(&s, i, &small).unwrap().ips[0].addr().to_string())
+            .collect();
+        assert_eq!(got, ["192.0.2.1", "192.0.2.2"]);
+        // /31 uses both.
+        let p2p: Vec<IpNet> = vec!["192.0.2.4/31".parse().unwrap()];
+        assert_eq!(
+            alloc(&s, 3, &p2p).unwrap().ips[0].addr().to_string(),
+            "192.0.2.4"
+        );
+    }
+
+    #[test]
+    fn exhaustion_names_network_and_block() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = IpamStore::open(dir.path()).unwrap();
+        let small: Vec<IpNet> = vec!["192.0.2.0/30".parse().unwrap()];
+        alloc(&s, 0, &small).unwrap();
+        alloc(&s, 1, &small).unwrap();
+        let err = alloc(&s, 2, &small).unwrap_err();
+        assert!(matches!(err, IpamError::Exhausted { .. }));
+        let msg = err.to_string();
+        assert!(
+            msg.contains("\"default\"") && msg.contains("192.0.2.0/30"),
+            "{msg}"
+        );
+        // The failed ADD left nothing behind.
+        assert_eq!(s.records().unwrap().len(), 2);
+        let none = s
+            .allocate(&key(9), &pod(9), "tenant", &[], "lp-9", None)
+            .unwrap_err()
+            .to_string();
+        assert!(none.contains("\"tenant\""), "{none}");
+    }
+
+    #[test]
+    fn release_then_reuse_and_idempotent_retry() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = IpamStore::open(dir.path()).unwrap();
+        let a = alloc(&s, 0, &blocks()).unwrap();
+        let b = alloc(&s, 1, &blocks()).unwrap();
+        assert_ne!(a.ips, b.ips);
+        // A retried ADD of the same attachment keeps its addresses.
+        assert_eq!(alloc(&s, 1, &blocks()).unwrap().ips, b.ips);
+        assert_eq!(s.release(&key(0)).unwrap(), Some(a.clone()));
+        assert_eq!(
+            s.release(&key(0)).unwrap(),
+            None,
+            "second release is a no-op"
+        );
+        let c = alloc(&s, 2, &blocks()).unwrap();
+        assert_eq!(c.ips, a.ips, "lowest free address is reused");
+        assert_eq!(s.in_use().unwrap()["default"], 4);
+    }
+
+    #[test]
+    fn reload_gives_the_same_state_and_torn_temp_files_are_ignored() {
+        let dir = tempfile::tempdir().unwrap();
+        let records = {
+            let s = IpamStore::open(dir.path()).unwrap();
+            for i in 0..5 {
+                alloc(&s, i, &blocks()).unwrap();
+            }
+            s.release(&key(2)).unwrap();
+            s.records().unwrap()
+        };
+        // A crash in the middle of a write leaves half a temporary file.
+        let torn = dir.path().join(format!("{TMP_PREFIX}{STORE_FILE}.4242"));
+        fs::write(&torn, b"{\"version\":1,\"attachments\":[[{\"contai").unwrap();
+        let s = IpamStore::open(dir.path()).unwrap();
+        assert_eq!(s.records().unwrap(), records);
+        assert!(!torn.exists(), "leftover removed");
+        // And the next allocation fills the hole left by the release.
+        assert_eq!(alloc(&s, 7, &blocks()).unwrap().ips, {
+            let d = tempfile::tempdir().unwrap();
+            let fresh = IpamStore::open(d.path()).unwrap();
+            (0..3)
+                .map(|i| alloc(&fresh, i, &blocks()).unwrap())
+                .last()
+                .unwrap()
+                .ips
+        });
+    }
+
+    #[test]
+    fn corrupt_store_is_an_error_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        fs::write(dir.path().join(STORE_FILE), b"not json").unwrap();
+        let err = IpamStore::open(dir.path()).unwrap_err().to_string();
+        assert!(err.contains(STORE_FILE) && err.contains("corrupt"), "{err}");
+    }
+
+    #[test]
+    fn retain_releases_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = IpamStore::open(dir.path()).unwrap();
+        for i in 0..4 {
+            alloc(&s, i, &blocks()).unwrap();
+        }
+        let released = s.retain(|k, _| k.container_id.ends_with('1')).unwrap();
+        assert_eq!(released.len(), 3);
+        let left: Vec<_> = s.records().unwrap().into_iter().map(|(k, _)| k).collect();
+        assert_eq!(left, vec![key(1)]);
+        drop(s);
+        assert_eq!(
+            IpamStore::open(dir.path())
+                .unwrap()
+                .records()
+                .unwrap()
+                .len(),
+            1
+        );
+    }
+}

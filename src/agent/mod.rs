@@ -1,0 +1,352 @@
+//! The node agent: serves the CNI plugin over a unix socket, owns pod IPAM, keeps the node's
+//! plan up to date and hands it to the dataplane reconciler.
+//!
+//! Start-up order (each step needs the previous one):
+//! 1. open the IPAM store (`--state-dir`, exclusive lock);
+//! 2. load the cluster state (standalone: `--manifests`) and build the node's planner;
+//! 3. verify IPAM against the kernel: release records whose host veth is gone, delete
+//!    `lp-*` veths nobody owns ([`cni::verify_against_kernel`]);
+//! 4. replay the DELs the plugin queued while the agent was away;
+//! 5. bind the socket and serve; once the node is ready (state loaded, this node allocated),
+//!    install the plugin binary and write the conflist, so the node only turns Ready when
+//!    pods can really get networks;
+//! 6. reconcile on every change through [`Dataplane`].
+//!
+//! Decisions, in one place:
+//! - **Pod addressing**: one `/32` and one `/128` per pod (one per block of its Network on
+//!   this node), default routes via the link-local gateways `169.254.1.1` (with a `/32`
+//!   `scope link` route) and `fe80::1`, both pinned as permanent neighbour entries to the host
+//!   end's MAC, and proxy ARP on the host end. Which addresses are never handed out: see
+//!   [`ipam`].
+//! - **MTU**: pod MTU = MTU of the link holding the node's underlay address minus
+//!   [`SRV6_OVERHEAD`] (64 bytes: outer IPv6 40 + SRH 8 + one 16-byte segment), 1500 assumed
+//!   when no link holds it.
+//! - **VRF on a fresh node**: ADD creates the Network's VRF itself if it is missing, named and
+//!   numbered exactly as the planner does ([`crate::plan::vrf_name`],
+//!   [`crate::plan::vrf_table`]), so the first pod does not wait for a reconcile; the
+//!   reconciler then finds it as planned.
+//! - **Pod host route**: ADD installs `<ip> dev <host veth> table <vrf table>` itself (the
+//!   route the plan's `pod_routes` has), for latency, then triggers a reconcile for the rest
+//!   (the kubelet-probe table route); plans leave out attachments whose ADD/DEL is in flight.
+//! - **Unknown pods** (standalone mode): a pod missing from the manifests is bound by its
+//!   namespace's labels with empty pod labels, so the demo and tests can create pods by
+//!   exec'ing the plugin without listing each one.
+//! - **Conflist on shutdown**: kept (see [`install`]).
+//!
+//! Kubernetes mode (watches instead of a directory) is a later issue; it will feed the same
+//! [`Agent::set_state`].
+
+pub mod cni;
+pub mod install;
+pub mod ipam;
+pub mod metrics;
+pub mod netns;
+pub mod reconcile;
+pub mod server;
+pub mod standalone;
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, RwLock};
+
+use tokio::sync::Notify;
+
+use crate::plan::{DesiredNode, PlanError, Planner};
+use crate::state::ClusterState;
+use crate::wire::{LogLevel, PluginSettings, DEFAULT_TIMEOUT_SECONDS};
+
+pub use reconcile::{Dataplane, DataplaneError, LogOnly};
+
+/// Pod MTU = underlay MTU minus this: the outer IPv6 header (40 bytes), the SRH (8 bytes)
+/// and one 16-byte segment, since Lace encapsulates with exactly one segment (the remote
+/// node's SID of the target Network).
+pub const SRV6_OVERHEAD: u32 = 40 + 8 + 16;
+/// Underlay MTU assumed when no link holds the node's underlay address.
+pub const DEFAULT_UNDERLAY_MTU: u32 = 1500;
+/// Directory (under the state dir) where the plugin queues DELs while the agent is away.
+pub const DEL_QUEUE_SUBDIR: &str = "cni-del-queue";
+
+/// Everything `lace-agent run` is configured with.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// This node's name.
+    pub node: String,
+    /// `--state-dir`: IPAM store and the plugin's DEL queue.
+    pub state_dir: PathBuf,
+    /// `--socket`: where the CNI server listens.
+    pub socket: PathBuf,
+    /// `--netns`: the namespace programmed as "the node" (tests); `None` = the agent's own.
+    pub netns: Option<PathBuf>,
+    /// `--cni-bin-dir`.
+    pub cni_bin_dir: PathBuf,
+    /// `--cni-conf-dir`.
+    pub cni_conf_dir: PathBuf,
+    /// `--cni-conf-name`.
+    pub cni_conf_name: String,
+    /// `--cni-bin-source`: the plugin binary to install.
+    pub cni_bin_source: PathBuf,
+    /// `--manifests`: standalone mode's directory.
+    pub manifests: PathBuf,
+    /// `--metrics-addr`.
+    pub metrics_addr: SocketAddr,
+    /// `--kubelet-cgroup-path`: attach the kubelet probe program there, if set.
+    pub kubelet_cgroup: Option<PathBuf>,
+    /// `--release-pinned-maps`.
+    pub release_pinned: bool,
+}
+
+impl Config {
+    /// What the conflist tells the plugin.
+    pub fn plugin_settings(&self) -> PluginSettings {
+        PluginSettings {
+            agent_socket: self.socket.clone(),
+            del_queue_dir: self.state_dir.join(DEL_QUEUE_SUBDIR),
+            timeout_seconds: DEFAULT_TIMEOUT_SECONDS,
+            log_file: None,
+            log_level: LogLevel::default(),
+        }
+    }
+}
+
+/// Why the agent could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error(transparent)]
+    Ipam(#[from] ipam::IpamError),
+    #[error(transparent)]
+    Netns(#[from] netns::NetnsError),
+    #[error(transparent)]
+    Server(#[from] server::ServerError),
+    #[error("cannot listen for metrics on {addr}: {source}")]
+    Metrics {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("DEL queue: {0}")]
+    DelQueue(#[from] crate::wire::del_queue::DelQueueError),
+    #[error("cannot start the runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+    #[error("verifying IPAM against the kernel: {0}")]
+    Verify(String),
+}
+
+/// The cluster state the agent serves from, with this node's planner.
+#[derive(Debug)]
+pub struct Loaded {
+    pub state: Arc<ClusterState>,
+    pub planner: Planner,
+}
+
+/// The running agent, shared by the CNI server, the reconcile loop and the watcher.
+pub struct Agent {
+    pub(crate) node: String,
+    pub(crate) node_ns: netns::Netns,
+    pub(crate) ipam: ipam::IpamStore,
+    pub(crate) metrics: metrics::Metrics,
+    pub(crate) dataplane: Arc<dyn Dataplane>,
+    pub(crate) reconcile_wanted: Notify,
+    /// The state, or why there is none usable.
+    cluster: RwLock<Result<Arc<Loaded>, String>>,
+    underlay_mtu: AtomicU32,
+    serving: AtomicBool,
+    /// Attachments whose interfaces are being created or deleted right now. The plan leaves
+    /// them out, so the reconciler never races an ADD or DEL for the pod's route (a route to
+    /// a veth that does not exist yet, or no longer). ADD installs the route itself and
+    /// triggers a reconcile when done.
+    in_flight: std::sync::Mutex<std::collections::HashSet<ipam::AttachmentKey>>,
+    /// CNI connections accepted and not answered yet.
+    pub(crate) open_connections: std::sync::atomic::AtomicUsize,
+}
+
+/// Marks an attachment in flight until dropped, then triggers a reconcile.
+pub(crate) struct InFlight<'a> {
+    agent: &'a Agent,
+    key: ipam::AttachmentKey,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.agent
+            .in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.key);
+        self.agent.reconcile_wanted.notify_one();
+    }
+}
+
+impl std::fmt::Debug for Agent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Agent")
+            .field("node", &self.node)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Agent {
+    /// An agent for `node` programming `node_ns`, not ready until [`Agent::set_state`].
+    pub fn new(
+        node: String,
+        node_ns: netns::Netns,
+        ipam: ipam::IpamStore,
+        dataplane: Arc<dyn Dataplane>,
+    ) -> Self {
+        Self {
+            node,
+            node_ns,
+            ipam,
+            metrics: metrics::Metrics::default(),
+            dataplane,
+            reconcile_wanted: Notify::new(),
+            cluster: RwLock::new(Err("cluster state not loaded yet".into())),
+            underlay_mtu: AtomicU32::new(DEFAULT_UNDERLAY_MTU),
+            serving: AtomicBool::new(false),
+            in_flight: Default::default(),
+            open_connections: Default::default(),
+        }
+    }
+
+    /// The attachments in flight right now.
+    pub(crate) fn in_flight_keys(&self) -> std::collections::HashSet<ipam::AttachmentKey> {
+        self.in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Leaves `key` out of plans while the returned guard lives (its interfaces are changing).
+    pub(crate) fn in_flight(&self, key: &ipam::AttachmentKey) -> InFlight<'_> {
+        self.in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key.clone());
+        InFlight {
+            agent: self,
+            key: key.clone(),
+        }
+    }
+
+    /// Installs a new cluster state (or the reason there is none) and triggers a reconcile.
+    /// A state whose plan fails for this node (e.g. no allocation yet) makes the agent
+    /// not ready, with the planner's message as the reason.
+    pub fn set_state(&self, state: Result<ClusterState, String>) {
+        let loaded = state.and_then(|state| match Planner::new(&self.node, &state) {
+            Ok(planner) => Ok(Arc::new(Loaded {
+                state: Arc::new(state),
+                planner,
+            })),
+            Err(e @ PlanError::NodeNotAllocated { .. }) => Err(format!(
+                "{e}; run `lace-agent allocate` on the manifests directory"
+            )),
+            Err(e) => Err(e.to_string()),
+        });
+        if let Err(why) = &loaded {
+            tracing::warn!(node = %self.node, reason = %why, "not ready");
+        }
+        *self.cluster.write().unwrap_or_else(|e| e.into_inner()) = loaded;
+        self.reconcile_wanted.notify_one();
+    }
+
+    /// The current state, or why the agent is not ready.
+    pub fn loaded(&self) -> Result<Arc<Loaded>, String> {
+        self.cluster
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// `None` when ADD can be served, else why not.
+    pub fn not_ready_reason(&self) -> Option<String> {
+        if !self.serving.load(Ordering::Acquire) {
+            return Some("CNI socket not served yet".into());
+        }
+        self.loaded().err()
+    }
+
+    /// Whether ADD can be served.
+    pub fn is_ready(&self) -> bool {
+        self.not_ready_reason().is_none()
+    }
+
+    pub(crate) fn set_serving(&self) {
+        self.serving.store(true, Ordering::Release);
+    }
+
+    /// The pods' MTU.
+    pub fn pod_mtu(&self) -> u32 {
+        self.underlay_mtu
+            .load(Ordering::Relaxed)
+            .saturating_sub(SRV6_OVERHEAD)
+    }
+
+    /// Re-reads the underlay MTU: the MTU of the link holding the node's underlay address
+    /// (from its NodeAllocation, else any InternalIP of the Node).
+    pub async fn refresh_underlay_mtu(&self) {
+        let Ok(loaded) = self.loaded() else {
+            return;
+        };
+        let mut candidates: Vec<IpAddr> = Vec::new();
+        if let Some(a) = loaded.state.node_allocations.get(&self.node) {
+            candidates.push(IpAddr::V6(a.underlay));
+        }
+        if let Some(n) = loaded.state.nodes.get(&self.node) {
+            candidates.extend(n.internal_ips.iter().copied());
+        }
+        let found = self
+            .node_ns
+            .run(move |h| async move {
+                for ip in candidates {
+                    if let Some(mtu) = netns::mtu_of_address(&h, ip).await? {
+                        return Ok(Some((ip, mtu)));
+                    }
+                }
+                Ok(None)
+            })
+            .await;
+        match found {
+            Ok(Some((ip, mtu))) => {
+                tracing::info!(underlay = %ip, mtu, pod_mtu = mtu.saturating_sub(SRV6_OVERHEAD), "underlay MTU");
+                self.underlay_mtu.store(mtu, Ordering::Relaxed);
+            }
+            Ok(None) => {
+                tracing::warn!(
+                    node = %self.node,
+                    assumed = DEFAULT_UNDERLAY_MTU,
+                    "no link holds this node's underlay address; assuming MTU {DEFAULT_UNDERLAY_MTU}"
+                );
+                self.underlay_mtu
+                    .store(DEFAULT_UNDERLAY_MTU, Ordering::Relaxed);
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot read the underlay MTU"),
+        }
+    }
+
+    /// The node's full plan for the current state and attachments; `None` if not ready.
+    pub fn plan(&self) -> Result<Option<DesiredNode>, String> {
+        let Ok(loaded) = self.loaded() else {
+            return Ok(None);
+        };
+        let in_flight = self.in_flight_keys();
+        let attachments = self
+            .ipam
+            .pod_attachments(|k| in_flight.contains(k))
+            .map_err(|e| e.to_string())?;
+        loaded
+            .planner
+            .plan(&attachments)
+            .map(Some)
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// Runs the agent in standalone mode until SIGINT/SIGTERM.
+pub fn run_standalone(config: Config, dataplane: Arc<dyn Dataplane>) -> Result<(), AgentError> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(AgentError::Runtime)?;
+    rt.block_on(standalone::run(config, dataplane))
+}
