@@ -50,6 +50,15 @@ enum Command {
         #[arg(long)]
         nft_only: bool,
     },
+    /// Explain the policies of a directory of manifests: each pod's Network (and the binding
+    /// policy that chose it) and every allowed `from -> to` Network pair (and the routing
+    /// policies behind it). One record per line, for people and scripts:
+    /// `pod <ns>/<name> <node> <network> <policy>`, `pair <from> <to> <policies>`,
+    /// `external <network>`.
+    Policy {
+        #[arg(long)]
+        manifests: PathBuf,
+    },
     /// Run the node agent: serve the CNI plugin, own pod IPAM, keep the node programmed.
     Run(Box<RunArgs>),
 }
@@ -147,6 +156,7 @@ fn main() -> Result<()> {
             text.push_str(&plan.render_nft());
             write_stdout(&text)?;
         }
+        Command::Policy { manifests } => write_stdout(&explain(&load(&manifests)?))?,
         Command::Run(args) => run(*args)?,
     }
     Ok(())
@@ -184,6 +194,27 @@ fn run(args: RunArgs) -> Result<()> {
 
 fn load(dir: &std::path::Path) -> Result<lace::state::ClusterState> {
     Ok(lace::load::load_dir(dir)?)
+}
+
+/// The `policy` subcommand's text.
+fn explain(state: &lace::state::ClusterState) -> String {
+    let mut out = String::new();
+    for (key, pod) in &state.pods {
+        let node = if pod.node.is_empty() { "-" } else { &pod.node };
+        match lace::binding::pod_network(state, key, pod) {
+            Some(b) => out += &format!("pod {key} {node} {} {}\n", b.network, b.policy),
+            None => out += &format!("pod {key} {node} - -\n"),
+        }
+    }
+    for ((from, to), policies) in lace::routing::allowed_pairs(state) {
+        out += &format!("pair {from} {to} {}\n", policies.join(","));
+    }
+    for (name, net) in &state.networks {
+        if net.external {
+            out += &format!("external {name}\n");
+        }
+    }
+    out
 }
 
 /// Writes to stdout; a closed pipe (`lace-agent plan ... | head`) is not an error.
