@@ -1,8 +1,192 @@
 #!/usr/bin/env bash
-# demo-body.sh - the demo itself, run as root on a kernel with VRF + SRv6 (scripts/demo.sh runs
-# it on the host or in the VM). For now: the two-node SRv6 bed of the smoke test, shown with
-# stock tools and torn down. Replace this body with the multi-node Lace demo.
+# demo-body.sh - the Lace demo, run as root on a kernel with VRF + SRv6 (scripts/demo.sh runs it
+# on the host or in a VM). Everything lives in network namespaces this script creates and
+# removes again (also on Ctrl-C):
 #
-# env: LACE_BED_BIN  the built lace-netns-bed binary (scripts/demo.sh sets it)
+#   ld-fabric   a bridge joining the nodes' underlay (IPv6 fd00:fab::/64, IPv4 192.168.0.0/24)
+#   ld-node-N   three nodes, each with one real `lace-agent run` in standalone mode
+#   ld-internet a host beyond node-1 (203.0.113.254) that echoes the address it sees
+#   ld-p-NAME   one namespace per pod of examples/cluster, wired by exec'ing the real `lace`
+#               CNI plugin exactly as containerd does
+#
+# Then it prints the connectivity matrix (expected from the policies vs observed with real
+# pings), masquerade towards the internet, and each node's VRFs, routes and nft table.
+#
+# env: LACE_AGENT, LACE_CNI  the built lace-agent and lace binaries (scripts/demo.sh sets them)
+#      LACE_DEMO_KEEP=1      leave everything up and wait for Ctrl-C before tearing down
 set -euo pipefail
-exec "${LACE_BED_BIN:?run through scripts/demo.sh}"
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+AGENT=${LACE_AGENT:?run through scripts/demo.sh}
+CNI=${LACE_CNI:?run through scripts/demo.sh}
+W=$(mktemp -d /tmp/lace-demo.XXXXXX)
+NODES=(1 2 3)
+BG_PIDS=()
+PODS=()            # "ns/name node network ip"
+declare -A POD_IP POD_NET POD_NODE
+
+say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+nsx() { local ns=$1; shift; ip netns exec "$ns" "$@"; }
+
+cleanup() {
+  set +e
+  trap - EXIT INT TERM
+  if [ -n "${LACE_DEMO_KEEP:-}" ] && [ -z "${CLEANING:-}" ]; then
+    echo "demo: everything is up (LACE_DEMO_KEEP); Ctrl-C to tear down"; CLEANING=1; sleep infinity
+  fi
+  say "teardown"
+  for p in "${PODS[@]}"; do
+    read -r key node _ <<<"$p"
+    cni DEL "$key" "$node" >/dev/null 2>&1
+    ip netns del "ld-p-${key#*/}" 2>/dev/null
+  done
+  for pid in "${BG_PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null; done
+  wait 2>/dev/null
+  for ns in $(ip netns list | awk '/^ld-/{print $1}'); do ip netns del "$ns"; done
+  rm -rf "$W"
+  echo "demo: torn down; no ld-* namespace is left: $(ip netns list | grep -c '^ld-' || true) remain"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# ---- topology -------------------------------------------------------------------------------
+say "topology: 3 nodes on a fabric, an internet host beyond node-1"
+ip netns add ld-fabric
+nsx ld-fabric ip link add br0 type bridge
+nsx ld-fabric ip link set br0 up
+for i in "${NODES[@]}"; do
+  n=ld-node-$i
+  ip netns add "$n"
+  nsx "$n" ip link set lo up
+  ip link add eth0 netns "$n" type veth peer name n$i netns ld-fabric
+  nsx ld-fabric ip link set n$i master br0 up
+  nsx "$n" ip addr add 192.168.0.1$i/24 dev eth0
+  nsx "$n" ip addr add fd00:fab::$i/64 dev eth0 nodad
+  nsx "$n" ip link set eth0 up
+  [ "$i" = 1 ] || nsx "$n" ip route add default via 192.168.0.11
+done
+ip netns add ld-internet
+nsx ld-internet ip link set lo up
+ip link add eth1 netns ld-node-1 type veth peer name eth0 netns ld-internet
+nsx ld-node-1 ip addr add 203.0.113.1/24 dev eth1
+nsx ld-node-1 ip link set eth1 up
+nsx ld-node-1 ip route add default via 203.0.113.254
+nsx ld-internet ip addr add 203.0.113.254/24 dev eth0
+nsx ld-internet ip link set eth0 up
+nsx ld-internet ip route add 192.168.0.0/24 via 203.0.113.1
+# The internet host answers every TCP connection on :8080 with the address it sees.
+nsx ld-internet socat TCP-LISTEN:8080,fork,reuseaddr SYSTEM:'echo $SOCAT_PEERADDR' &
+BG_PIDS+=($!)
+
+# ---- agents ---------------------------------------------------------------------------------
+say "agents: one lace-agent per node, standalone mode on examples/cluster"
+mkdir -p "$W/manifests"
+cp "$ROOT"/examples/cluster/*.yaml "$W/manifests/"
+"$AGENT" validate --manifests "$W/manifests"
+for i in "${NODES[@]}"; do
+  d=$W/node-$i; mkdir -p "$d/bin" "$d/net.d"
+  LACE_LOG=${LACE_LOG:-warn} "$AGENT" run --node-name node-$i --manifests "$W/manifests" \
+    --netns /run/netns/ld-node-$i --state-dir "$d/state" --socket "$d/cni.sock" \
+    --cni-bin-dir "$d/bin" --cni-conf-dir "$d/net.d" --cni-bin-source "$CNI" \
+    --metrics-addr 127.0.0.1:$((9960 + i)) 2>"$d/agent.log" &
+  BG_PIDS+=($!)
+done
+for i in "${NODES[@]}"; do
+  # The agent writes the conflist only once it can serve pods (that is when a node turns Ready).
+  for _ in $(seq 300); do [ -s "$W/node-$i/net.d/10-lace.conflist" ] && break; sleep 0.2; done
+  [ -s "$W/node-$i/net.d/10-lace.conflist" ] || { cat "$W/node-$i/agent.log"; echo "demo: agent of node-$i never became ready" >&2; exit 1; }
+  echo "node-$i: agent ready, CNI installed: $(ls "$W/node-$i/bin") + $(ls "$W/node-$i/net.d")"
+done
+
+# cni VERB ns/name node: exec the plugin as containerd does (per-plugin config on stdin, with
+# the conflist's name and cniVersion), print its stdout.
+cni() {
+  local verb=$1 key=$2 node=$3 d=$W/$3
+  python3 - "$d/net.d/10-lace.conflist" <<'PY' >"$d/conf.json"
+import json, sys
+c = json.load(open(sys.argv[1]))
+p = dict(c["plugins"][0]); p["name"] = c["name"]; p["cniVersion"] = c["cniVersion"]
+print(json.dumps(p))
+PY
+  CNI_COMMAND=$verb CNI_CONTAINERID="demo-${key//\//-}" CNI_NETNS=/run/netns/ld-p-${key#*/} \
+    CNI_IFNAME=eth0 CNI_PATH=$d/bin \
+    CNI_ARGS="IgnoreUnknown=1;K8S_POD_NAMESPACE=${key%/*};K8S_POD_NAME=${key#*/}" \
+    "$d/bin/lace" <"$d/conf.json"
+}
+
+# ---- pods -----------------------------------------------------------------------------------
+say "pods: CNI ADD for every pod of the manifests (lace-agent policy says which Network)"
+"$AGENT" policy --manifests "$W/manifests" >"$W/policy"
+while read -r kind key node net _; do
+  [ "$kind" = pod ] && [ "$net" != - ] || continue
+  ip netns add "ld-p-${key#*/}"
+  nsx "ld-p-${key#*/}" ip link set lo up
+  out=$(cni ADD "$key" "$node") || { echo "$out"; echo "demo: ADD $key failed" >&2; exit 1; }
+  ip4=$(python3 -c 'import json,sys; r=json.loads(sys.argv[1]); print(next(i["address"].split("/")[0] for i in r["ips"] if ":" not in i["address"]))' "$out")
+  PODS+=("$key $node $net $ip4"); POD_IP[$key]=$ip4 POD_NET[$key]=$net POD_NODE[$key]=$node
+  printf '%-26s %-7s %-9s %s\n' "$key" "$node" "$net" "$ip4"
+done <"$W/policy"
+
+# allowed FROM TO: a NetworkRoutingPolicy lets Network FROM open connections to Network TO.
+allowed() { grep -q "^pair $1 $2 " "$W/policy"; }
+
+# ---- matrix ---------------------------------------------------------------------------------
+say "connectivity: expected from the policies (lace-agent policy) vs observed (ping)"
+targets=("${!POD_IP[@]}"); IFS=$'\n' targets=($(sort <<<"${targets[*]}")); unset IFS
+mkdir -p "$W/obs"
+PING_PIDS=()
+for src in "${targets[@]}"; do
+  ( for dst in "${targets[@]}" internet; do
+      [ "$src" = "$dst" ] && continue
+      ip=${POD_IP[$dst]:-203.0.113.254}
+      if nsx "ld-p-${src#*/}" ping -c1 -W3 -q "$ip" >/dev/null 2>&1; then r=ok; else r=no; fi
+      echo "$dst $r"
+    done >"$W/obs/${src//\//_}" ) &
+  PING_PIDS+=($!)
+done
+wait "${PING_PIDS[@]}"
+mismatches=0
+printf '%-24s' "from \\ to"; for dst in "${targets[@]}" internet; do printf ' %-9s' "${dst#*/}"; done; echo
+for src in "${targets[@]}"; do
+  printf '%-24s' "${src#*/} (${POD_NET[$src]})"
+  for dst in "${targets[@]}" internet; do
+    if [ "$src" = "$dst" ]; then printf ' %-9s' "·"; continue; fi
+    got=$(awk -v d="$dst" '$1==d{print $2}' "$W/obs/${src//\//_}")
+    to=${POD_NET[$dst]:-internet}
+    if allowed "${POD_NET[$src]}" "$to"; then want=ok; else want=no; fi
+    cell=$([ "$want" = ok ] && echo "✓" || echo "✗")
+    if [ "$got" != "$want" ]; then cell="$cell!"; mismatches=$((mismatches + 1)); fi
+    printf ' %-9s' "$cell"
+  done
+  echo
+done
+echo "(✓ allowed, ✗ denied by policy; '!' marks an observation that differs from the policy)"
+
+say "masquerade: what the internet host sees"
+for src in "${targets[@]}"; do
+  allowed "${POD_NET[$src]}" internet || continue
+  seen=$(nsx "ld-p-${src#*/}" timeout 5 socat -T3 - TCP:203.0.113.254:8080 </dev/null 2>/dev/null || echo "(no answer)")
+  echo "${src} (${POD_IP[$src]} on ${POD_NODE[$src]}) appears as ${seen}"
+done
+
+# ---- inspection -----------------------------------------------------------------------------
+for i in "${NODES[@]}"; do
+  n=ld-node-$i
+  say "node-$i: ip vrf"
+  nsx "$n" ip vrf show
+  for vrf in $(nsx "$n" ip -br link show type vrf | awk '{print $1}'); do
+    say "node-$i: ip route show vrf $vrf"
+    nsx "$n" ip route show vrf "$vrf"
+  done
+  say "node-$i: ip -6 route (SIDs: seg6local; other nodes' locators)"
+  nsx "$n" ip -6 route show | grep -E 'seg6local|2001:db8:100' || true
+done
+say "node-1: nft list table inet lace"
+nsx ld-node-1 nft list table inet lace
+
+say "result"
+if [ "$mismatches" = 0 ]; then
+  echo "demo: the observed connectivity equals the policies (${#targets[@]} pods on ${#NODES[@]} nodes)"
+else
+  echo "demo: $mismatches observation(s) differ from the policies" >&2
+  exit 1
+fi

@@ -285,19 +285,6 @@ impl TwoNodeBed {
         })
     }
 
-    /// What an operator would look at on a node: `ip vrf`, the VRF's routes and the IPv6 main
-    /// table with the seg6/seg6local routes.
-    pub fn describe_node(&self, side: Side) -> Result<String, BedError> {
-        let node = self.node(side)?;
-        Ok(format!(
-            "$ ip vrf\n{}$ ip route show vrf {VRF}\n{}$ ip -6 route show vrf {VRF}\n{}$ ip -s -6 route\n{}",
-            node.ip("vrf show")?,
-            node.ip(&format!("route show vrf {VRF}"))?,
-            node.ip(&format!("-6 route show vrf {VRF}"))?,
-            node.ip("-s -6 route")?,
-        ))
-    }
-
     /// Pings `to`'s pod from `from`'s pod (`ping -c count`), IPv4 or IPv6; returns ping's output.
     pub fn ping(&self, from: Side, to: Side, v6: bool, count: u32) -> Result<String, BedError> {
         let target = if v6 {
