@@ -14,3 +14,7 @@ pub mod state;
 #[cfg(feature = "agent")]
 pub mod sys;
 pub mod wire;
+pub mod selector;
+pub mod binding;
+pub mod routing;
+pub mod plan;

@@ -1,0 +1,229 @@
+//! `cargo bench --bench plan`: plan() on synthetic clusters, printed as a table.
+//!
+//! Scenarios (single core; the planner is single-threaded):
+//! - 100 nodes x 10 Networks x 30 pods per node (dual-stack, every Network self-routed, plus
+//!   cross-Network pairs and Service grants);
+//! - 5,000 nodes x 50 Networks (IPv4, every Network self-routed: 249,950 remote-block routes
+//!   for the planned node, plus each VRF's underlay routes).
+//!
+//! Columns: median wall time of a full `plan()`, peak resident memory during it (VmHWM from
+//! /proc/self/status after resetting it through /proc/self/clear_refs, minus the resident size
+//! before the plan, i.e. what planning itself added), and the incremental re-plan after one
+//! pod change (`Planner::plan` with the cached pod-independent part) with the speedup.
+//! Targets: 5,000 x 50 under 1 s and 500 MiB; incremental at least 50x faster than full.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use common::*;
+use lace::plan::{plan, Planner};
+use lace::state::{ClusterState, ObjectKey, Pod, PodAttachment};
+
+struct Scenario {
+    name: String,
+    state: ClusterState,
+    local: Vec<PodAttachment>,
+}
+
+fn scenario(nodes: u32, networks: u32, pods_per_node: u32, dual_stack: bool) -> Scenario {
+    let mut s = ClusterState::default();
+    let names: Vec<String> = (0..networks).map(|i| format!("net-{i:03}")).collect();
+    for (i, n) in names.iter().enumerate() {
+        // Small: a /16 per Network, /24 blocks. Big: a /12 per Network (synthetic space from
+        // 16.0.0.0), /26 blocks (64 addresses for 30 pods): 16,384 blocks per Network.
+        let (v4, p4) = if nodes > 1000 {
+            (format!("{}.{}.0.0/12", 16 + i / 16, (i % 16) * 16), 26)
+        } else {
+            (format!("10.{}.0.0/16", i + 1), 24)
+        };
+        let v6 = format!("fd00:{:x}::/48", i + 1);
+        let mut subnets = vec![(v4.as_str(), p4)];
+        if dual_stack {
+            subnets.push((v6.as_str(), 64));
+        }
+        s.networks.insert(n.clone(), mk_network(&subnets));
+        mk_route(&mut s, &format!("{n}-to-self"), n, n);
+    }
+    // A few cross pairs and an external Network with egress for the first Network.
+    s.networks.insert("internet".into(), mk_external());
+    mk_route(&mut s, "net-000-to-internet", "net-000", "internet");
+    for i in 1..networks.min(5) as usize {
+        mk_route(
+            &mut s,
+            &format!("{}-to-net-000", names[i]),
+            &names[i],
+            &names[0],
+        );
+    }
+    for i in 0..nodes {
+        mk_node(&mut s, &format!("node-{i:04}"), i);
+    }
+    alloc_all(&mut s);
+    // Pods of every node in the state (the planner ignores them, the agent's binding uses them)
+    // and the planned node's attachments.
+    let mut local = Vec::new();
+    for i in 0..nodes {
+        for p in 0..pods_per_node {
+            let net = &names[(p % networks) as usize];
+            let block = s.node_allocations[&format!("node-{i:04}")].blocks[net][0];
+            let ip = match block {
+                ipnet::IpNet::V4(b) => {
+                    std::net::IpAddr::V4((u32::from(b.network()) + 2 + p).into())
+                }
+                ipnet::IpNet::V6(_) => unreachable!("v4 block first"),
+            };
+            let key = ObjectKey::new("bench", format!("pod-{i}-{p}"));
+            s.pods.insert(
+                key.clone(),
+                Pod {
+                    node: format!("node-{i:04}"),
+                    ips: vec![ip],
+                    ..Default::default()
+                },
+            );
+            if i == 0 {
+                local.push(PodAttachment {
+                    pod: key,
+                    container_id: format!("c{p}"),
+                    host_ifname: format!("lp-{p:05}"),
+                    network: net.clone(),
+                    ips: vec![ipnet::IpNet::from(ip)],
+                });
+            }
+        }
+    }
+    // Ten Services on net-000 granted to net-001, backends spread over nodes.
+    if networks > 1 {
+        for k in 0..10u32 {
+            let backends: Vec<String> = (0..3)
+                .map(|j| {
+                    let node = format!("node-{:04}", (k * 7 + j) % nodes);
+                    let b = s.node_allocations[&node].blocks["net-000"][0];
+                    match b {
+                        ipnet::IpNet::V4(b) => {
+                            std::net::Ipv4Addr::from(u32::from(b.network()) + 2).to_string()
+                        }
+                        ipnet::IpNet::V6(_) => unreachable!(),
+                    }
+                })
+                .collect();
+            let refs: Vec<&str> = backends.iter().map(String::as_str).collect();
+            let name = format!("svc-{k}");
+            mk_service(
+                &mut s,
+                ("bench", &name),
+                "net-000",
+                &format!("172.31.0.{}", k + 1),
+                ("TCP", 80, 8080),
+                &refs,
+            );
+            mk_service_route(
+                &mut s,
+                &format!("grant-{k}"),
+                "net-001",
+                "net-000",
+                ("bench", &name),
+            );
+        }
+    }
+    Scenario {
+        name: format!("{nodes} nodes x {networks} Networks x {pods_per_node} pods/node"),
+        state: s,
+        local,
+    }
+}
+
+fn status_kib(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn main() {
+    let mut rows = Vec::new();
+    for (nodes, networks, pods, dual, runs) in [(100, 10, 30, true, 15), (5000, 50, 30, false, 5)] {
+        let sc = scenario(nodes, networks, pods, dual);
+        let me = "node-0000";
+
+        // Peak memory of one full plan, relative to the resident size before it.
+        let _ = std::fs::write("/proc/self/clear_refs", "5");
+        let rss_before = status_kib("VmRSS:");
+        let d = plan(me, &sc.state, &sc.local).expect("synthetic cluster plans");
+        let hwm = status_kib("VmHWM:");
+        let rss_plan = hwm.saturating_sub(rss_before);
+        let routes = d.routes().count();
+        let remote_blocks = d
+            .routes()
+            .filter(|(k, nh)| {
+                matches!(nh, lace::plan::Nexthop::Seg6Encap { .. })
+                    && k.dst.prefix_len() < k.dst.max_prefix_len()
+            })
+            .count();
+        drop(d);
+
+        let full = median(
+            (0..runs)
+                .map(|_| {
+                    let t = Instant::now();
+                    black_box(plan(me, black_box(&sc.state), &sc.local).expect("plans"));
+                    t.elapsed()
+                })
+                .collect(),
+        );
+
+        // Incremental: one pod replaced (a new container id, interface and address).
+        let planner = Planner::new(me, &sc.state).expect("planner");
+        let mut changed = sc.local.clone();
+        if let Some(last) = changed.last_mut() {
+            last.container_id.push_str("-new");
+            last.host_ifname = "lp-new".into();
+        }
+        let incr = median(
+            (0..runs.max(50))
+                .map(|_| {
+                    let t = Instant::now();
+                    black_box(planner.plan(black_box(&changed)).expect("plans"));
+                    t.elapsed()
+                })
+                .collect(),
+        );
+        rows.push((
+            sc.name,
+            routes,
+            remote_blocks,
+            full,
+            rss_plan,
+            hwm,
+            incr,
+            full.as_secs_f64() / incr.as_secs_f64().max(1e-9),
+        ));
+    }
+    println!();
+    println!(
+        "| scenario | routes | remote-block routes | full plan (median) | peak RSS added by the plan | process peak RSS during the plan (state + plan) | incremental (1 pod) | speedup |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    for (name, routes, remote, full, mem_kib, hwm_kib, incr, speedup) in rows {
+        println!(
+            "| {name} | {routes} | {remote} | {:.1} ms | {:.1} MiB | {:.1} MiB | {:.1} µs | {speedup:.0}x |",
+            full.as_secs_f64() * 1e3,
+            mem_kib as f64 / 1024.0,
+            hwm_kib as f64 / 1024.0,
+            incr.as_secs_f64() * 1e6,
+        );
+    }
+}

@@ -1,0 +1,356 @@
+//! Fixture builders for planner tests and the plan benchmark: small, explicit, no kernel.
+//!
+//! Allocation is done by hand here (the real allocator lives elsewhere): Network functions
+//! are 1, 2, 3... in name order; node `i` gets locator `2001:db8:100:0:0:i::/96`, underlay
+//! `2001:db8:ff::i` and block `i` of every subnet of every internal Network.
+#![allow(dead_code)] // each test crate uses a different subset
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv6Addr};
+
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+use lace::api::{
+    LabelSelector, NetworkAllocationSpec, NetworkBindingPolicySpec, NetworkRoutingPolicySpec,
+    NetworkSpec, NodeAllocationSpec, ServiceBindingPolicySpec, ServiceRef,
+    ServiceRoutingPolicySpec, Subnet,
+};
+use lace::state::{ClusterState, Endpoints, Node, ObjectKey, PodAttachment, Service, ServicePort};
+
+/// An internal Network with the given `(cidr, block prefix)` subnets.
+pub fn mk_network(subnets: &[(&str, u8)]) -> NetworkSpec {
+    NetworkSpec {
+        subnets: subnets
+            .iter()
+            .map(|(c, p)| Subnet {
+                cidr: c.parse().expect("fixture cidr"),
+                block_prefix: *p,
+            })
+            .collect(),
+        external: false,
+    }
+}
+
+/// An external Network (the internet).
+pub fn mk_external() -> NetworkSpec {
+    NetworkSpec {
+        subnets: vec![],
+        external: true,
+    }
+}
+
+/// A node with an IPv6 InternalIP equal to its underlay address.
+pub fn mk_node(state: &mut ClusterState, name: &str, index: u32) {
+    state.nodes.insert(
+        name.into(),
+        Node {
+            labels: BTreeMap::new(),
+            internal_ips: vec![IpAddr::V6(underlay(index))],
+        },
+    );
+    state.node_allocations.insert(
+        name.into(),
+        NodeAllocationSpec {
+            index,
+            locator: locator(index),
+            underlay: underlay(index),
+            blocks: BTreeMap::new(),
+        },
+    );
+}
+
+pub fn locator(index: u32) -> Ipv6Net {
+    let base = u128::from("2001:db8:100::".parse::<Ipv6Addr>().unwrap());
+    Ipv6Net::new(Ipv6Addr::from(base | (u128::from(index) << 32)), 96).unwrap()
+}
+
+pub fn underlay(index: u32) -> Ipv6Addr {
+    Ipv6Addr::from(u128::from("2001:db8:ff::".parse::<Ipv6Addr>().unwrap()) | u128::from(index))
+}
+
+/// Block number `index` of `subnet`.
+pub fn block(subnet: &Subnet, index: u32) -> IpNet {
+    match subnet.cidr {
+        IpNet::V4(n) => {
+            let size = 1u32 << (32 - subnet.block_prefix);
+            let a = u32::from(n.network()) + index * size;
+            IpNet::V4(Ipv4Net::new(a.into(), subnet.block_prefix).unwrap())
+        }
+        IpNet::V6(n) => {
+            let size = 1u128 << (128 - subnet.block_prefix);
+            let a = u128::from(n.network()) + u128::from(index) * size;
+            IpNet::V6(Ipv6Net::new(a.into(), subnet.block_prefix).unwrap())
+        }
+    }
+}
+
+/// Gives every internal Network a function (1.. in name order) and every node a block of every
+/// subnet of every internal Network. Overwrites earlier allocations.
+pub fn alloc_all(state: &mut ClusterState) {
+    state.network_allocations.clear();
+    let internal: Vec<(String, NetworkSpec)> = state
+        .networks
+        .iter()
+        .filter(|(_, n)| !n.external)
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    for (i, (name, _)) in internal.iter().enumerate() {
+        state.network_allocations.insert(
+            name.clone(),
+            NetworkAllocationSpec {
+                function: i as u16 + 1,
+            },
+        );
+    }
+    for alloc in state.node_allocations.values_mut() {
+        alloc.blocks = internal
+            .iter()
+            .map(|(name, n)| {
+                let blocks = n
+                    .subnets
+                    .iter()
+                    .map(|s| {
+                        let b = block(s, alloc.index);
+                        assert!(
+                            s.cidr.contains(&b),
+                            "fixture: Network {name} has no block {} in {}",
+                            alloc.index,
+                            s.cidr
+                        );
+                        b
+                    })
+                    .collect();
+                (name.clone(), blocks)
+            })
+            .collect();
+    }
+}
+
+pub fn mk_route(state: &mut ClusterState, name: &str, from: &str, to: &str) {
+    state.network_routes.insert(
+        name.into(),
+        NetworkRoutingPolicySpec {
+            from: from.into(),
+            to: to.into(),
+        },
+    );
+}
+
+pub fn mk_binding(
+    state: &mut ClusterState,
+    name: &str,
+    network: &str,
+    priority: i32,
+    namespace: Option<&str>,
+) {
+    let namespace_selector = match namespace {
+        Some(ns) => LabelSelector {
+            match_labels: [("kubernetes.io/metadata.name".to_string(), ns.to_string())].into(),
+            ..Default::default()
+        },
+        None => LabelSelector::default(),
+    };
+    state.network_bindings.insert(
+        name.into(),
+        NetworkBindingPolicySpec {
+            network: network.into(),
+            priority,
+            namespace_selector,
+            pod_selector: LabelSelector::default(),
+        },
+    );
+}
+
+/// A Service with one cluster IP and port, bound by name to `network`, with `backends`.
+pub fn mk_service(
+    state: &mut ClusterState,
+    key: (&str, &str),
+    network: &str,
+    cluster_ip: &str,
+    port: (&str, u16, u16),
+    backends: &[&str],
+) {
+    let k = ObjectKey::new(key.0, key.1);
+    state.services.insert(
+        k.clone(),
+        Service {
+            labels: BTreeMap::new(),
+            cluster_ips: vec![cluster_ip.parse().unwrap()],
+            ports: vec![ServicePort {
+                protocol: port.0.into(),
+                port: port.1,
+            }],
+        },
+    );
+    state.endpoints.insert(
+        k,
+        Endpoints {
+            addresses: backends.iter().map(|b| b.parse().unwrap()).collect(),
+            ports: vec![ServicePort {
+                protocol: port.0.into(),
+                port: port.2,
+            }],
+        },
+    );
+    state.service_bindings.insert(
+        format!("{}-{}", key.0, key.1),
+        ServiceBindingPolicySpec {
+            network: network.into(),
+            priority: 0,
+            services: vec![ServiceRef {
+                namespace: key.0.into(),
+                name: key.1.into(),
+            }],
+            ..Default::default()
+        },
+    );
+}
+
+pub fn mk_service_route(
+    state: &mut ClusterState,
+    name: &str,
+    from: &str,
+    to: &str,
+    service: (&str, &str),
+) {
+    state.service_routes.insert(
+        name.into(),
+        ServiceRoutingPolicySpec {
+            from: from.into(),
+            to: to.into(),
+            services: vec![ServiceRef {
+                namespace: service.0.into(),
+                name: service.1.into(),
+            }],
+            ..Default::default()
+        },
+    );
+}
+
+/// An attachment of pod `ns/name` on `network` with host interface `ifname`.
+pub fn mk_attachment(
+    ns: &str,
+    name: &str,
+    network: &str,
+    ifname: &str,
+    ips: &[&str],
+) -> PodAttachment {
+    PodAttachment {
+        pod: ObjectKey::new(ns, name),
+        container_id: format!("cid-{name}"),
+        host_ifname: ifname.into(),
+        network: network.into(),
+        ips: ips
+            .iter()
+            .map(|ip| {
+                let a: IpAddr = ip.parse().unwrap();
+                IpNet::from(a)
+            })
+            .collect(),
+    }
+}
+
+/// The cluster of the golden test and many unit tests: 3 nodes, 4 Networks.
+/// - `system` (10.10.0.0/16, fd00:10::/48) reaches itself; kube-system binds to it.
+/// - `default` (10.20.0.0/16) catch-all, does NOT reach itself, reaches the internet.
+/// - `tenant-a` (10.30.0.0/16, fd00:30::/48) reaches itself and `system`.
+/// - `internet` external; `default/kubernetes` is bound to it and granted to `system`.
+/// - `kube-system/kube-dns` bound to `system`, granted to `tenant-a` (backends on node-2/3).
+pub fn golden_cluster() -> ClusterState {
+    let mut s = ClusterState::default();
+    s.config.srv6_locator_prefix = Some("2001:db8:100::/48".parse().unwrap());
+    s.networks.insert(
+        "system".into(),
+        mk_network(&[("10.10.0.0/16", 24), ("fd00:10::/48", 64)]),
+    );
+    s.networks
+        .insert("default".into(), mk_network(&[("10.20.0.0/16", 24)]));
+    s.networks.insert(
+        "tenant-a".into(),
+        mk_network(&[("10.30.0.0/16", 24), ("fd00:30::/48", 64)]),
+    );
+    s.networks.insert("internet".into(), mk_external());
+    for (i, n) in ["node-1", "node-2", "node-3"].iter().enumerate() {
+        mk_node(&mut s, n, i as u32 + 1);
+    }
+    alloc_all(&mut s);
+    mk_binding(&mut s, "system", "system", 1000, Some("kube-system"));
+    mk_binding(&mut s, "default", "default", 0, None);
+    mk_binding(&mut s, "tenant-a", "tenant-a", 500, Some("tenant-a"));
+    mk_route(&mut s, "system-to-system", "system", "system");
+    mk_route(&mut s, "tenant-a-to-tenant-a", "tenant-a", "tenant-a");
+    mk_route(&mut s, "tenant-a-to-system", "tenant-a", "system");
+    mk_route(&mut s, "default-to-internet", "default", "internet");
+    mk_service(
+        &mut s,
+        ("default", "kubernetes"),
+        "internet",
+        "10.96.0.1",
+        ("TCP", 443, 6443),
+        &["192.0.2.10"],
+    );
+    mk_service_route(
+        &mut s,
+        "system-to-kubernetes",
+        "system",
+        "internet",
+        ("default", "kubernetes"),
+    );
+    mk_service(
+        &mut s,
+        ("kube-system", "kube-dns"),
+        "system",
+        "10.96.0.10",
+        ("UDP", 53, 5353),
+        &["10.10.2.5", "10.10.3.5"],
+    );
+    mk_service_route(
+        &mut s,
+        "default-to-dns",
+        "default",
+        "system",
+        ("kube-system", "kube-dns"),
+    );
+    s
+}
+
+/// Local pods of node-1 in the golden cluster.
+pub fn golden_attachments() -> Vec<PodAttachment> {
+    vec![
+        mk_attachment(
+            "kube-system",
+            "coredns-0",
+            "system",
+            "lp-coredns0",
+            &["10.10.1.2", "fd00:10:0:1::2"],
+        ),
+        mk_attachment("apps", "web-0", "default", "lp-web0", &["10.20.1.2"]),
+        mk_attachment(
+            "tenant-a",
+            "api-0",
+            "tenant-a",
+            "lp-api0",
+            &["10.30.1.2", "fd00:30:0:1::2"],
+        ),
+    ]
+}
+
+/// Local pods of node-2 in the golden cluster (coredns-1 is a kube-dns backend).
+pub fn golden_attachments_node2() -> Vec<PodAttachment> {
+    vec![
+        mk_attachment(
+            "kube-system",
+            "coredns-1",
+            "system",
+            "lp-coredns1",
+            &["10.10.2.5", "fd00:10:0:2::5"],
+        ),
+        mk_attachment("apps", "web-1", "default", "lp-web1", &["10.20.2.2"]),
+        mk_attachment(
+            "tenant-a",
+            "api-1",
+            "tenant-a",
+            "lp-api1",
+            &["10.30.2.2", "fd00:30:0:2::2"],
+        ),
+    ]
+}

@@ -1,0 +1,126 @@
+//! Golden test: the full plan of node-1 in a 3-node, 4-Network cluster, as text a reviewer can
+//! read (`tests/golden/node-1.plan`) and the nft ruleset (`tests/golden/node-1.nft`), which the
+//! real `nft` binary must accept in check mode. Regenerate with `LACE_BLESS=1 cargo test`.
+//! The goldens' properties are checked independently by `plan_props.rs` and `plan_unit.rs`.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use lace::plan::plan;
+
+fn golden(name: &str, actual: &str) {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden")
+        .join(name);
+    if std::env::var_os("LACE_BLESS").is_some() {
+        std::fs::write(&path, actual).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+        return;
+    }
+    let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "reading {} ({e}); run with LACE_BLESS=1 to create it",
+            path.display()
+        )
+    });
+    if expected != actual {
+        let diff: Vec<String> = expected
+            .lines()
+            .zip(actual.lines())
+            .enumerate()
+            .filter(|(_, (e, a))| e != a)
+            .take(10)
+            .map(|(i, (e, a))| format!("line {}:\n  golden: {e}\n  actual: {a}", i + 1))
+            .collect();
+        panic!(
+            "{} differs from the plan ({} vs {} lines); first differences:\n{}\nRe-bless with LACE_BLESS=1 after reviewing.",
+            path.display(),
+            expected.lines().count(),
+            actual.lines().count(),
+            diff.join("\n")
+        );
+    }
+}
+
+#[test]
+fn golden_plan_node_1() {
+    let state = common::golden_cluster();
+    let desired =
+        plan("node-1", &state, &common::golden_attachments()).expect("golden cluster plans");
+    golden("node-1.plan", &desired.render());
+    golden("node-1.nft", &desired.render_nft());
+}
+
+/// node-2 hosts a kube-dns backend: its ruleset has the backend grant, its system table the
+/// reply routes towards default's blocks.
+#[test]
+fn golden_plan_node_2() {
+    let state = common::golden_cluster();
+    let desired =
+        plan("node-2", &state, &common::golden_attachments_node2()).expect("golden cluster plans");
+    golden("node-2.plan", &desired.render());
+    golden("node-2.nft", &desired.render_nft());
+}
+
+/// `nft -c -f` needs CAP_NET_ADMIN (it validates against the kernel without committing).
+/// Set `LACE_SKIP_NFT_CHECK=1` only where no nft binary or privilege is available.
+#[test]
+fn golden_nft_passes_nft_check_mode() {
+    if std::env::var_os("LACE_SKIP_NFT_CHECK").is_some() {
+        eprintln!("skipped: LACE_SKIP_NFT_CHECK is set");
+        return;
+    }
+    for name in ["node-1.nft", "node-2.nft"] {
+        nft_check(
+            &PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/golden")
+                .join(name),
+        );
+    }
+}
+
+fn nft_check(path: &std::path::Path) {
+    let out = Command::new("nft")
+        .arg("-c")
+        .arg("-f")
+        .arg(path)
+        .output()
+        .expect(
+            "running `nft` (Debian package nftables; set LACE_SKIP_NFT_CHECK=1 where unavailable)",
+        );
+    assert!(
+        out.status.success(),
+        "nft -c -f {} failed: {}{}",
+        path.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Every node of the golden cluster produces a ruleset nft accepts (not only the golden one).
+#[test]
+fn every_node_ruleset_passes_nft_check_mode() {
+    if std::env::var_os("LACE_SKIP_NFT_CHECK").is_some() {
+        eprintln!("skipped: LACE_SKIP_NFT_CHECK is set");
+        return;
+    }
+    let state = common::golden_cluster();
+    for node in ["node-1", "node-2", "node-3"] {
+        let text = plan(node, &state, &[]).expect("plans").render_nft();
+        let dir = std::env::temp_dir().join(format!("lace-nft-{}-{node}", std::process::id()));
+        std::fs::write(&dir, &text).expect("write temp ruleset");
+        let out = Command::new("nft")
+            .arg("-c")
+            .arg("-f")
+            .arg(&dir)
+            .output()
+            .expect("running nft");
+        let _ = std::fs::remove_file(&dir);
+        assert!(
+            out.status.success(),
+            "{node}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

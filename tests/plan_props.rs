@@ -1,0 +1,232 @@
+//! Property tests of the planner on random clusters: reachability is exactly what the
+//! NetworkRoutingPolicies allow (routes both ways, new connections one way), names and table
+//! ids are unique, and planning is a pure function.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv6Addr;
+
+use common::*;
+use ipnet::IpNet;
+use lace::api::NetworkAllocationSpec;
+use lace::plan::{plan, Nexthop, RouteKey, IFNAME_MAX};
+use lace::state::{ClusterState, PodAttachment};
+use proptest::prelude::*;
+
+#[derive(Debug, Clone)]
+struct Case {
+    state: ClusterState,
+    names: Vec<String>,
+    pairs: BTreeSet<(usize, usize)>,
+    local: Vec<PodAttachment>,
+}
+
+fn sid(locator_index: u32, function: u16) -> Ipv6Addr {
+    Ipv6Addr::from(u128::from(locator(locator_index).network()) | (u128::from(function) << 16))
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    (1usize..=5, 1u32..=4).prop_flat_map(|(nets, nodes)| {
+        (
+            prop::collection::btree_set("[a-z][a-z0-9-]{0,20}", nets),
+            prop::collection::btree_set(0u16..=u16::MAX, nets),
+            prop::collection::vec(any::<bool>(), nets),
+            prop::collection::vec(any::<bool>(), nets * nets),
+            prop::collection::vec(any::<bool>(), nets),
+            Just(nodes),
+        )
+            .prop_map(move |(names, functions, dual, pairs_bits, pods, nodes)| {
+                let names: Vec<String> = names.into_iter().collect();
+                let n = names.len();
+                let mut s = ClusterState::default();
+                for (i, name) in names.iter().enumerate() {
+                    let v4 = format!("10.{}.0.0/16", i + 1);
+                    let v6 = format!("fd00:{}::/48", i + 1);
+                    let mut subnets = vec![(v4.as_str(), 24)];
+                    if dual[i] {
+                        subnets.push((v6.as_str(), 64));
+                    }
+                    s.networks.insert(name.clone(), mk_network(&subnets));
+                }
+                for i in 0..nodes {
+                    mk_node(&mut s, &format!("n{i}"), i);
+                }
+                alloc_all(&mut s);
+                // Random distinct SID functions instead of 1, 2, 3...
+                for (name, f) in names.iter().zip(&functions) {
+                    s.network_allocations
+                        .insert(name.clone(), NetworkAllocationSpec { function: *f });
+                }
+                let mut pairs = BTreeSet::new();
+                for a in 0..n {
+                    for b in 0..n {
+                        if pairs_bits[a * n + b] {
+                            pairs.insert((a, b));
+                            mk_route(&mut s, &format!("p-{a}-{b}"), &names[a], &names[b]);
+                        }
+                    }
+                }
+                let local = (0..n)
+                    .filter(|i| pods[*i])
+                    .map(|i| {
+                        mk_attachment(
+                            "ns",
+                            &format!("pod{i}"),
+                            &names[i],
+                            &format!("lp-{i}"),
+                            &[&format!("10.{}.0.9", i + 1)],
+                        )
+                    })
+                    .collect();
+                Case {
+                    state: s,
+                    names,
+                    pairs,
+                    local,
+                }
+            })
+    })
+}
+
+fn blocks_of(s: &ClusterState, node: &str, net: &str) -> Vec<IpNet> {
+    s.node_allocations[node]
+        .blocks
+        .get(net)
+        .cloned()
+        .unwrap_or_default()
+}
+
+fn table_of(d: &lace::plan::DesiredNode, net: &str) -> u32 {
+    d.base
+        .vrfs
+        .values()
+        .find(|v| v.network == net)
+        .expect("VRF per Network")
+        .table
+}
+
+fn vrf_of(d: &lace::plan::DesiredNode, net: &str) -> String {
+    d.base
+        .vrfs
+        .iter()
+        .find(|(_, v)| v.network == net)
+        .expect("VRF per Network")
+        .0
+        .clone()
+}
+
+fn pair_key(s: &ClusterState, a: &str, b: &str) -> Vec<String> {
+    let mut keys = Vec::new();
+    for sa in &s.networks[a].subnets {
+        for sb in &s.networks[b].subnets {
+            if matches!(sa.cidr, IpNet::V4(_)) == matches!(sb.cidr, IpNet::V4(_)) {
+                keys.push(format!("{} . {}", sa.cidr, sb.cidr));
+            }
+        }
+    }
+    keys
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    #[test]
+    fn allowed_pairs_route_both_ways_and_accept_one_way(c in case()) {
+        let s = &c.state;
+        let me = "n0";
+        let d = plan(me, s, &c.local).expect("random cluster plans");
+        let index: BTreeMap<&str, u32> = s.node_allocations.iter().map(|(k, v)| (k.as_str(), v.index)).collect();
+        let pairs4 = d.base.nft.set("pairs_v4").unwrap();
+        let pairs6 = d.base.nft.set("pairs_v6").unwrap();
+        let has_element = |k: &str| pairs4.elements.contains_key(k) || pairs6.elements.contains_key(k);
+        for (ai, a) in c.names.iter().enumerate() {
+            for (bi, b) in c.names.iter().enumerate() {
+                let allowed = c.pairs.contains(&(ai, bi));
+                let reverse = c.pairs.contains(&(bi, ai));
+                // nft: a new connection A -> B is accepted exactly when A -> B is allowed.
+                for k in pair_key(s, a, b) {
+                    prop_assert_eq!(has_element(&k), allowed, "pair element {} for {}->{}", k, a, b);
+                }
+                let ta = table_of(&d, a);
+                let f_b = s.network_allocations[b].function;
+                for (node, idx) in &index {
+                    for blk in blocks_of(s, node, b) {
+                        let got = d.route(&RouteKey { table: ta, dst: blk });
+                        let want = if !(allowed || reverse) {
+                            None
+                        } else if *node != me {
+                            Some(Nexthop::Seg6Encap { segs: sid(*idx, f_b) })
+                        } else if a != b {
+                            Some(Nexthop::Dev(vrf_of(&d, b)))
+                        } else {
+                            None // own local block: pods have host routes
+                        };
+                        prop_assert_eq!(got, want.as_ref(), "table of {} -> block {} of {} on {}", a, blk, b, node);
+                        if want.is_some() && *node != me {
+                            // The outer packet is routed in the same VRF: the node's locator
+                            // must be there, via its underlay address.
+                            let loc = RouteKey { table: ta, dst: IpNet::V6(locator(*idx)) };
+                            prop_assert_eq!(d.route(&loc), Some(&Nexthop::Underlay { via: underlay(*idx) }));
+                        }
+                    }
+                }
+                if !(allowed || reverse) {
+                    // Nothing in A's table leads into B except fallbacks and A's own local pods.
+                    let b_subnets: Vec<IpNet> = s.networks[b].subnets.iter().map(|x| x.cidr).collect();
+                    for (k, nh) in d.routes().filter(|(k, _)| k.table == ta) {
+                        let into_b = b_subnets.iter().any(|sn| sn.contains(&k.dst));
+                        let own_pod = a == b && matches!(nh, Nexthop::Dev(dev) if dev.starts_with("lp-"));
+                        prop_assert!(!into_b || own_pod || *nh == Nexthop::Unreachable,
+                            "disallowed {}->{} has route {:?} {:?}", a, b, k, nh);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn names_and_tables_unique(c in case()) {
+        let d = plan("n0", &c.state, &c.local).expect("plans");
+        let names: BTreeSet<&String> = d.base.vrfs.keys().collect();
+        let tables: BTreeSet<u32> = d.base.vrfs.values().map(|v| v.table).collect();
+        let sids: BTreeSet<Ipv6Addr> = d.base.vrfs.values().map(|v| v.sid).collect();
+        prop_assert_eq!(names.len(), c.names.len());
+        prop_assert_eq!(tables.len(), c.names.len());
+        prop_assert_eq!(sids.len(), c.names.len());
+        for n in names {
+            prop_assert!(n.len() <= IFNAME_MAX && n.starts_with("lv-"), "bad VRF name {:?}", n);
+        }
+    }
+
+    #[test]
+    fn plan_is_pure(c in case()) {
+        let first = plan("n0", &c.state, &c.local).expect("plans");
+        // A state that went through serialization (as from a cache or the API) plans the same.
+        let copy: ClusterState = serde_json::from_str(&serde_json::to_string(&c.state).unwrap()).unwrap();
+        let second = plan("n0", &copy, &c.local).expect("plans");
+        prop_assert_eq!(first.render(), second.render());
+        prop_assert_eq!(first.render_nft(), second.render_nft());
+        prop_assert_eq!(&first, &second);
+    }
+}
+
+/// Long Network names sharing a prefix still get distinct VRF names on a real plan.
+#[test]
+fn long_names_unique_in_a_plan() {
+    let mut s = ClusterState::default();
+    let names: Vec<String> = (0..40)
+        .map(|i| format!("customer-environment-{i:02}"))
+        .collect();
+    for (i, n) in names.iter().enumerate() {
+        s.networks.insert(
+            n.clone(),
+            mk_network(&[(&format!("10.{}.0.0/16", i + 1), 24)]),
+        );
+    }
+    mk_node(&mut s, "n0", 0);
+    alloc_all(&mut s);
+    let d = plan("n0", &s, &[]).expect("plans");
+    assert_eq!(d.base.vrfs.len(), 40);
+    assert!(d.base.vrfs.keys().all(|n| n.len() <= IFNAME_MAX));
+}

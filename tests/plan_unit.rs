@@ -1,0 +1,474 @@
+//! Table-driven planner tests on small hand-built clusters: no kernel, no API server.
+
+mod common;
+
+use common::*;
+use ipnet::IpNet;
+use lace::plan::{
+    plan, vrf_table, DesiredNode, Nexthop, PlanError, Planner, RouteKey, MAIN_TABLE, PROBE_MARK,
+    PROBE_TABLE,
+};
+use lace::state::ClusterState;
+
+fn key(table: u32, dst: &str) -> RouteKey {
+    RouteKey {
+        table,
+        dst: dst.parse::<IpNet>().unwrap(),
+    }
+}
+
+fn encap(segs: &str) -> Nexthop {
+    Nexthop::Seg6Encap {
+        segs: segs.parse().unwrap(),
+    }
+}
+
+fn dev(d: &str) -> Nexthop {
+    Nexthop::Dev(d.into())
+}
+
+// Golden cluster: functions default=1, system=2, tenant-a=3.
+const T_DEFAULT: u32 = 1_000_001;
+const T_SYSTEM: u32 = 1_000_002;
+const T_TENANT: u32 = 1_000_003;
+
+fn golden_node1() -> DesiredNode {
+    plan("node-1", &golden_cluster(), &golden_attachments()).expect("plans")
+}
+
+#[test]
+fn routes_table() {
+    let d = golden_node1();
+    let n2 = "2001:db8:ff::2";
+    // (what, route key, expected next hop or None for "must be absent")
+    let cases: Vec<(&str, RouteKey, Option<Nexthop>)> = vec![
+        // Local SIDs, End.DT46 into each VRF.
+        (
+            "SID of system",
+            key(MAIN_TABLE, "2001:db8:100::1:2:0/128"),
+            Some(Nexthop::Seg6LocalDt46 {
+                vrf_table: T_SYSTEM,
+                vrf: "lv-system".into(),
+            }),
+        ),
+        // Underlay: other nodes' locators in main and in the IPv6 table of each VRF that encaps.
+        (
+            "locator node-2 in main",
+            key(MAIN_TABLE, "2001:db8:100::2:0:0/96"),
+            Some(Nexthop::Underlay {
+                via: n2.parse().unwrap(),
+            }),
+        ),
+        (
+            "locator node-2 in system",
+            key(T_SYSTEM, "2001:db8:100::2:0:0/96"),
+            Some(Nexthop::Underlay {
+                via: n2.parse().unwrap(),
+            }),
+        ),
+        (
+            "own locator never routed",
+            key(MAIN_TABLE, "2001:db8:100::1:0:0/96"),
+            None,
+        ),
+        // system -> system (self-routed): remote blocks towards node-2's system SID.
+        (
+            "system reaches system v4",
+            key(T_SYSTEM, "10.10.2.0/24"),
+            Some(encap("2001:db8:100::2:2:0")),
+        ),
+        (
+            "system reaches system v6",
+            key(T_SYSTEM, "fd00:10:0:2::/64"),
+            Some(encap("2001:db8:100::2:2:0")),
+        ),
+        // default does not reach itself: no remote default blocks in its table.
+        (
+            "default not self-routed",
+            key(T_DEFAULT, "10.20.2.0/24"),
+            None,
+        ),
+        (
+            "default subnet unreachable",
+            key(T_DEFAULT, "10.20.0.0/16"),
+            Some(Nexthop::Unreachable),
+        ),
+        // tenant-a -> system allowed: tenant-a's table gets system's blocks (towards system's SID),
+        (
+            "tenant-a reaches system",
+            key(T_TENANT, "10.10.2.0/24"),
+            Some(encap("2001:db8:100::2:2:0")),
+        ),
+        // ...and system's table gets tenant-a's blocks (replies), towards tenant-a's SID.
+        (
+            "system replies to tenant-a",
+            key(T_SYSTEM, "10.30.2.0/24"),
+            Some(encap("2001:db8:100::2:3:0")),
+        ),
+        // Local cross-Network pairs: leaked routes between local VRFs.
+        (
+            "leak tenant-a -> system",
+            key(T_TENANT, "10.10.1.0/24"),
+            Some(dev("lv-system")),
+        ),
+        (
+            "leak system -> tenant-a",
+            key(T_SYSTEM, "10.30.1.0/24"),
+            Some(dev("lv-tenant-a")),
+        ),
+        (
+            "no leak tenant-a -> default",
+            key(T_TENANT, "10.20.1.0/24"),
+            None,
+        ),
+        // Isolation fallbacks.
+        (
+            "system unreachable default v4",
+            key(T_SYSTEM, "0.0.0.0/0"),
+            Some(Nexthop::Unreachable),
+        ),
+        (
+            "tenant unreachable default v6",
+            key(T_TENANT, "::/0"),
+            Some(Nexthop::Unreachable),
+        ),
+        // default -> internet: host routing out of the VRF, the rest of the cluster unreachable.
+        (
+            "default egress",
+            key(T_DEFAULT, "0.0.0.0/0"),
+            Some(Nexthop::Host),
+        ),
+        (
+            "egress cannot enter system",
+            key(T_DEFAULT, "10.10.0.0/16"),
+            Some(Nexthop::Unreachable),
+        ),
+        (
+            "replies to default from main",
+            key(MAIN_TABLE, "10.20.1.0/24"),
+            Some(dev("lv-default")),
+        ),
+        (
+            "no main route for tenant-a",
+            key(MAIN_TABLE, "10.30.1.0/24"),
+            None,
+        ),
+        // Service grants: default -> kube-dns (backends on node-2 and node-3, in system).
+        (
+            "dns backend on node-2",
+            key(T_DEFAULT, "10.10.2.5/32"),
+            Some(encap("2001:db8:100::2:2:0")),
+        ),
+        (
+            "dns backend on node-3",
+            key(T_DEFAULT, "10.10.3.5/32"),
+            Some(encap("2001:db8:100::3:2:0")),
+        ),
+        (
+            "dns replies: system has default's blocks",
+            key(T_SYSTEM, "10.20.2.0/24"),
+            Some(encap("2001:db8:100::2:1:0")),
+        ),
+        // system -> default/kubernetes (external, backend outside the cluster): host routing.
+        (
+            "kubernetes backend via host",
+            key(T_SYSTEM, "192.0.2.10/32"),
+            Some(Nexthop::Host),
+        ),
+        (
+            "kubernetes replies from main",
+            key(MAIN_TABLE, "10.10.1.0/24"),
+            Some(dev("lv-system")),
+        ),
+        // Local pods: VRF table and probe table.
+        (
+            "pod route",
+            key(T_TENANT, "10.30.1.2/32"),
+            Some(dev("lp-api0")),
+        ),
+        (
+            "pod route v6",
+            key(T_TENANT, "fd00:30:0:1::2/128"),
+            Some(dev("lp-api0")),
+        ),
+        (
+            "probe route",
+            key(PROBE_TABLE, "10.20.1.2/32"),
+            Some(dev("lp-web0")),
+        ),
+    ];
+    for (what, k, want) in cases {
+        assert_eq!(d.route(&k), want.as_ref(), "{what}: {k:?}");
+    }
+}
+
+#[test]
+fn vrfs_rules_and_sysctls() {
+    let d = golden_node1();
+    let vrfs: Vec<(&str, &str, u32)> = d
+        .base
+        .vrfs
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.network.as_str(), v.table))
+        .collect();
+    assert_eq!(
+        vrfs,
+        vec![
+            ("lv-default", "default", T_DEFAULT),
+            ("lv-system", "system", T_SYSTEM),
+            ("lv-tenant-a", "tenant-a", T_TENANT)
+        ],
+        "one VRF per internal Network, none for the external one"
+    );
+    let rules: Vec<String> = d.base.rules.iter().map(|r| r.to_string()).collect();
+    assert_eq!(
+        rules,
+        vec![
+            format!("-4 pref 990 fwmark {PROBE_MARK:#x}/{PROBE_MARK:#x} lookup {PROBE_TABLE}"),
+            format!("-6 pref 990 fwmark {PROBE_MARK:#x}/{PROBE_MARK:#x} lookup {PROBE_TABLE}"),
+            "-4 pref 1000 l3mdev".to_string(),
+            "-6 pref 1000 l3mdev".to_string(),
+        ]
+    );
+    for (k, v) in [
+        ("net.vrf.strict_mode", "1"),
+        ("net.ipv4.ip_forward", "1"),
+        ("net.ipv6.conf.all.forwarding", "1"),
+        ("net.ipv4.conf.all.rp_filter", "0"),
+        ("net.ipv4.conf.lv-system.rp_filter", "0"),
+        ("net.ipv4.conf.lv-default.rp_filter", "0"),
+    ] {
+        assert_eq!(
+            d.base.sysctls.get(k).map(String::as_str),
+            Some(v),
+            "sysctl {k}"
+        );
+    }
+    assert_eq!(d.base.seg6_tunsrc, underlay(1));
+}
+
+#[test]
+fn nft_elements_name_their_policies() {
+    let d = golden_node1();
+    let nft = &d.base.nft;
+    let pairs = nft.set("pairs_v4").expect("pairs_v4");
+    let cases = [
+        (
+            "10.10.0.0/16 . 10.10.0.0/16",
+            Some("NetworkRoutingPolicy system-to-system"),
+        ),
+        (
+            "10.30.0.0/16 . 10.10.0.0/16",
+            Some("NetworkRoutingPolicy tenant-a-to-system"),
+        ),
+        // Replies flow back by conntrack; the reverse direction is not a new-connection grant.
+        ("10.10.0.0/16 . 10.30.0.0/16", None),
+        // default is not self-routed.
+        ("10.20.0.0/16 . 10.20.0.0/16", None),
+    ];
+    for (k, want) in cases {
+        assert_eq!(
+            pairs.elements.get(k).map(|e| e.comment.as_str()),
+            want,
+            "pairs_v4 {k}"
+        );
+        if want.is_some() {
+            assert_eq!(pairs.elements[k].verdict.as_deref(), Some("accept"));
+        }
+    }
+    let egress = nft.set("egress_v4").expect("egress_v4");
+    assert_eq!(
+        egress.elements.keys().collect::<Vec<_>>(),
+        vec!["10.20.0.0/16"]
+    );
+    let svc = nft.set("services_v4").expect("services_v4");
+    assert_eq!(
+        svc.elements
+            .iter()
+            .map(|(k, e)| (k.as_str(), e.comment.as_str()))
+            .collect::<Vec<_>>(),
+        vec![
+            (
+                "10.10.0.0/16 . 10.96.0.1",
+                "ServiceRoutingPolicy system-to-kubernetes: default/kubernetes"
+            ),
+            (
+                "10.20.0.0/16 . 10.96.0.10",
+                "ServiceRoutingPolicy default-to-dns: kube-system/kube-dns"
+            ),
+        ]
+    );
+    let ext = nft
+        .set("services_external_v4")
+        .expect("services_external_v4");
+    assert_eq!(
+        ext.elements.keys().collect::<Vec<_>>(),
+        vec!["10.10.0.0/16 . 10.96.0.1"]
+    );
+    // Backends: only those on this node. node-1 has none; node-2 has 10.10.2.5.
+    assert!(nft
+        .set("backends_v4")
+        .expect("backends_v4")
+        .elements
+        .is_empty());
+    let d2 = plan("node-2", &golden_cluster(), &[]).expect("plans");
+    assert_eq!(
+        d2.base
+            .nft
+            .set("backends_v4")
+            .expect("backends_v4")
+            .elements
+            .keys()
+            .collect::<Vec<_>>(),
+        vec!["10.20.0.0/16 . 10.10.2.5 . udp . 5353"]
+    );
+    // The guard admits SRv6 only from node underlays, towards this node's locator.
+    assert_eq!(
+        nft.set("local_sids")
+            .unwrap()
+            .elements
+            .keys()
+            .collect::<Vec<_>>(),
+        vec!["2001:db8:100::1:0:0/96"]
+    );
+    assert_eq!(nft.set("node_underlays").unwrap().elements.len(), 3);
+    // Every rule says why it exists.
+    for c in &nft.chains {
+        for r in &c.rules {
+            assert!(
+                !r.comment.is_empty(),
+                "rule without comment in {}: {}",
+                c.name,
+                r.statement
+            );
+        }
+    }
+    // The last rule of each policy chain drops: no allow-all fall-through.
+    for chain in ["from_pods", "to_pods", "from_host"] {
+        let c = nft.chain(chain).unwrap();
+        assert_eq!(
+            c.rules.last().map(|r| r.statement.as_str()),
+            Some("counter drop"),
+            "{chain}"
+        );
+    }
+}
+
+#[test]
+fn attachment_errors() {
+    let s = golden_cluster();
+    let cases: Vec<(&str, Vec<lace::state::PodAttachment>, &str)> = vec![
+        (
+            "external Network",
+            vec![mk_attachment("a", "p", "internet", "lp-p", &["10.20.1.9"])],
+            "pod a/p (container \"cid-p\") is attached to Network \"internet\", which has no VRF on node \"node-1\" (missing, external or not allocated)",
+        ),
+        (
+            "unknown Network",
+            vec![mk_attachment("a", "p", "nope", "lp-p", &["10.20.1.9"])],
+            "pod a/p (container \"cid-p\") is attached to Network \"nope\", which has no VRF on node \"node-1\" (missing, external or not allocated)",
+        ),
+        (
+            "address in another node's block",
+            vec![mk_attachment("a", "p", "default", "lp-p", &["10.20.2.9"])],
+            "pod a/p has address 10.20.2.9, outside node \"node-1\"'s blocks of Network \"default\"",
+        ),
+        (
+            "duplicate address",
+            vec![
+                mk_attachment("a", "p", "default", "lp-p", &["10.20.1.9"]),
+                mk_attachment("a", "q", "default", "lp-q", &["10.20.1.9"]),
+            ],
+            "address 10.20.1.9 is attached to both pod a/p and pod a/q",
+        ),
+    ];
+    for (what, atts, msg) in cases {
+        let err = plan("node-1", &s, &atts).expect_err(what);
+        assert_eq!(err.to_string(), msg, "{what}");
+    }
+}
+
+#[test]
+fn state_errors() {
+    let mut missing_fn = golden_cluster();
+    missing_fn.network_allocations.remove("tenant-a");
+    let mut dup = golden_cluster();
+    dup.network_allocations
+        .get_mut("tenant-a")
+        .unwrap()
+        .function = 2;
+    let cases: Vec<(&str, ClusterState, &str, PlanError)> = vec![
+        (
+            "node without allocation",
+            golden_cluster(),
+            "node-9",
+            PlanError::NodeNotAllocated {
+                node: "node-9".into(),
+            },
+        ),
+        (
+            "Network without function",
+            missing_fn,
+            "node-1",
+            PlanError::NetworkNotAllocated {
+                network: "tenant-a".into(),
+            },
+        ),
+        (
+            "shared function",
+            dup,
+            "node-1",
+            PlanError::DuplicateFunction {
+                first: "system".into(),
+                second: "tenant-a".into(),
+                function: 2,
+            },
+        ),
+    ];
+    for (what, s, node, want) in cases {
+        assert_eq!(plan(node, &s, &[]).expect_err(what), want, "{what}");
+    }
+}
+
+#[test]
+fn incremental_plan_equals_full_plan() {
+    let s = golden_cluster();
+    let planner = Planner::new("node-1", &s).expect("planner");
+    let mut atts = golden_attachments();
+    let first = planner.plan(&atts).expect("plan");
+    assert_eq!(first, plan("node-1", &s, &atts).unwrap());
+    atts.push(mk_attachment(
+        "apps",
+        "web-1",
+        "default",
+        "lp-web1",
+        &["10.20.1.3"],
+    ));
+    atts.remove(0);
+    let second = planner.plan(&atts).expect("plan");
+    assert_eq!(second, plan("node-1", &s, &atts).unwrap());
+    assert_eq!(
+        second.route(&key(T_DEFAULT, "10.20.1.3/32")),
+        Some(&dev("lp-web1"))
+    );
+    assert_eq!(
+        second.route(&key(T_SYSTEM, "10.10.1.2/32")),
+        None,
+        "removed pod's route is gone"
+    );
+    assert_eq!(second.route(&key(PROBE_TABLE, "10.10.1.2/32")), None);
+}
+
+#[test]
+fn routes_iterate_sorted_without_duplicates() {
+    let d = golden_node1();
+    let keys: Vec<RouteKey> = d.routes().map(|(k, _)| *k).collect();
+    assert!(
+        keys.windows(2).all(|w| w[0] < w[1]),
+        "routes() must be strictly sorted"
+    );
+    assert_eq!(keys.len(), d.base.routes.len() + d.pod_routes.len());
+    assert!(keys
+        .iter()
+        .all(|k| k.table == MAIN_TABLE || k.table == PROBE_TABLE || k.table >= vrf_table(0)));
+}
