@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# test.sh - THE test command: ./scripts/test.sh, as root on a Debian bookworm machine with a Rust
+# toolchain (cargo, rustfmt, clippy). Idempotent: installs only what is missing.
+#
+# Tiers, in order, failing fast with the tier's name:
+#   setup   netns-tests/vm/setup.sh (qemu, Debian kernels 6.1 + 6.12, nft, ip, ...)
+#   fmt     cargo fmt --all --check
+#   clippy  cargo clippy --workspace --all-targets -- -D warnings
+#   unit    unit + integration tests of everything but the netns tests (cargo nextest if
+#           installed, else cargo test), plus doc tests
+#   netns   netns-tests/run --kernel 6.1 (all netns tests, in a VM unless the host can)
+#   netns6.12  netns-tests/run --kernel 6.12 --filter smoke
+#   charts  scripts/test-charts.sh, when it exists
+# Then a table of tier timings and the total of tests passed/failed.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
+
+LOGDIR=$(mktemp -d /tmp/lace-test.XXXXXX)
+trap 'rm -rf "$LOGDIR"' EXIT
+TIERS=() TIMES=() PASSED=0 FAILED=0 COUNTS_OK=1 COUNT_NOTE=
+T0=$EPOCHREALTIME
+secs() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.1f", b-a}'; }
+
+# tier NAME CMD... : banner, run with output teed to $LOGDIR/NAME.log, time it, fail fast.
+tier() {
+  local name=$1 start rc; shift
+  echo
+  echo "================================================================"
+  echo "== tier $name: $*"
+  echo "================================================================"
+  start=$EPOCHREALTIME
+  set +e
+  "$@" 2>&1 | tee "$LOGDIR/$name.log"
+  rc=${PIPESTATUS[0]}
+  set -e
+  TIERS+=("$name") TIMES+=("$(secs "$start" "$EPOCHREALTIME")")
+  if [ "$rc" != 0 ]; then
+    echo
+    echo "test.sh: FAILED in tier '$name' (exit status $rc, after ${TIMES[-1]}s): $*"
+    exit "$rc"
+  fi
+  echo "== tier $name passed in ${TIMES[-1]}s"
+}
+
+# Adds the passed/failed counts a tier printed to the totals.
+#   libtest:  "test result: ok. 8 passed; 0 failed; ..."
+#   nextest:  "Summary [   1.2s] 25 tests run: 25 passed, 0 skipped" (+ ", N failed")
+#   netns:    "netns tests: 13 passed, 0 failed, 0 ignored on kernel ..."
+#   charts:   a line "N passed, M failed"
+count_libtest() {
+  read -r p f < <(awk '/^test result:/ { for (k = 1; k < NF; k++) {
+      if ($(k+1) ~ /^passed/) p += $k; if ($(k+1) ~ /^failed/) f += $k } } END { print p+0, f+0 }' "$1")
+  PASSED=$((PASSED + p)) FAILED=$((FAILED + f))
+}
+count_nextest() {
+  read -r p f < <(awk '/^ *Summary \[/ { for (k = 1; k < NF; k++) {
+      if ($(k+1) ~ /^passed/) p = $k; if ($(k+1) ~ /^failed/) f = $k } } END { print p+0, f+0 }' "$1")
+  PASSED=$((PASSED + p)) FAILED=$((FAILED + f))
+}
+count_netns() {
+  read -r p f < <(awk '/^netns tests: / { p += $3; f += $5 } END { print p+0, f+0 }' "$1")
+  PASSED=$((PASSED + p)) FAILED=$((FAILED + f))
+}
+
+# ---- setup
+[ "$(id -u)" = 0 ] || { echo "test.sh: run as root (installs packages, runs netns tests)" >&2; exit 1; }
+command -v cargo >/dev/null || { echo "test.sh: cargo not found: install a Rust toolchain (rustup, https://rustup.rs) first" >&2; exit 1; }
+for c in fmt clippy; do
+  cargo "$c" --version >/dev/null 2>&1 || { echo "test.sh: 'cargo $c' missing: rustup component add $( [ $c = fmt ] && echo rustfmt || echo clippy )" >&2; exit 1; }
+done
+tier setup netns-tests/vm/setup.sh
+
+# ---- static checks
+tier fmt cargo fmt --all --check
+tier clippy cargo clippy --workspace --all-targets -- -D warnings
+
+# ---- unit tests (no root, no special kernel)
+if cargo nextest --version >/dev/null 2>&1; then
+  tier unit cargo nextest run --workspace --exclude lace-netns-tests --no-fail-fast --no-tests=warn
+  count_nextest "$LOGDIR/unit.log"
+else
+  tier unit cargo test --workspace --exclude lace-netns-tests --lib --bins --tests
+  count_libtest "$LOGDIR/unit.log"
+fi
+tier doc cargo test --workspace --exclude lace-netns-tests --doc
+count_libtest "$LOGDIR/doc.log"
+
+# ---- netns tests: real kernels
+tier netns-6.1 netns-tests/run --kernel 6.1
+count_netns "$LOGDIR/netns-6.1.log"
+tier netns-6.12 netns-tests/run --kernel 6.12 --filter smoke
+count_netns "$LOGDIR/netns-6.12.log"
+
+# ---- charts (added by the charts work; run only when present)
+if [ -f scripts/test-charts.sh ]; then
+  tier charts bash scripts/test-charts.sh
+  line=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$LOGDIR/charts.log" | tail -1 || true)
+  if [ -n "$line" ]; then
+    PASSED=$((PASSED + ${line%% *})); f=${line#*, }; FAILED=$((FAILED + ${f%% *}))
+  else
+    COUNTS_OK=0 COUNT_NOTE="scripts/test-charts.sh printed no 'N passed, M failed' line"
+  fi
+fi
+
+# ---- summary
+echo
+echo "================================================================"
+printf '%-12s %10s\n' tier seconds
+for i in "${!TIERS[@]}"; do printf '%-12s %10s\n' "${TIERS[$i]}" "${TIMES[$i]}"; done
+printf '%-12s %10s\n' total "$(secs "$T0" "$EPOCHREALTIME")"
+echo "================================================================"
+if [ "$COUNTS_OK" = 1 ]; then
+  echo "$PASSED passed, $FAILED failed"
+else
+  echo "test.sh: all tiers passed; no overall test count ($COUNT_NOTE); see the tiers' 'test result:' lines"
+fi
