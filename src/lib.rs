@@ -8,13 +8,13 @@
 #![deny(unsafe_code)]
 
 pub mod api;
+pub mod binding;
+pub mod plan;
 #[cfg(feature = "agent")]
 pub mod probe;
+pub mod routing;
+pub mod selector;
 pub mod state;
 #[cfg(feature = "agent")]
 pub mod sys;
 pub mod wire;
-pub mod selector;
-pub mod binding;
-pub mod routing;
-pub mod plan;
