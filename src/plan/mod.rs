@@ -786,6 +786,9 @@ fn build_base(node: &str, state: &ClusterState) -> Result<NodeBase, PlanError> {
         // Decapsulated packets then traverse prerouting and conntrack on the receiving node,
         // so its forward policy sees connection state.
         ("net.netfilter.nf_hooks_lwtunnel", "1"),
+        // Kubelet probe replies arrive through a VRF (the pod's) while the kubelet's socket is
+        // in the default VRF: without this the kernel resets the connection.
+        ("net.ipv4.tcp_l3mdev_accept", "1"),
     ] {
         sysctls.insert(k.to_string(), v.to_string());
     }
