@@ -9,6 +9,8 @@
 
 pub mod api;
 pub mod binding;
+#[cfg(feature = "agent")]
+pub mod dataplane;
 pub mod plan;
 #[cfg(feature = "agent")]
 pub mod probe;

@@ -1,0 +1,190 @@
+//! Kernel state outside rtnetlink: sysctls (`/proc/sys`), the nft table (the `nft` binary,
+//! one atomic transaction per change) and `ip sr tunsrc` (a generic-netlink setting that
+//! rtnetlink does not carry; `ip sr` is the stock tool for it). All run on the namespace's
+//! worker thread, so files and child processes see that namespace.
+
+use std::io::Write;
+use std::net::Ipv6Addr;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use crate::plan::nft::TABLE;
+
+/// Prefix of the comment Lace writes into its nft table: `lace-plan <digest>`.
+const TAG_PREFIX: &str = "lace-plan ";
+
+/// `/proc/sys` path of a dotted sysctl key. Interface names may contain dots, so in
+/// `net.ipv{4,6}.{conf,neigh}.<ifname>.<leaf>` everything between the fourth component and the
+/// last is the interface name, kept whole.
+pub fn sysctl_path(key: &str) -> PathBuf {
+    let mut path = PathBuf::from("/proc/sys");
+    for prefix in [
+        "net.ipv4.conf.",
+        "net.ipv6.conf.",
+        "net.ipv4.neigh.",
+        "net.ipv6.neigh.",
+    ] {
+        if let Some(rest) = key.strip_prefix(prefix) {
+            if let Some((ifname, leaf)) = rest.rsplit_once('.') {
+                for part in prefix.trim_end_matches('.').split('.') {
+                    path.push(part);
+                }
+                path.push(ifname);
+                path.push(leaf);
+                return path;
+            }
+        }
+    }
+    for part in key.split('.') {
+        path.push(part);
+    }
+    path
+}
+
+/// The sysctl's value, `None` if it does not exist (yet).
+pub fn read_sysctl(key: &str) -> Option<String> {
+    std::fs::read_to_string(sysctl_path(key))
+        .ok()
+        .map(|s| s.trim().to_string())
+}
+
+/// Writes a sysctl.
+pub fn write_sysctl(key: &str, value: &str) -> Result<(), String> {
+    std::fs::write(sysctl_path(key), value).map_err(|e| e.to_string())
+}
+
+/// 64-bit FNV-1a: stable across builds and Rust versions (unlike `DefaultHasher`), so a
+/// restarted agent recognizes the table an earlier one wrote.
+fn fnv1a64(data: &[u8]) -> u64 {
+    data.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// The tag identifying a rendered ruleset.
+pub fn nft_tag(rendered: &str) -> String {
+    format!("{TAG_PREFIX}{:016x}", fnv1a64(rendered.as_bytes()))
+}
+
+/// `rendered` (the planner's `nft -f` text) with the tag as the table's comment, so the next
+/// observation can tell whether the kernel holds exactly this ruleset.
+pub fn tagged_ruleset(rendered: &str, tag: &str) -> Result<String, String> {
+    let open = format!("table inet {TABLE} {{\n");
+    if !rendered.contains(&open) {
+        return Err(format!("ruleset text has no `{}` line", open.trim_end()));
+    }
+    Ok(rendered.replacen(&open, &format!("{open}\tcomment \"{tag}\"\n"), 1))
+}
+
+fn run(program: &str, args: &[&str], stdin: Option<&str>) -> Result<String, String> {
+    let line = format!("{program} {}", args.join(" "));
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run `{line}`: {e}"))?;
+    if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        pipe.write_all(input.as_bytes())
+            .map_err(|e| format!("writing to `{line}`: {e}"))?;
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| format!("waiting for `{line}`: {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(format!(
+            "`{line}` failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// Whether table `inet lace` exists, and its tag. `nft -t` leaves set elements out, so this
+/// stays cheap for large tables.
+pub fn nft_observe() -> Result<super::NftState, String> {
+    let tables = run("nft", &["list", "tables"], None)?;
+    if !tables
+        .lines()
+        .any(|l| l.trim() == format!("table inet {TABLE}"))
+    {
+        return Ok(super::NftState::Absent);
+    }
+    let text = run("nft", &["-t", "list", "table", "inet", TABLE], None)?;
+    // The table's own comment is the first line inside it (set and chain comments come later,
+    // indented deeper).
+    let tag = text
+        .lines()
+        .nth(1)
+        .and_then(|l| l.trim().strip_prefix("comment \""))
+        .and_then(|l| l.strip_suffix('"'))
+        .filter(|c| c.starts_with(TAG_PREFIX))
+        .map(str::to_string);
+    Ok(super::NftState::Present { tag })
+}
+
+/// Runs one `nft -f` transaction.
+pub fn nft_apply(script: &str) -> Result<(), String> {
+    run("nft", &["-f", "-"], Some(script)).map(|_| ())
+}
+
+/// The `delete table` transaction, create-if-missing first so it never fails.
+pub fn nft_delete_script() -> String {
+    format!("table inet {TABLE}\ndelete table inet {TABLE}\n")
+}
+
+/// `ip sr tunsrc show`: `None` when unset (`::`).
+pub fn tunsrc_observe() -> Result<Option<Ipv6Addr>, String> {
+    let out = run("ip", &["sr", "tunsrc", "show"], None)?;
+    let addr = out
+        .split_whitespace()
+        .last()
+        .and_then(|a| a.parse::<Ipv6Addr>().ok())
+        .ok_or_else(|| format!("cannot parse `ip sr tunsrc show` output {out:?}"))?;
+    Ok((!addr.is_unspecified()).then_some(addr))
+}
+
+/// `ip sr tunsrc set <addr>`.
+pub fn tunsrc_set(addr: Ipv6Addr) -> Result<(), String> {
+    run("ip", &["sr", "tunsrc", "set", &addr.to_string()], None).map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sysctl_paths_keep_interface_names_whole() {
+        assert_eq!(
+            sysctl_path("net.ipv4.conf.lv-a.b.rp_filter"),
+            PathBuf::from("/proc/sys/net/ipv4/conf/lv-a.b/rp_filter")
+        );
+        assert_eq!(
+            sysctl_path("net.ipv4.conf.all.rp_filter"),
+            PathBuf::from("/proc/sys/net/ipv4/conf/all/rp_filter")
+        );
+        assert_eq!(
+            sysctl_path("net.vrf.strict_mode"),
+            PathBuf::from("/proc/sys/net/vrf/strict_mode")
+        );
+    }
+
+    #[test]
+    fn tags_differ_for_different_rulesets_and_land_in_the_table() {
+        let a = "table inet lace\ndelete table inet lace\ntable inet lace {\n}\n";
+        let b = "table inet lace\ndelete table inet lace\ntable inet lace {\n\tset x {}\n}\n";
+        assert_ne!(nft_tag(a), nft_tag(b));
+        assert_eq!(nft_tag(a), nft_tag(a));
+        let t = tagged_ruleset(a, &nft_tag(a)).unwrap();
+        assert_eq!(t.matches("comment \"lace-plan ").count(), 1);
+        assert!(t.contains(&format!("table inet lace {{\n\tcomment \"{}\"", nft_tag(a))));
+        assert!(tagged_ruleset("table ip other {\n}\n", "x").is_err());
+    }
+}
