@@ -271,7 +271,8 @@ pub(super) fn route_message(
 }
 
 /// A rule of Lace's. The l3mdev rule has table 0 (the VRF driver's own form); tables above
-/// 255 go in the `FRA_TABLE` attribute.
+/// 255 go in the `FRA_TABLE` attribute. Rules are Lace's by their priority band; the protocol
+/// only helps a human reading `ip rule`.
 fn rule_message(r: &Rule) -> RuleMessage {
     let mut m = RuleMessage::default();
     m.header.family = match r.family {
@@ -282,8 +283,16 @@ fn rule_message(r: &Rule) -> RuleMessage {
     m.header.table = 0;
     m.attributes.push(RuleAttribute::Priority(r.priority));
     match r.action {
-        PlanRuleAction::L3mdev => m.attributes.push(RuleAttribute::L3MDev(true)),
+        PlanRuleAction::L3mdev => {
+            // Exactly the VRF driver's rule (protocol kernel), so the kernel sees a duplicate
+            // (EEXIST) instead of adding a second copy next to the one it made.
+            m.attributes
+                .push(RuleAttribute::Protocol(RouteProtocol::Kernel));
+            m.attributes.push(RuleAttribute::L3MDev(true));
+        }
         PlanRuleAction::Fwmark { mark, mask, table } => {
+            m.attributes
+                .push(RuleAttribute::Protocol(RouteProtocol::Other(ROUTE_PROTOCOL)));
             m.attributes.push(RuleAttribute::Table(table));
             m.attributes.push(RuleAttribute::FwMark(mark));
             m.attributes.push(RuleAttribute::FwMask(mask));

@@ -55,9 +55,11 @@ impl Op {
             Op::AddVrf { .. } => 1,
             Op::LinkUp { .. } => 2,
             Op::SetMaster { .. } => 3,
-            Op::Sysctl { .. } => 4,
-            Op::Tunsrc(_) => 5,
-            Op::NftSwap { .. } => 6,
+            // Before sysctls: the ruleset's `ct` expressions load conntrack, which registers
+            // `net.netfilter.nf_hooks_lwtunnel`.
+            Op::NftSwap { .. } => 4,
+            Op::Sysctl { .. } => 5,
+            Op::Tunsrc(_) => 6,
             Op::AddRule(_) => 7,
             Op::PutRoute { .. } => 8,
             Op::DelRoute { .. } => 9,
@@ -194,7 +196,13 @@ pub fn diff(desired: Option<&DesiredNode>, observed: &ObservedNode) -> Result<Di
         }
     }
 
-    // --- Sysctls, tunsrc, nft ---------------------------------------------------------------
+    // --- nft, sysctls, tunsrc ---------------------------------------------------------------
+    let rendered = d.render_nft();
+    let tag = host::nft_tag(&rendered);
+    if observed.nft != (NftState::Present { tag: Some(tag.clone()) }) {
+        let script = host::tagged_ruleset(&rendered, &tag).map_err(DiffError::Nft)?;
+        out.ops.push(Op::NftSwap { script, tag });
+    }
     for (key, value) in &base.sysctls {
         if observed.sysctls.get(key).and_then(|v| v.as_deref()) != Some(value.as_str()) {
             out.ops.push(Op::Sysctl {
@@ -205,12 +213,6 @@ pub fn diff(desired: Option<&DesiredNode>, observed: &ObservedNode) -> Result<Di
     }
     if observed.tunsrc != Some(base.seg6_tunsrc) {
         out.ops.push(Op::Tunsrc(base.seg6_tunsrc));
-    }
-    let rendered = d.render_nft();
-    let tag = host::nft_tag(&rendered);
-    if observed.nft != (NftState::Present { tag: Some(tag.clone()) }) {
-        let script = host::tagged_ruleset(&rendered, &tag).map_err(DiffError::Nft)?;
-        out.ops.push(Op::NftSwap { script, tag });
     }
 
     // --- Rules ------------------------------------------------------------------------------
@@ -324,4 +326,369 @@ fn teardown(mut out: Diff, observed: &ObservedNode, link_dels: Vec<Op>) -> Diff 
         out.ops.push(Op::NftDelete);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{
+        NetworkAllocationSpec, NetworkRoutingPolicySpec, NetworkSpec, NodeAllocationSpec, Subnet,
+    };
+    use crate::dataplane::ObservedLink;
+    use crate::plan::{plan, Family};
+    use crate::state::{ClusterState, ObjectKey, PodAttachment};
+
+    const UPLINK: &str = "eth0";
+    const EGRESS: &str = "inet0";
+
+    fn ul(i: u16) -> Ipv6Addr {
+        Ipv6Addr::new(0x2001, 0xdb8, 0xff, 0, 0, 0, 0, i)
+    }
+
+    /// Two nodes; `a` reaches itself and the external `internet`, `b` reaches nothing.
+    fn state(with_b: bool) -> ClusterState {
+        let mut s = ClusterState::default();
+        let nets: &[(&str, u8, u16)] = if with_b {
+            &[("a", 1, 1), ("b", 2, 2)]
+        } else {
+            &[("a", 1, 1)]
+        };
+        for &(name, o, f) in nets {
+            s.networks.insert(
+                name.into(),
+                NetworkSpec {
+                    subnets: vec![Subnet {
+                        cidr: format!("10.{o}.0.0/16").parse().unwrap(),
+                        block_prefix: 24,
+                    }],
+                    external: false,
+                },
+            );
+            s.network_allocations
+                .insert(name.into(), NetworkAllocationSpec { function: f });
+        }
+        s.networks.insert(
+            "internet".into(),
+            NetworkSpec {
+                subnets: vec![],
+                external: true,
+            },
+        );
+        for (n, f, t) in [("a-a", "a", "a"), ("a-inet", "a", "internet")] {
+            s.network_routes.insert(
+                n.into(),
+                NetworkRoutingPolicySpec {
+                    from: f.into(),
+                    to: t.into(),
+                },
+            );
+        }
+        for i in 1..=2u16 {
+            let blocks = nets
+                .iter()
+                .map(|&(name, o, _)| {
+                    (
+                        name.to_string(),
+                        vec![format!("10.{o}.{i}.0/24").parse().unwrap()],
+                    )
+                })
+                .collect();
+            s.node_allocations.insert(
+                format!("n{i}"),
+                NodeAllocationSpec {
+                    index: u32::from(i),
+                    locator: format!("2001:db8:100::{i}:0:0/96").parse().unwrap(),
+                    underlay: ul(i),
+                    blocks,
+                },
+            );
+        }
+        s
+    }
+
+    fn desired(with_b: bool) -> DesiredNode {
+        let mut pods = vec![PodAttachment {
+            pod: ObjectKey::new("ns", "pa"),
+            container_id: "c1".into(),
+            host_ifname: "lp-pa".into(),
+            network: "a".into(),
+            ips: vec!["10.1.1.10/32".parse().unwrap()],
+        }];
+        if with_b {
+            pods.push(PodAttachment {
+                pod: ObjectKey::new("ns", "pb"),
+                container_id: "c2".into(),
+                host_ifname: "lp-pb".into(),
+                network: "b".into(),
+                ips: vec!["10.2.1.10/32".parse().unwrap()],
+            });
+        }
+        plan("n1", &state(with_b), &pods).unwrap()
+    }
+
+    fn link(index: u32) -> ObservedLink {
+        ObservedLink {
+            index,
+            vrf_table: None,
+            master: None,
+            up: true,
+        }
+    }
+
+    /// A host with an uplink, an egress link with the default route, the pod veths, and a
+    /// foreign link: nothing of Lace's.
+    fn bare_host() -> ObservedNode {
+        ObservedNode {
+            links: [
+                ("lo", 1),
+                (UPLINK, 2),
+                (EGRESS, 3),
+                ("lp-pa", 4),
+                ("lp-pb", 5),
+                ("keep0", 6),
+            ]
+            .into_iter()
+            .map(|(n, i)| (n.to_string(), link(i)))
+            .collect(),
+            addrs_v6: vec![(ul(1), 2)],
+            routes: BTreeMap::new(),
+            host_routes: vec![
+                HostRoute {
+                    dst: "0.0.0.0/0".parse().unwrap(),
+                    gateway: Some("198.51.100.2".parse().unwrap()),
+                    dev: Some(EGRESS.into()),
+                },
+                HostRoute {
+                    dst: "198.51.100.0/24".parse().unwrap(),
+                    gateway: None,
+                    dev: Some(EGRESS.into()),
+                },
+            ],
+            rules: vec![],
+            sysctls: BTreeMap::new(),
+            tunsrc: None,
+            nft: NftState::Absent,
+        }
+    }
+
+    /// A fake kernel: applies `ops` to `o` the way the reconciler's writes change what the
+    /// next observation returns.
+    fn model(o: &mut ObservedNode, ops: &[Op]) {
+        for op in ops {
+            match op {
+                Op::ReplaceLink { name } | Op::DelLink { name } => {
+                    o.links.remove(name);
+                }
+                Op::AddVrf { name, table } => {
+                    let index = 100 + o.links.len() as u32;
+                    o.links.insert(
+                        name.clone(),
+                        ObservedLink {
+                            vrf_table: Some(*table),
+                            ..link(index)
+                        },
+                    );
+                }
+                Op::LinkUp { name } => o.links.get_mut(name).unwrap().up = true,
+                Op::SetMaster { link, master } => {
+                    let m = o.links[master].index;
+                    o.links.get_mut(link).unwrap().master = Some(m);
+                }
+                Op::Sysctl { key, value } => {
+                    o.sysctls.insert(key.clone(), Some(value.clone()));
+                }
+                Op::Tunsrc(a) => o.tunsrc = Some(*a),
+                Op::NftSwap { tag, .. } => {
+                    o.nft = NftState::Present {
+                        tag: Some(tag.clone()),
+                    }
+                }
+                Op::AddRule(r) => o.rules.push(ObservedRule {
+                    rule: Some(*r),
+                    raw: Default::default(),
+                }),
+                Op::PutRoute { key, nh } => {
+                    o.routes.insert(*key, nh.clone());
+                }
+                Op::DelRoute { key, .. } => {
+                    o.routes.remove(key);
+                }
+                Op::DelRule(r) => o.rules.retain(|x| x != r.as_ref()),
+                Op::NftDelete => o.nft = NftState::Absent,
+            }
+        }
+    }
+
+    fn first(ops: &[Op], f: impl Fn(&Op) -> bool) -> Option<usize> {
+        ops.iter().position(f)
+    }
+
+    #[test]
+    fn from_scratch_everything_is_added_in_a_safe_order() {
+        let d = desired(true);
+        let diff = diff(Some(&d), &bare_host()).unwrap();
+        let ops = &diff.ops;
+        assert!(diff.skipped.is_empty());
+        assert!(ops.windows(2).all(|w| w[0].phase() <= w[1].phase()));
+        let first_route = first(ops, |o| matches!(o, Op::PutRoute { .. })).unwrap();
+        let last_vrf = ops
+            .iter()
+            .rposition(|o| matches!(o, Op::AddVrf { .. }))
+            .unwrap();
+        let nft = first(ops, |o| matches!(o, Op::NftSwap { .. })).unwrap();
+        let strict = first(
+            ops,
+            |o| matches!(o, Op::Sysctl { key, .. } if key == "net.vrf.strict_mode"),
+        )
+        .unwrap();
+        assert!(last_vrf < nft && nft < first_route && strict < first_route);
+        assert!(!ops.iter().any(|o| matches!(
+            o,
+            Op::DelRoute { .. } | Op::DelRule(_) | Op::DelLink { .. } | Op::NftDelete
+        )));
+        // Every planned route, with symbolic next hops resolved.
+        let puts: BTreeMap<RouteKey, KernelNexthop> = ops
+            .iter()
+            .filter_map(|o| match o {
+                Op::PutRoute { key, nh } => Some((*key, nh.clone())),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(puts.len(), d.routes().count());
+        let egress = RouteKey {
+            table: d.base.vrfs["lv-a"].table,
+            dst: "0.0.0.0/0".parse().unwrap(),
+        };
+        assert_eq!(
+            puts[&egress],
+            KernelNexthop::Via {
+                via: "198.51.100.2".parse().unwrap(),
+                dev: EGRESS.into()
+            },
+            "Host next hop = the main table's default route"
+        );
+        for (k, nh) in &puts {
+            match (d.route(k).unwrap(), nh) {
+                (Nexthop::Seg6Encap { .. }, KernelNexthop::Seg6Encap { dev, .. })
+                | (Nexthop::Underlay { .. }, KernelNexthop::Via { dev, .. }) => {
+                    assert_eq!(dev, UPLINK, "{k:?}")
+                }
+                _ => {}
+            }
+        }
+        assert!(ops.contains(&Op::SetMaster {
+            link: "lp-pa".into(),
+            master: "lv-a".into()
+        }));
+        assert!(ops.contains(&Op::Tunsrc(ul(1))));
+    }
+
+    #[test]
+    fn applying_the_diff_converges_to_no_ops() {
+        let d = desired(true);
+        let mut o = bare_host();
+        let ops = diff(Some(&d), &o).unwrap().ops;
+        model(&mut o, &ops);
+        assert_eq!(diff(Some(&d), &o).unwrap(), Diff::default());
+    }
+
+    #[test]
+    fn removing_a_network_deletes_its_state_last_and_nothing_foreign() {
+        let mut o = bare_host();
+        let ops = diff(Some(&desired(true)), &o).unwrap().ops;
+        model(&mut o, &ops);
+        let d = desired(false);
+        let ops = diff(Some(&d), &o).unwrap().ops;
+        let table_b = 1_000_002;
+        assert!(ops.contains(&Op::DelLink {
+            name: "lv-b".into()
+        }));
+        let dels: Vec<&Op> = ops
+            .iter()
+            .filter(|o| matches!(o, Op::DelRoute { .. }))
+            .collect();
+        assert!(dels
+            .iter()
+            .any(|o| matches!(o, Op::DelRoute { key, .. } if key.table == table_b)));
+        // Deletions come after every addition.
+        let first_del = first(&ops, |o| matches!(o, Op::DelRoute { .. } | Op::DelLink { .. }))
+            .unwrap();
+        assert!(ops[first_del..].iter().all(|o| matches!(
+            o,
+            Op::DelRoute { .. } | Op::DelRule(_) | Op::DelLink { .. }
+        )));
+        model(&mut o, &ops);
+        assert!(o.routes.keys().all(|k| k.table != table_b));
+        assert!(o.links.contains_key("keep0") && o.links.contains_key("lp-pb"));
+        assert_eq!(diff(Some(&d), &o).unwrap(), Diff::default());
+    }
+
+    #[test]
+    fn teardown_removes_all_of_lace_but_the_shared_l3mdev_rule() {
+        let mut o = bare_host();
+        let ops = diff(Some(&desired(true)), &o).unwrap().ops;
+        model(&mut o, &ops);
+        let ops = diff(None, &o).unwrap().ops;
+        model(&mut o, &ops);
+        assert!(o.routes.is_empty());
+        assert!(o.vrfs().next().is_none());
+        assert_eq!(o.nft, NftState::Absent);
+        let left: Vec<Rule> = o.rules.iter().filter_map(|r| r.rule).collect();
+        assert!(left.iter().all(|r| r.action == RuleAction::L3mdev));
+        assert_eq!(left.len(), 2);
+        for name in ["lo", UPLINK, EGRESS, "lp-pa", "keep0"] {
+            assert!(o.links.contains_key(name), "{name}");
+        }
+        assert!(diff(None, &o).unwrap().ops.is_empty());
+    }
+
+    #[test]
+    fn a_changed_route_is_replaced_and_a_stray_rule_in_the_band_deleted() {
+        let d = desired(true);
+        let mut o = bare_host();
+        let ops = diff(Some(&d), &o).unwrap().ops;
+        model(&mut o, &ops);
+        let (key, _) = d.routes().next().map(|(k, n)| (*k, n.clone())).unwrap();
+        o.routes
+            .insert(key, KernelNexthop::Unknown("edited by hand".into()));
+        let stray = ObservedRule {
+            rule: Some(Rule {
+                priority: 995,
+                family: Family::V4,
+                action: RuleAction::Fwmark {
+                    mark: 1,
+                    mask: 1,
+                    table: 7,
+                },
+            }),
+            raw: Default::default(),
+        };
+        o.rules.push(stray.clone());
+        let ops = diff(Some(&d), &o).unwrap().ops;
+        assert_eq!(ops.len(), 2, "{ops:#?}");
+        assert!(matches!(&ops[0], Op::PutRoute { key: k, .. } if *k == key));
+        assert_eq!(ops[1], Op::DelRule(Box::new(stray)));
+    }
+
+    #[test]
+    fn unresolvable_next_hops_are_errors_missing_pod_links_are_skipped() {
+        let d = desired(true);
+        let mut o = bare_host();
+        o.addrs_v6.clear();
+        assert_eq!(
+            diff(Some(&d), &o).unwrap_err(),
+            DiffError::NoUplink { underlay: ul(1) }
+        );
+        let mut o = bare_host();
+        o.host_routes.clear();
+        assert!(matches!(
+            diff(Some(&d), &o).unwrap_err(),
+            DiffError::NoHostRoute { .. }
+        ));
+        let mut o = bare_host();
+        o.links.remove("lp-pb");
+        let diff = diff(Some(&d), &o).unwrap();
+        assert_eq!(diff.skipped.len(), 2, "{:?}", diff.skipped); // VRF table + probe table
+        assert!(!diff.ops.iter().any(|op| op.to_string().contains("lp-pb")));
+    }
 }

@@ -194,7 +194,12 @@ pub struct ApplyReport {
     pub writes: u64,
     /// Pod routes left out because their device does not exist (yet, or any more).
     pub skipped: Vec<String>,
+    /// The first [`SAMPLE_OPS`] operations, as text (for logs).
+    pub sample: Vec<String>,
 }
+
+/// How many operations an [`ApplyReport`] names.
+pub const SAMPLE_OPS: usize = 32;
 
 /// Why a reconcile failed.
 #[derive(Debug, thiserror::Error)]
@@ -281,12 +286,14 @@ impl Reconciler {
                 }
             })?;
             let ops = d.ops.len();
+            let sample = d.ops.iter().take(SAMPLE_OPS).map(|o| o.to_string()).collect();
             let (writes, failures) = apply::apply(nl, &observed, d.ops);
             if failures.is_empty() {
                 Ok(ApplyReport {
                     ops,
                     writes,
                     skipped: d.skipped,
+                    sample,
                 })
             } else {
                 Err(DataplaneError::Apply {

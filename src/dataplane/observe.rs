@@ -245,7 +245,8 @@ fn classify_rule(r: RuleMessage) -> Option<ObservedRule> {
             RuleAttribute::Table(t) => table = *t,
             RuleAttribute::FwMark(m) => mark = Some(*m),
             RuleAttribute::FwMask(m) => mask = Some(*m),
-            RuleAttribute::Protocol(_) => {}
+            // Always reported; u32::MAX (-1) means "no suppression".
+            RuleAttribute::SuppressPrefixLen(u32::MAX) | RuleAttribute::Protocol(_) => {}
             _ => other = true,
         }
     }
