@@ -188,6 +188,9 @@ fn message(
         ),
         Op::DelRoute { key, nh } => {
             let mut m = route_message(key, None, &idx)?;
+            // IPv4 matches the scope on delete unless it is "nowhere" (any): Lace's device
+            // routes have scope link, the others universe.
+            m.header.scope = RouteScope::NoWhere;
             if *nh == KernelNexthop::Unreachable {
                 m.header.kind = RouteType::Unreachable;
             }
