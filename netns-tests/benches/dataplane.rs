@@ -134,6 +134,14 @@ fn bench_routes(n: u32) {
     let again = rec.reconcile(&plan).unwrap();
     let reapply = t.elapsed();
     assert_eq!(again.writes, 0, "re-apply wrote {:?}", again.sample);
+    let keys = plan.base.sysctls.keys().cloned().collect();
+    let t = Instant::now();
+    let observed = rec.observe(keys).unwrap();
+    let observe = t.elapsed();
+    let t = Instant::now();
+    let d = lace::dataplane::diff(Some(&plan), &observed).unwrap();
+    let diff = t.elapsed();
+    assert!(d.ops.is_empty());
 
     // Baseline: the same routes with `ip -batch`, VRF created beforehand (not timed).
     let base = Netns::new(&format!("bench-i{n}")).unwrap();
@@ -156,7 +164,9 @@ fn bench_routes(n: u32) {
     let ip_batch = t.elapsed();
     let _ = std::fs::remove_file(&path);
     let count = base
-        .ip(&format!("route show table {VRF_TABLE} proto {ROUTE_PROTOCOL}"))
+        .ip(&format!(
+            "route show table {VRF_TABLE} proto {ROUTE_PROTOCOL}"
+        ))
         .unwrap()
         .lines()
         .count();
@@ -173,9 +183,17 @@ fn bench_routes(n: u32) {
         "re-apply unchanged plan (0 writes)",
         n as usize,
         reapply,
-        "the install",
-        Some(install),
+        "-",
+        None,
     );
+    row(
+        "  of which: observe (dumps, nft, sysctls)",
+        n as usize,
+        observe,
+        "-",
+        None,
+    );
+    row("  of which: diff (pure)", n as usize, diff, "-", None);
     println!(
         "|   re-apply / install = {:.1}% (target < 5%)",
         100.0 * secs(reapply) / secs(install)
@@ -228,7 +246,11 @@ fn bench_nft(pairs: u32, grants: u32) {
     let t = Instant::now();
     let one = rec.reconcile(&changed).unwrap();
     let change = t.elapsed();
-    assert_eq!(one.writes, 1, "one element change = one nft transaction: {:?}", one.sample);
+    assert_eq!(
+        one.writes, 1,
+        "one element change = one nft transaction: {:?}",
+        one.sample
+    );
     let t = Instant::now();
     let none = rec.reconcile(&changed).unwrap();
     let reapply = t.elapsed();
@@ -279,6 +301,13 @@ fn main() {
         "what", "N", "lace s", "N/s", "baseline", "base s", "ratio"
     );
     println!("|{}|", "-".repeat(125));
+    // Warm-up: the first VRF, nft table and seg6 route load kernel modules; keep that out of
+    // the measured installs.
+    {
+        let ns = node_ns("bench-warm");
+        let rec = Reconciler::new(NetnsTarget::Path(ns.path())).unwrap();
+        rec.reconcile(&with_routes(&small_plan(), 10)).unwrap();
+    }
     for n in sizes {
         bench_routes(n);
     }

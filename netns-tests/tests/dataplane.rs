@@ -76,7 +76,11 @@ fn underlay(i: u32) -> Ipv6Addr {
 }
 
 fn locator(i: u32) -> Ipv6Net {
-    Ipv6Net::new(Ipv6Addr::new(0x2001, 0xdb8, 0x100, 0, 0, i as u16, 0, 0), 96).unwrap()
+    Ipv6Net::new(
+        Ipv6Addr::new(0x2001, 0xdb8, 0x100, 0, 0, i as u16, 0, 0),
+        96,
+    )
+    .unwrap()
 }
 
 fn sid(i: u32, function: u16) -> Ipv6Addr {
@@ -217,22 +221,25 @@ impl World {
         on_fabric.push(("rogue".into(), 0x99));
         for (label, host) in &on_fabric {
             let port = format!("fab-{label}");
-            w.topo
-                .link((label, "eth0"), ("fabric", &port))
-                .unwrap();
+            w.topo.link((label, "eth0"), ("fabric", &port)).unwrap();
             fabric.ip(&format!("link set {port} master br0")).unwrap();
             let ns = w.ns(label);
-            ns.ip(&format!("-6 addr add 2001:db8:ff::{host:x}/64 dev eth0 nodad"))
-                .unwrap();
+            ns.ip(&format!(
+                "-6 addr add 2001:db8:ff::{host:x}/64 dev eth0 nodad"
+            ))
+            .unwrap();
         }
         for i in NODES {
             let n = w.node(i);
             // Host routing the plan resolves `Host` next hops against: node 1 has the
             // internet behind it, the others a device default towards the fabric.
             if i == 1 {
-                w.topo.link(("node1", "inet0"), ("internet", "eth0")).unwrap();
+                w.topo
+                    .link(("node1", "inet0"), ("internet", "eth0"))
+                    .unwrap();
                 n.ip("addr add 198.51.100.1/24 dev inet0").unwrap();
-                n.ip("route add default via 198.51.100.2 dev inet0").unwrap();
+                n.ip("route add default via 198.51.100.2 dev inet0")
+                    .unwrap();
             } else {
                 n.ip("route add default dev eth0").unwrap();
             }
@@ -294,8 +301,15 @@ fn apply_all(recs: &[Reconciler], plans: &[DesiredNode]) -> u64 {
     recs.iter()
         .zip(plans)
         .map(|(r, p)| {
-            let rep = r.reconcile(p).unwrap_or_else(|e| panic!("reconcile {}: {e}", p.node));
-            assert!(rep.skipped.is_empty(), "{}: skipped {:?}", p.node, rep.skipped);
+            let rep = r
+                .reconcile(p)
+                .unwrap_or_else(|e| panic!("reconcile {}: {e}", p.node));
+            assert!(
+                rep.skipped.is_empty(),
+                "{}: skipped {:?}",
+                p.node,
+                rep.skipped
+            );
             if rep.writes > 0 {
                 eprintln!("{}: {} writes: {:#?}", p.node, rep.writes, rep.sample);
             }
@@ -364,8 +378,9 @@ fn tcp(w: &World, from: &str, to_ns: &str, to_addr: Ipv4Addr) -> Result<IpAddr, 
     let (mut conn, peer) = loop {
         match listener.accept() {
             Ok(c) => break c,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock
-                && std::time::Instant::now() < deadline =>
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    && std::time::Instant::now() < deadline =>
             {
                 std::thread::sleep(Duration::from_millis(20))
             }
@@ -375,7 +390,8 @@ fn tcp(w: &World, from: &str, to_ns: &str, to_addr: Ipv4Addr) -> Result<IpAddr, 
     conn.set_nonblocking(false).unwrap();
     client.write_all(b"ping\n").map_err(|e| e.to_string())?;
     let mut buf = [0u8; 5];
-    conn.read_exact(&mut buf).map_err(|e| format!("server read: {e}"))?;
+    conn.read_exact(&mut buf)
+        .map_err(|e| format!("server read: {e}"))?;
     conn.write_all(b"pong\n").map_err(|e| e.to_string())?;
     client
         .read_exact(&mut buf)
@@ -423,10 +439,12 @@ fn dataplane_three_nodes_policies_srv6_teardown_restart() {
 
     // Foreign state on node 1 that Lace must never touch.
     n1.ip("link add keep0 type dummy").unwrap();
-    n1.ip("route add blackhole 192.0.2.0/24 proto static").unwrap();
+    n1.ip("route add blackhole 192.0.2.0/24 proto static")
+        .unwrap();
     n1.ip("route add blackhole 192.0.2.0/24 table 1000002 proto static")
         .unwrap();
-    n1.ip("rule add pref 500 from 192.0.2.1 lookup 100").unwrap();
+    n1.ip("rule add pref 500 from 192.0.2.1 lookup 100")
+        .unwrap();
 
     // Before Lace: no pod reaches another.
     assert!(!w.ping("p1-system", IpAddr::V4(pod_by("p2-system").addr)));
@@ -439,7 +457,11 @@ fn dataplane_three_nodes_policies_srv6_teardown_restart() {
     let srv6_before = w.srv6_in(2);
     let all: Vec<&PodSpec> = PODS.iter().collect();
     let wrong = matrix(&w, &all);
-    assert!(wrong.is_empty(), "matrix differs from policy:\n{}", wrong.join("\n"));
+    assert!(
+        wrong.is_empty(),
+        "matrix differs from policy:\n{}",
+        wrong.join("\n")
+    );
     assert!(
         w.srv6_in(2) > srv6_before,
         "cross-node traffic to node 2 must arrive as SRv6"
@@ -447,7 +469,11 @@ fn dataplane_three_nodes_policies_srv6_teardown_restart() {
 
     // TCP: allowed both ways of the conversation, disallowed new connections refused.
     let peer = tcp(&w, "p1-tenant", "p2-system", pod_by("p2-system").addr).unwrap();
-    assert_eq!(peer, IpAddr::V4(pod_by("p1-tenant").addr), "no NAT between pods");
+    assert_eq!(
+        peer,
+        IpAddr::V4(pod_by("p1-tenant").addr),
+        "no NAT between pods"
+    );
     assert!(tcp(&w, "p2-system", "p1-tenant", pod_by("p1-tenant").addr).is_err());
     assert!(tcp(&w, "p1-system", "p3-system", pod_by("p3-system").addr).is_ok());
     assert!(tcp(&w, "p1-default", "p2-default", pod_by("p2-default").addr).is_err());
@@ -479,22 +505,39 @@ fn dataplane_three_nodes_policies_srv6_teardown_restart() {
     assert!(rogue
         .exec(
             "ping",
-            &["-c", "1", "-W", "2", "-I", "10.9.9.9", &pod_by("p1-system").addr.to_string()]
+            &[
+                "-c",
+                "1",
+                "-W",
+                "2",
+                "-I",
+                "10.9.9.9",
+                &pod_by("p1-system").addr.to_string()
+            ]
         )
         .is_err());
-    assert!(w.guard_drops(1) > drops, "the ingress guard must count the rogue packet");
+    assert!(
+        w.guard_drops(1) > drops,
+        "the ingress guard must count the rogue packet"
+    );
 
     // --- Re-applying the same plan writes nothing. --------------------------------------
     let same = plans(true);
     let events = monitored(n1, || assert_eq!(apply_all(&recs, &same), 0));
-    assert!(events.trim().is_empty(), "re-apply changed the kernel:\n{events}");
+    assert!(
+        events.trim().is_empty(),
+        "re-apply changed the kernel:\n{events}"
+    );
 
     // --- Removing tenant-a removes its state; the rest keeps working. -------------------
     apply_all(&recs, &plans(false));
     for i in NODES {
         let n = w.node(i);
         let links = n.ip("-d link show").unwrap();
-        assert!(!links.contains("lv-tenant-a"), "node{i} still has lv-tenant-a");
+        assert!(
+            !links.contains("lv-tenant-a"),
+            "node{i} still has lv-tenant-a"
+        );
         let routes = n
             .ip(&format!("-6 route show table all proto {ROUTE_PROTOCOL}"))
             .unwrap();
@@ -511,16 +554,34 @@ fn dataplane_three_nodes_policies_srv6_teardown_restart() {
             eprintln!("node{i} table 1000003 {fam} after removing tenant-a: {left:?}");
         }
         let nft = n.exec("nft", &["list", "table", "inet", "lace"]).unwrap();
-        assert!(!nft.contains("tenant-a"), "node{i} nft still mentions tenant-a");
+        assert!(
+            !nft.contains("tenant-a"),
+            "node{i} nft still mentions tenant-a"
+        );
     }
     let rest: Vec<&PodSpec> = PODS.iter().filter(|p| p.network != "tenant-a").collect();
     let wrong = matrix(&w, &rest[..]);
-    assert!(wrong.is_empty(), "after removing tenant-a:\n{}", wrong.join("\n"));
+    assert!(
+        wrong.is_empty(),
+        "after removing tenant-a:\n{}",
+        wrong.join("\n")
+    );
 
     // --- A restarted reconciler (no memory) converges with zero writes, zero loss. -------
     drop(recs);
     let ping = Command::new("ip")
-        .args(["netns", "exec", w.ns("p1-system").name(), "ping", "-c", "15", "-i", "0.2", "-W", "2"])
+        .args([
+            "netns",
+            "exec",
+            w.ns("p1-system").name(),
+            "ping",
+            "-c",
+            "15",
+            "-i",
+            "0.2",
+            "-W",
+            "2",
+        ])
         .arg(pod_by("p2-system").addr.to_string())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -530,7 +591,10 @@ fn dataplane_three_nodes_policies_srv6_teardown_restart() {
     assert_eq!(apply_all(&recs, &plans(false)), 0, "restart must not write");
     let out = ping.wait_with_output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains(" 0% packet loss"), "pings lost during restart: {text}");
+    assert!(
+        text.contains(" 0% packet loss"),
+        "pings lost during restart: {text}"
+    );
 
     // --- teardown_all on node 1: Lace's state goes, the host's stays. -------------------
     recs[0].teardown_all().unwrap();
@@ -539,11 +603,16 @@ fn dataplane_three_nodes_policies_srv6_teardown_restart() {
     assert!(links.contains("keep0"));
     for fam in ["-4", "-6"] {
         let ours = n1
-            .ip(&format!("{fam} route show table all proto {ROUTE_PROTOCOL}"))
+            .ip(&format!(
+                "{fam} route show table all proto {ROUTE_PROTOCOL}"
+            ))
             .unwrap();
         assert!(ours.trim().is_empty(), "routes left: {ours}");
     }
-    assert!(n1.ip("route show proto static").unwrap().contains("192.0.2.0/24"));
+    assert!(n1
+        .ip("route show proto static")
+        .unwrap()
+        .contains("192.0.2.0/24"));
     assert!(n1
         .ip("route show table 1000002")
         .unwrap()

@@ -8,9 +8,9 @@ use ipnet::IpNet;
 use rtnetlink::packet_core::{NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE};
 use rtnetlink::packet_route::link::{LinkAttribute, LinkMessage};
 use rtnetlink::packet_route::route::{
-    RouteAddress, RouteAttribute, RouteHeader, RouteLwEnCapType, RouteLwTunnelEncap,
-    RouteMessage, RouteProtocol, RouteScope, RouteSeg6IpTunnel, RouteSeg6LocalTunnel, RouteType,
-    Seg6Header, Seg6LocalAction, Seg6Mode,
+    RouteAddress, RouteAttribute, RouteHeader, RouteLwEnCapType, RouteLwTunnelEncap, RouteMessage,
+    RouteProtocol, RouteScope, RouteSeg6IpTunnel, RouteSeg6LocalTunnel, RouteType, Seg6Header,
+    Seg6LocalAction, Seg6Mode,
 };
 use rtnetlink::packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
 use rtnetlink::packet_route::{AddressFamily, RouteNetlinkMessage};
@@ -123,7 +123,10 @@ fn fail(op: &Op, error: impl Into<String>) -> OpFailure {
 }
 
 fn errno_text(errno: i32) -> String {
-    format!("{} (errno {errno})", std::io::Error::from_raw_os_error(errno))
+    format!(
+        "{} (errno {errno})",
+        std::io::Error::from_raw_os_error(errno)
+    )
 }
 
 /// The errors that mean "already as wanted": creating what exists, deleting what is gone.
@@ -147,10 +150,7 @@ fn link_by_name(name: &str) -> LinkMessage {
 }
 
 /// The netlink request (and its extra flags) for a netlink operation.
-fn message(
-    op: &Op,
-    index: &HashMap<String, u32>,
-) -> Result<(RouteNetlinkMessage, u16), String> {
+fn message(op: &Op, index: &HashMap<String, u32>) -> Result<(RouteNetlinkMessage, u16), String> {
     let idx = |name: &str| {
         index
             .get(name)
@@ -223,7 +223,9 @@ pub(super) fn route_message(
     let a = &mut m.attributes;
     a.push(RouteAttribute::Table(key.table));
     if key.dst.prefix_len() > 0 {
-        a.push(RouteAttribute::Destination(RouteAddress::from(key.dst.network())));
+        a.push(RouteAttribute::Destination(RouteAddress::from(
+            key.dst.network(),
+        )));
     }
     let Some(nh) = nh else { return Ok(m) };
     match nh {
@@ -251,9 +253,10 @@ pub(super) fn route_message(
             header.segments = vec![*segs];
             m.attributes
                 .push(RouteAttribute::EncapType(RouteLwEnCapType::Seg6));
-            m.attributes.push(RouteAttribute::Encap(vec![
-                RouteLwTunnelEncap::Seg6(RouteSeg6IpTunnel::Seg6(header)),
-            ]));
+            m.attributes
+                .push(RouteAttribute::Encap(vec![RouteLwTunnelEncap::Seg6(
+                    RouteSeg6IpTunnel::Seg6(header),
+                )]));
             m.attributes.push(RouteAttribute::Oif(idx(dev)?));
         }
         KernelNexthop::Seg6LocalDt46 { vrf_table, dev } => {
@@ -295,7 +298,9 @@ fn rule_message(r: &Rule) -> RuleMessage {
         }
         PlanRuleAction::Fwmark { mark, mask, table } => {
             m.attributes
-                .push(RuleAttribute::Protocol(RouteProtocol::Other(ROUTE_PROTOCOL)));
+                .push(RuleAttribute::Protocol(RouteProtocol::Other(
+                    ROUTE_PROTOCOL,
+                )));
             m.attributes.push(RuleAttribute::Table(table));
             m.attributes.push(RuleAttribute::FwMark(mark));
             m.attributes.push(RuleAttribute::FwMask(mask));

@@ -11,7 +11,7 @@ use std::net::{IpAddr, Ipv6Addr};
 use ipnet::IpNet;
 
 use super::{host, HostRoute, KernelNexthop, NftState, ObservedNode, ObservedRule};
-use crate::plan::{DesiredNode, Nexthop, Rule, RuleAction, RouteKey, PROBE_TABLE};
+use crate::plan::{DesiredNode, Nexthop, RouteKey, Rule, RuleAction, PROBE_TABLE};
 
 /// Why no operations could be computed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -29,21 +29,45 @@ pub enum DiffError {
 pub enum Op {
     /// Delete a link that has a Lace name but is not the VRF planned (wrong kind or table),
     /// before it is re-created.
-    ReplaceLink { name: String },
-    AddVrf { name: String, table: u32 },
-    LinkUp { name: String },
+    ReplaceLink {
+        name: String,
+    },
+    AddVrf {
+        name: String,
+        table: u32,
+    },
+    LinkUp {
+        name: String,
+    },
     /// Enslave a pod's host-side veth to its Network's VRF.
-    SetMaster { link: String, master: String },
-    Sysctl { key: String, value: String },
+    SetMaster {
+        link: String,
+        master: String,
+    },
+    Sysctl {
+        key: String,
+        value: String,
+    },
     Tunsrc(Ipv6Addr),
     /// Replace table `inet lace` in one transaction (`script` is the whole `nft -f` input).
-    NftSwap { script: String, tag: String },
+    NftSwap {
+        script: String,
+        tag: String,
+    },
     AddRule(Rule),
     /// Add or replace (`NLM_F_CREATE | NLM_F_REPLACE`) a route.
-    PutRoute { key: RouteKey, nh: KernelNexthop },
-    DelRoute { key: RouteKey, nh: KernelNexthop },
+    PutRoute {
+        key: RouteKey,
+        nh: KernelNexthop,
+    },
+    DelRoute {
+        key: RouteKey,
+        nh: KernelNexthop,
+    },
     DelRule(Box<ObservedRule>),
-    DelLink { name: String },
+    DelLink {
+        name: String,
+    },
     NftDelete,
 }
 
@@ -199,7 +223,11 @@ pub fn diff(desired: Option<&DesiredNode>, observed: &ObservedNode) -> Result<Di
     // --- nft, sysctls, tunsrc ---------------------------------------------------------------
     let rendered = d.render_nft();
     let tag = host::nft_tag(&rendered);
-    if observed.nft != (NftState::Present { tag: Some(tag.clone()) }) {
+    if observed.nft
+        != (NftState::Present {
+            tag: Some(tag.clone()),
+        })
+    {
         let script = host::tagged_ruleset(&rendered, &tag).map_err(DiffError::Nft)?;
         out.ops.push(Op::NftSwap { script, tag });
     }
@@ -257,12 +285,11 @@ pub fn diff(desired: Option<&DesiredNode>, observed: &ObservedNode) -> Result<Di
             },
             Nexthop::Unreachable => KernelNexthop::Unreachable,
             Nexthop::Host => {
-                let h = host_lookup(&observed.host_routes, &key.dst).ok_or(
-                    DiffError::NoHostRoute {
+                let h =
+                    host_lookup(&observed.host_routes, &key.dst).ok_or(DiffError::NoHostRoute {
                         dst: key.dst,
                         table: key.table,
-                    },
-                )?;
+                    })?;
                 let dev = h.dev.clone().unwrap_or_default();
                 match h.gateway {
                     Some(via) => KernelNexthop::Via { via, dev },
@@ -272,8 +299,10 @@ pub fn diff(desired: Option<&DesiredNode>, observed: &ObservedNode) -> Result<Di
         };
         if let KernelNexthop::Dev(dev) = &resolved {
             if !observed.links.contains_key(dev) && !vrfs.contains_key(dev) {
-                out.skipped
-                    .push(format!("route {} table {}: no link {dev}", key.dst, key.table));
+                out.skipped.push(format!(
+                    "route {} table {}: no link {dev}",
+                    key.dst, key.table
+                ));
                 continue;
             }
         }
@@ -611,12 +640,13 @@ mod tests {
             .iter()
             .any(|o| matches!(o, Op::DelRoute { key, .. } if key.table == table_b)));
         // Deletions come after every addition.
-        let first_del = first(&ops, |o| matches!(o, Op::DelRoute { .. } | Op::DelLink { .. }))
-            .unwrap();
-        assert!(ops[first_del..].iter().all(|o| matches!(
-            o,
-            Op::DelRoute { .. } | Op::DelRule(_) | Op::DelLink { .. }
-        )));
+        let first_del = first(&ops, |o| {
+            matches!(o, Op::DelRoute { .. } | Op::DelLink { .. })
+        })
+        .unwrap();
+        assert!(ops[first_del..]
+            .iter()
+            .all(|o| matches!(o, Op::DelRoute { .. } | Op::DelRule(_) | Op::DelLink { .. })));
         model(&mut o, &ops);
         assert!(o.routes.keys().all(|k| k.table != table_b));
         assert!(o.links.contains_key("keep0") && o.links.contains_key("lp-pb"));

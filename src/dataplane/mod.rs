@@ -33,6 +33,19 @@
 //! *new* routes installed (each route is independent), which the next reconcile completes or
 //! removes. The nft table is all-or-nothing (one `nft -f` transaction).
 //!
+//! ## Observing the nft table
+//! The table's comment carries a digest of the ruleset text Lace wrote (`lace-plan <fnv64>`);
+//! the table is swapped when the digest differs from the plan's, or the table is missing or
+//! has no such comment. `nft -t` (no set elements) keeps this cheap for large tables. A hand
+//! edit inside `inet lace` that keeps the comment is not noticed until the plan changes.
+//!
+//! ## Threads and sockets
+//! Each [`Reconciler`] owns one worker thread that entered the namespace with `setns` and one
+//! blocking rtnetlink socket on it ([`nl`]). There is no async runtime on that thread: batching
+//! (many requests per `send`, ACKs read back per chunk) needs control of the socket that
+//! `rtnetlink`'s connection task does not give, and nothing else runs there. The message
+//! types are `netlink-packet-route` 0.34's, through `rtnetlink`'s re-exports.
+//!
 //! [`DesiredNode`]: crate::plan::DesiredNode
 //! [`Nexthop::Host`]: crate::plan::Nexthop::Host
 
@@ -130,7 +143,9 @@ pub struct HostRoute {
 pub enum NftState {
     Absent,
     /// Present, with the plan tag Lace wrote into its comment (None: no or a foreign comment).
-    Present { tag: Option<String> },
+    Present {
+        tag: Option<String>,
+    },
 }
 
 /// Everything the reconciler observed in one namespace.
@@ -273,20 +288,23 @@ impl Reconciler {
             .map(|d| d.base.sysctls.keys().cloned().collect())
             .unwrap_or_default();
         let result = self.worker.run(move |nl| {
-            let observed = observe::observe(nl, &keys).map_err(|source| {
-                DataplaneError::Observe {
+            let observed =
+                observe::observe(nl, &keys).map_err(|source| DataplaneError::Observe {
                     target: target.clone(),
                     source,
-                }
-            })?;
-            let d = diff::diff(desired.as_ref(), &observed).map_err(|source| {
-                DataplaneError::Diff {
+                })?;
+            let d =
+                diff::diff(desired.as_ref(), &observed).map_err(|source| DataplaneError::Diff {
                     target: target.clone(),
                     source,
-                }
-            })?;
+                })?;
             let ops = d.ops.len();
-            let sample = d.ops.iter().take(SAMPLE_OPS).map(|o| o.to_string()).collect();
+            let sample = d
+                .ops
+                .iter()
+                .take(SAMPLE_OPS)
+                .map(|o| o.to_string())
+                .collect();
             let (writes, failures) = apply::apply(nl, &observed, d.ops);
             if failures.is_empty() {
                 Ok(ApplyReport {

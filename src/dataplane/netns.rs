@@ -150,7 +150,11 @@ impl Worker {
         let job: Job = Box::new(move |nl| {
             let _ = rtx.send(f(nl));
         });
-        self.tx.as_ref().ok_or_else(gone)?.send(job).map_err(|_| gone())?;
+        self.tx
+            .as_ref()
+            .ok_or_else(gone)?
+            .send(job)
+            .map_err(|_| gone())?;
         rrx.recv().map_err(|_| gone())
     }
 }

@@ -8,7 +8,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use rtnetlink::packet_route::address::{AddressAttribute, AddressMessage};
-use rtnetlink::packet_route::link::{InfoData, InfoVrf, LinkAttribute, LinkFlags, LinkInfo, LinkMessage};
+use rtnetlink::packet_route::link::{
+    InfoData, InfoVrf, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
+};
 use rtnetlink::packet_route::route::{
     RouteAddress, RouteAttribute, RouteLwTunnelEncap, RouteMessage, RouteProtocol,
     RouteSeg6IpTunnel, RouteSeg6LocalTunnel, RouteType, Seg6LocalAction,
@@ -87,7 +89,10 @@ pub fn observe(nl: &mut Nl, sysctls: &BTreeSet<String>) -> Result<ObservedNode, 
 
 fn dump_links(nl: &mut Nl) -> Result<BTreeMap<String, ObservedLink>, NlError> {
     let mut out = BTreeMap::new();
-    for m in nl.dump("links", RouteNetlinkMessage::GetLink(LinkMessage::default()))? {
+    for m in nl.dump(
+        "links",
+        RouteNetlinkMessage::GetLink(LinkMessage::default()),
+    )? {
         let RouteNetlinkMessage::NewLink(l) = m else {
             continue;
         };
@@ -178,8 +183,12 @@ fn classify_route(
     let dst = match (r.header.address_family, dst) {
         (_, Some(IpAddr::V4(a))) => Ipv4Net::new(a, len).ok().map(IpNet::V4),
         (_, Some(IpAddr::V6(a))) => Ipv6Net::new(a, len).ok().map(IpNet::V6),
-        (AddressFamily::Inet, None) => Some(IpNet::V4(Ipv4Net::new(Ipv4Addr::UNSPECIFIED, 0).unwrap_or_default())),
-        (AddressFamily::Inet6, None) => Some(IpNet::V6(Ipv6Net::new(Ipv6Addr::UNSPECIFIED, 0).unwrap_or_default())),
+        (AddressFamily::Inet, None) => Some(IpNet::V4(
+            Ipv4Net::new(Ipv4Addr::UNSPECIFIED, 0).unwrap_or_default(),
+        )),
+        (AddressFamily::Inet6, None) => Some(IpNet::V6(
+            Ipv6Net::new(Ipv6Addr::UNSPECIFIED, 0).unwrap_or_default(),
+        )),
         _ => None,
     };
     let Some(dst) = dst else { return };
@@ -198,9 +207,9 @@ fn classify_route(
         (RouteType::Unicast, Some(e), None, Some(dev)) => parse_encap(e, dev),
         (RouteType::Unicast, None, Some(via), Some(dev)) => KernelNexthop::Via { via, dev },
         (RouteType::Unicast, None, None, Some(dev)) => KernelNexthop::Dev(dev),
-        (kind, e, g, d) => KernelNexthop::Unknown(format!(
-            "type {kind:?} encap {e:?} gateway {g:?} dev {d:?}"
-        )),
+        (kind, e, g, d) => {
+            KernelNexthop::Unknown(format!("type {kind:?} encap {e:?} gateway {g:?} dev {d:?}"))
+        }
     };
     routes.insert(RouteKey { table, dst }, nh);
 }
