@@ -210,7 +210,8 @@ fn nft_plan(pairs: u32, grants: u32, extra: bool) -> DesiredNode {
                 for i in 0..pairs {
                     let (x, y) = (i / 32, i % 32);
                     s.add(
-                        format!("10.{x}.0.0/16 . 10.{y}.64.0/18"),
+                        // Outside the plan's own 10.0.0.0/8 pair: intervals must not overlap.
+                        format!("100.64.{x}.0/24 . 100.65.{y}.0/24"),
                         Some("accept"),
                         &format!("NetworkRoutingPolicy bench-{i}"),
                     );
@@ -220,7 +221,7 @@ fn nft_plan(pairs: u32, grants: u32, extra: bool) -> DesiredNode {
                 for i in 0..grants + u32::from(extra) {
                     let svc = Ipv4Addr::from(0xac10_0000 + i); // 172.16.0.0/12
                     s.add(
-                        format!("10.{}.0.0/16 . {svc}", i % 200),
+                        format!("100.66.{}.0/24 . {svc}", i % 200),
                         None,
                         &format!("ServiceRoutingPolicy bench: ns/svc-{i}"),
                     );

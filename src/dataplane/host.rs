@@ -89,13 +89,27 @@ fn run(program: &str, args: &[&str], stdin: Option<&str>) -> Result<String, Stri
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| format!("cannot run `{line}`: {e}"))?;
-    if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
-        pipe.write_all(input.as_bytes())
-            .map_err(|e| format!("writing to `{line}`: {e}"))?;
-    }
-    let out = child
-        .wait_with_output()
-        .map_err(|e| format!("waiting for `{line}`: {e}"))?;
+    // Feed stdin from another thread while this one drains stdout and stderr: a tool that
+    // reports many errors before reading all its input would otherwise block on a full pipe
+    // while we block writing to it.
+    let out = std::thread::scope(|s| {
+        let writer = match (stdin, child.stdin.take()) {
+            (Some(input), Some(mut pipe)) => {
+                Some(s.spawn(move || pipe.write_all(input.as_bytes())))
+            }
+            _ => None,
+        };
+        let out = child.wait_with_output();
+        let written = writer.map(|w| w.join().unwrap_or(Ok(())));
+        (out, written)
+    });
+    let out = match out {
+        (Ok(o), Some(Err(e))) if o.status.success() => {
+            return Err(format!("writing to `{line}`: {e}"))
+        }
+        (Ok(o), _) => o,
+        (Err(e), _) => return Err(format!("waiting for `{line}`: {e}")),
+    };
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     } else {
@@ -159,6 +173,20 @@ pub fn tunsrc_set(addr: Ipv6Addr) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tool_that_fails_loudly_before_reading_its_input_does_not_hang() {
+        // 256 KiB of stderr before reading any of 1 MiB of stdin: both pipes overflow.
+        let input = "x".repeat(1 << 20);
+        let err = run(
+            "sh",
+            &["-c", "head -c 262144 /dev/zero >&2; exit 3"],
+            Some(&input),
+        )
+        .unwrap_err();
+        assert!(err.contains("exit status: 3"), "{err}");
+        assert_eq!(run("cat", &[], Some("abc")).unwrap(), "abc");
+    }
 
     #[test]
     fn sysctl_paths_keep_interface_names_whole() {
