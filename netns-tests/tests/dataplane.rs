@@ -551,7 +551,6 @@ fn dataplane_three_nodes_policies_srv6_teardown_restart() {
                 !left.contains(&format!("proto {ROUTE_PROTOCOL}")) && !left.contains("encap"),
                 "node{i}: tenant-a's table still holds Lace routes: {left}"
             );
-            eprintln!("node{i} table 1000003 {fam} after removing tenant-a: {left:?}");
         }
         let nft = n.exec("nft", &["list", "table", "inet", "lace"]).unwrap();
         assert!(
