@@ -65,7 +65,7 @@ pub fn apply(nl: &mut Nl, observed: &ObservedNode, ops: Vec<Op>) -> (u64, Vec<Op
                 }
                 Op::Tunsrc(a) => {
                     writes += 1;
-                    if let Err(e) = host::tunsrc_set(a) {
+                    if let Err(e) = super::seg6::tunsrc_set(a) {
                         failures.push(fail(&op, e));
                     }
                 }

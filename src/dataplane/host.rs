@@ -1,10 +1,8 @@
-//! Kernel state outside rtnetlink: sysctls (`/proc/sys`), the nft table (the `nft` binary,
-//! one atomic transaction per change) and `ip sr tunsrc` (a generic-netlink setting that
-//! rtnetlink does not carry; `ip sr` is the stock tool for it). All run on the namespace's
-//! worker thread, so files and child processes see that namespace.
+//! Kernel state outside rtnetlink: sysctls (`/proc/sys`) and the nft table (the `nft` binary,
+//! one atomic transaction per change). Both run on the namespace's worker thread, so files
+//! and child processes see that namespace.
 
 use std::io::Write;
-use std::net::Ipv6Addr;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
@@ -149,22 +147,6 @@ pub fn nft_apply(script: &str) -> Result<(), String> {
 /// The `delete table` transaction, create-if-missing first so it never fails.
 pub fn nft_delete_script() -> String {
     format!("table inet {TABLE}\ndelete table inet {TABLE}\n")
-}
-
-/// `ip sr tunsrc show`: `None` when unset (`::`).
-pub fn tunsrc_observe() -> Result<Option<Ipv6Addr>, String> {
-    let out = run("ip", &["sr", "tunsrc", "show"], None)?;
-    let addr = out
-        .split_whitespace()
-        .last()
-        .and_then(|a| a.parse::<Ipv6Addr>().ok())
-        .ok_or_else(|| format!("cannot parse `ip sr tunsrc show` output {out:?}"))?;
-    Ok((!addr.is_unspecified()).then_some(addr))
-}
-
-/// `ip sr tunsrc set <addr>`.
-pub fn tunsrc_set(addr: Ipv6Addr) -> Result<(), String> {
-    run("ip", &["sr", "tunsrc", "set", &addr.to_string()], None).map(|_| ())
 }
 
 #[cfg(test)]

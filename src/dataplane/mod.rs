@@ -4,7 +4,7 @@
 //! The seam is **state → plan → diff → apply**. [`diff::diff`] is pure (no kernel, unit-tested);
 //! [`Reconciler`] is the only code that talks to the kernel: one rtnetlink socket per network
 //! namespace, on a dedicated thread that entered it ([`netns`]), plus the `nft` binary (one
-//! atomic transaction per change) and `/proc/sys`.
+//! atomic transaction per change), `/proc/sys` and generic netlink for `ip sr tunsrc`.
 //!
 //! ## Ownership
 //! Lace reads as its own, and only ever changes or deletes:
@@ -23,9 +23,13 @@
 //!
 //! ## Order and failure
 //! [`diff::diff`] orders operations so nothing opens or black-holes mid-change: VRFs and pod
-//! enslavement, sysctls, `ip sr tunsrc`, then the nft table (swapped atomically, and always
-//! before routes that would open a path), rules, routes added or replaced, and only then the
-//! deletions (routes, rules, VRFs). Apply runs the phases in that order; the netlink
+//! enslavement, the nft table (swapped atomically, always before routes that would open a
+//! path; its `ct` expressions load conntrack, whose sysctl comes next), sysctls, `ip sr
+//! tunsrc`, rules, routes added or replaced, and only then the deletions (routes, rules,
+//! VRFs). When a Network is removed, its VRF's routes go after the new ruleset no longer
+//! names the VRF: a pod still attached to it would briefly be unpoliced, but its Network has
+//! no routes left to other Networks' pods a moment later (pods of a removed Network are
+//! expected to be gone already). Apply runs the phases in that order; the netlink
 //! operations of one phase go to the kernel in batches, and after a phase with a failure the
 //! reconciler stops and reports every failed object. "The previous state stays in force"
 //! means: a failure never happens after a deletion of the same apply (deletions are last), so
@@ -55,6 +59,7 @@ mod host;
 pub mod netns;
 pub mod nl;
 mod observe;
+mod seg6;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -204,8 +209,8 @@ impl fmt::Display for OpFailure {
 pub struct ApplyReport {
     /// Operations the diff produced.
     pub ops: usize,
-    /// Write requests issued to the kernel (netlink messages, sysctl writes, `nft -f` and
-    /// `ip sr` runs). Zero when the kernel already matched the plan.
+    /// Write requests issued to the kernel (netlink messages, sysctl writes, `nft -f` runs,
+    /// tunsrc sets). Zero when the kernel already matched the plan.
     pub writes: u64,
     /// Pod routes left out because their device does not exist (yet, or any more).
     pub skipped: Vec<String>,

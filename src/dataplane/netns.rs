@@ -1,6 +1,6 @@
 //! One worker thread per network namespace: it enters the namespace once (`setns` is per
 //! thread), opens the namespace's one rtnetlink socket, and then runs the reconciler's jobs.
-//! Child processes (`nft`, `ip sr`) forked from it start in the same namespace, and
+//! Child processes (`nft`) forked from it start in the same namespace, and
 //! `/proc/sys/net` read from it shows that namespace's sysctls.
 
 use std::fs::File;

@@ -82,7 +82,7 @@ pub fn observe(nl: &mut Nl, sysctls: &BTreeSet<String>) -> Result<ObservedNode, 
         host_routes,
         rules,
         sysctls,
-        tunsrc: host::tunsrc_observe().map_err(ObserveError::Tunsrc)?,
+        tunsrc: super::seg6::tunsrc_get().map_err(ObserveError::Tunsrc)?,
         nft: host::nft_observe().map_err(ObserveError::Nft)?,
     })
 }
