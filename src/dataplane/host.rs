@@ -1,11 +1,13 @@
-//! Kernel state outside rtnetlink: sysctls (`/proc/sys`) and the nft table (the `nft` binary,
-//! one atomic transaction per change). Both run on the namespace's worker thread, so files
-//! and child processes see that namespace.
+//! Kernel state outside rtnetlink: sysctls (`/proc/sys`) and the nft table (written by the
+//! `nft` binary, one atomic transaction per change; its tag read back over nfnetlink). All of
+//! it runs on the namespace's worker thread, so files, sockets and child processes see that
+//! namespace.
 
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
+use super::rawnl;
 use crate::plan::nft::TABLE;
 
 /// Prefix of the comment Lace writes into its nft table: `lace-plan <digest>`.
@@ -119,23 +121,49 @@ fn run(program: &str, args: &[&str], stdin: Option<&str>) -> Result<String, Stri
     }
 }
 
-/// Whether table `inet lace` exists, and its tag. One `nft -t` run (set elements left out, so
-/// it stays cheap for large tables); a missing table is nft's "No such file or directory".
+/// `NFT_MSG_GETTABLE` (nfnetlink subsystem 10, message 1).
+const NFT_MSG_GETTABLE: u16 = (10 << 8) | 1;
+const NFPROTO_INET: u8 = 1;
+const NFTA_TABLE_NAME: u16 = 1;
+const NFTA_TABLE_USERDATA: u16 = 6;
+/// libnftnl's user-data TLV type of a table comment.
+const NFTNL_UDATA_TABLE_COMMENT: u8 = 0;
+
+/// The table comment in nftables user data (TLVs of type u8, length u8, value).
+fn udata_comment(udata: &[u8]) -> Option<String> {
+    let mut i = 0;
+    while i + 2 <= udata.len() {
+        let (t, l) = (udata[i], usize::from(udata[i + 1]));
+        let v = udata.get(i + 2..i + 2 + l)?;
+        if t == NFTNL_UDATA_TABLE_COMMENT {
+            let v = v.strip_suffix(&[0]).unwrap_or(v);
+            return Some(String::from_utf8_lossy(v).into_owned());
+        }
+        i += 2 + l;
+    }
+    None
+}
+
+/// Whether table `inet lace` exists, and its tag: one `NFT_MSG_GETTABLE` over nfnetlink (the
+/// comment `nft` wrote lives in the table's user data), not a run of `nft`.
 pub fn nft_observe() -> Result<super::NftState, String> {
-    let text = match run("nft", &["-t", "list", "table", "inet", TABLE], None) {
-        Ok(text) => text,
-        Err(e) if e.contains("No such file or directory") => return Ok(super::NftState::Absent),
-        Err(e) => return Err(e),
+    let sock = rawnl::open(rtnetlink::sys::protocols::NETLINK_NETFILTER)?;
+    let name = format!("{TABLE}\0");
+    let req = rawnl::request(
+        NFT_MSG_GETTABLE,
+        rawnl::NLM_F_REQUEST,
+        [NFPROTO_INET, 0, 0, 0],
+        (NFTA_TABLE_NAME, name.as_bytes()),
+    );
+    let attrs = match rawnl::talk(&sock, &req)? {
+        rawnl::Answer::Errno(e) if e == libc::ENOENT => return Ok(super::NftState::Absent),
+        a => rawnl::attrs(a, "NFT_MSG_GETTABLE inet lace")?,
     };
-    // The table's own comment is the first line inside it (set and chain comments come later,
-    // indented deeper).
-    let tag = text
-        .lines()
-        .nth(1)
-        .and_then(|l| l.trim().strip_prefix("comment \""))
-        .and_then(|l| l.strip_suffix('"'))
-        .filter(|c| c.starts_with(TAG_PREFIX))
-        .map(str::to_string);
+    let tag = attrs
+        .iter()
+        .find(|(t, _)| *t == NFTA_TABLE_USERDATA)
+        .and_then(|(_, v)| udata_comment(v))
+        .filter(|c| c.starts_with(TAG_PREFIX));
     Ok(super::NftState::Present { tag })
 }
 
@@ -165,6 +193,15 @@ mod tests {
         .unwrap_err();
         assert!(err.contains("exit status: 3"), "{err}");
         assert_eq!(run("cat", &[], Some("abc")).unwrap(), "abc");
+    }
+
+    #[test]
+    fn table_comments_are_read_from_nftables_user_data() {
+        let mut u = vec![1, 2, 9, 9, NFTNL_UDATA_TABLE_COMMENT, 6];
+        u.extend_from_slice(b"lace-\0");
+        assert_eq!(udata_comment(&u).as_deref(), Some("lace-"));
+        assert_eq!(udata_comment(&[1, 1, 0]), None);
+        assert_eq!(udata_comment(&[0, 9, 1]), None, "truncated");
     }
 
     #[test]

@@ -40,7 +40,8 @@
 //! ## Observing the nft table
 //! The table's comment carries a digest of the ruleset text Lace wrote (`lace-plan <fnv64>`);
 //! the table is swapped when the digest differs from the plan's, or the table is missing or
-//! has no such comment. `nft -t` (no set elements) keeps this cheap for large tables. A hand
+//! has no such comment. It is read with one nfnetlink request, so it costs the same for any
+//! table size. A hand
 //! edit inside `inet lace` that keeps the comment is not noticed until the plan changes.
 //!
 //! ## Threads and sockets
@@ -59,6 +60,7 @@ mod host;
 pub mod netns;
 pub mod nl;
 mod observe;
+mod rawnl;
 mod seg6;
 
 use std::collections::{BTreeMap, BTreeSet};
