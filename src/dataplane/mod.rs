@@ -73,6 +73,7 @@ use crate::plan::{self, DesiredNode, RouteKey};
 
 pub use diff::{diff, Diff, DiffError, Op};
 pub use netns::{NetnsError, NetnsTarget};
+pub use observe::ObserveError;
 
 /// Lace's rtnetlink route protocol id (`proto 76`, ASCII `L`). Not in iproute2's `rt_protos`
 /// (which lists 0-4, 8-18, 42, 99, 186-192) nor used by the common CNIs (Calico uses 80).
