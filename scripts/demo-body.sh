@@ -92,8 +92,10 @@ for i in "${NODES[@]}"; do
 done
 for i in "${NODES[@]}"; do
   # The agent writes the conflist only once it can serve pods (that is when a node turns Ready).
-  for _ in $(seq 300); do [ -s "$W/node-$i/net.d/10-lace.conflist" ] && break; sleep 0.2; done
-  [ -s "$W/node-$i/net.d/10-lace.conflist" ] || { cat "$W/node-$i/agent.log"; echo "demo: agent of node-$i never became ready" >&2; exit 1; }
+  for _ in $(seq 900); do [ -s "$W/node-$i/net.d/10-lace.conflist" ] && break; sleep 0.2; done
+  [ -s "$W/node-$i/net.d/10-lace.conflist" ] || {
+    cat "$W/node-$i/agent.log"; dmesg | grep -iE 'oom|killed process' | tail -3
+    echo "demo: agent of node-$i never became ready" >&2; exit 1; }
   echo "node-$i: agent ready, CNI installed: $(ls "$W/node-$i/bin") + $(ls "$W/node-$i/net.d")"
 done
 
@@ -144,7 +146,7 @@ for src in "${targets[@]}"; do
   PING_PIDS+=($!)
 done
 wait "${PING_PIDS[@]}"
-mismatches=0
+mismatches=0 checks=0
 printf '%-24s' "from \\ to"; for dst in "${targets[@]}" internet; do printf ' %-9s' "${dst#*/}"; done; echo
 for src in "${targets[@]}"; do
   printf '%-24s' "${src#*/} (${POD_NET[$src]})"
@@ -154,6 +156,7 @@ for src in "${targets[@]}"; do
     to=${POD_NET[$dst]:-internet}
     if allowed "${POD_NET[$src]}" "$to"; then want=ok; else want=no; fi
     cell=$([ "$want" = ok ] && echo "✓" || echo "✗")
+    checks=$((checks + 1))
     if [ "$got" != "$want" ]; then cell="$cell!"; mismatches=$((mismatches + 1)); fi
     printf ' %-9s' "$cell"
   done
@@ -184,6 +187,7 @@ say "node-1: nft list table inet lace"
 nsx ld-node-1 nft list table inet lace
 
 say "result"
+echo "demo: $((checks - mismatches)) passed, $mismatches failed"
 if [ "$mismatches" = 0 ]; then
   echo "demo: the observed connectivity equals the policies (${#targets[@]} pods on ${#NODES[@]} nodes)"
 else

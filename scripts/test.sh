@@ -11,7 +11,8 @@
 #   netns   netns-tests/run --kernel 6.1 (all netns tests, in a VM unless the host can)
 #   netns6.12  netns-tests/run --kernel 6.12 --filter smoke
 #   datapath   tests/vm/datapath.sh in the VM: golden plans applied, real traffic
-#   charts  scripts/test-charts.sh, when it exists
+#   demo    scripts/demo.sh (the README's demo; fails if traffic differs from the policies)
+#   charts  scripts/test-charts.sh
 # Then a table of tier timings and the total of tests passed/failed.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -96,6 +97,11 @@ count_netns "$LOGDIR/netns-6.12.log"
 # The planner's golden plans applied to namespaces with ip/nft, checked with real traffic.
 tier datapath netns-tests/vm/with-kernel.sh --kernel 6.1 -t 900 -- bash tests/vm/datapath.sh
 read -r p f < <(awk '/^[0-9]+ passed, [0-9]+ failed$/ { p = $1; f = $3 } END { print p+0, f+0 }' "$LOGDIR/datapath.log")
+PASSED=$((PASSED + p)) FAILED=$((FAILED + f))
+
+# ---- the README's demo: 3 nodes, real agents, pods by the real CNI plugin, policy vs pings
+tier demo scripts/demo.sh
+read -r p f < <(awk '/^demo: [0-9]+ passed, [0-9]+ failed$/ { p = $2; f = $4 } END { print p+0, f+0 }' "$LOGDIR/demo.log")
 PASSED=$((PASSED + p)) FAILED=$((FAILED + f))
 
 # ---- charts (added by the charts work; run only when present)

@@ -14,6 +14,8 @@ pub mod api;
 pub mod binding;
 #[cfg(feature = "kube")]
 pub mod crd;
+#[cfg(feature = "agent")]
+pub mod dataplane;
 pub mod load;
 pub mod plan;
 #[cfg(feature = "agent")]

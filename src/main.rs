@@ -172,6 +172,15 @@ fn run(args: RunArgs) -> Result<()> {
             .context("locating this executable to find the `lace` plugin next to it")?
             .with_file_name(lace::wire::PLUGIN_TYPE),
     };
+    // The node's kernel: the agent's own namespace, or (tests, demo) a namespace standing in
+    // for a node.
+    let target = match &args.netns {
+        Some(path) => lace::dataplane::NetnsTarget::Path(path.clone()),
+        None => lace::dataplane::NetnsTarget::Current,
+    };
+    let dataplane = std::sync::Arc::new(
+        lace::dataplane::Reconciler::new(target).context("starting the dataplane reconciler")?,
+    );
     let config = lace::agent::Config {
         node: args.node_name,
         state_dir: args.state_dir,
@@ -186,8 +195,6 @@ fn run(args: RunArgs) -> Result<()> {
         kubelet_cgroup: args.kubelet_cgroup_path,
         release_pinned: args.release_pinned_maps,
     };
-    // The lead plugs the rtnetlink/nft reconciler in here.
-    let dataplane = std::sync::Arc::new(lace::agent::LogOnly);
     lace::agent::run_standalone(config, dataplane)?;
     Ok(())
 }

@@ -245,6 +245,7 @@ fn vrfs_rules_and_sysctls() {
         ("net.ipv4.conf.all.rp_filter", "0"),
         ("net.ipv4.conf.lv-system.rp_filter", "0"),
         ("net.ipv4.conf.lv-default.rp_filter", "0"),
+        ("net.ipv4.tcp_l3mdev_accept", "1"),
     ] {
         assert_eq!(
             d.base.sysctls.get(k).map(String::as_str),

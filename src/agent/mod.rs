@@ -56,7 +56,9 @@ use crate::plan::{DesiredNode, PlanError, Planner};
 use crate::state::ClusterState;
 use crate::wire::{LogLevel, PluginSettings, DEFAULT_TIMEOUT_SECONDS};
 
-pub use reconcile::{Dataplane, DataplaneError, LogOnly};
+#[cfg(test)]
+pub use reconcile::LogOnly;
+pub use reconcile::{Dataplane, DataplaneError};
 
 /// Pod MTU = underlay MTU minus this: the outer IPv6 header (40 bytes), the SRH (8 bytes)
 /// and one 16-byte segment, since Lace encapsulates with exactly one segment (the remote

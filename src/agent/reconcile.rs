@@ -3,8 +3,7 @@
 //! The agent calls [`Dataplane::apply`] with the full [`DesiredNode`] after every change
 //! (cluster state, pod attached or detached), from a blocking thread, never concurrently
 //! with itself, and coalescing bursts (an ADD storm triggers a few reconciles, not one per
-//! pod). The real implementation is the rtnetlink/nft reconciler of `crate::dataplane`; until
-//! it is plugged in, [`LogOnly`] stands in.
+//! pod). The implementation is the rtnetlink/nft [`Reconciler`] of `crate::dataplane`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,6 +11,7 @@ use std::time::{Duration, Instant};
 /// Delay before retrying a failed apply.
 const RETRY: Duration = Duration::from_secs(2);
 
+use crate::dataplane::Reconciler;
 use crate::plan::DesiredNode;
 
 /// An error of the dataplane, reported in logs and metrics.
@@ -23,11 +23,32 @@ pub trait Dataplane: Send + Sync + 'static {
     fn apply(&self, plan: &DesiredNode) -> Result<(), DataplaneError>;
 }
 
-/// A dataplane that only logs what it would apply: standalone runs without a reconciler (the
-/// ADD path itself creates the VRF, the veth and the pod's host route).
+impl Dataplane for Reconciler {
+    fn apply(&self, plan: &DesiredNode) -> Result<(), DataplaneError> {
+        let report = self.reconcile(plan)?;
+        if report.writes > 0 {
+            tracing::info!(
+                node = %plan.node,
+                ops = report.ops,
+                writes = report.writes,
+                sample = ?report.sample,
+                "dataplane: applied"
+            );
+        }
+        for skipped in &report.skipped {
+            tracing::debug!(node = %plan.node, "dataplane: skipped {skipped}");
+        }
+        Ok(())
+    }
+}
+
+/// A dataplane that only logs what it would apply: the agent's unit tests, which have no
+/// kernel to program.
+#[cfg(test)]
 #[derive(Debug, Default)]
 pub struct LogOnly;
 
+#[cfg(test)]
 impl Dataplane for LogOnly {
     fn apply(&self, plan: &DesiredNode) -> Result<(), DataplaneError> {
         tracing::debug!(

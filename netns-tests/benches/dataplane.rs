@@ -1,0 +1,316 @@
+//! Dataplane programming rate, in network namespaces (root; run by `netns-tests/bench.sh`, in
+//! the VM when the host kernel lacks VRF). Prints one table; every ratio compares two numbers
+//! measured in the same run on the same kernel.
+//!
+//! - routes: a plan with N extra seg6 encap routes in one VRF, installed by the reconciler
+//!   into a fresh namespace (everything included: observe, diff, VRF, nft, sysctls, routes), vs
+//!   `ip -batch` adding the same N routes into a namespace where the VRF already exists; then
+//!   re-applying the unchanged plan (observe + diff, zero writes).
+//! - nft: a ruleset with 1,000 Network pairs and 10,000 Service grants, first install (full
+//!   swap) and a one-element change (also one atomic swap of the table), vs `nft -f` of the
+//!   same text.
+
+use std::net::{Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ipnet::{IpNet, Ipv4Net};
+use lace::api::{
+    NetworkAllocationSpec, NetworkRoutingPolicySpec, NetworkSpec, NodeAllocationSpec, Subnet,
+};
+use lace::dataplane::{NetnsTarget, Reconciler, ROUTE_PROTOCOL};
+use lace::plan::{plan, DesiredNode, Nexthop, RouteKey};
+use lace::state::ClusterState;
+use lace_netns_tests::{require_root_and_vrf, Netns};
+
+const VRF_TABLE: u32 = 1_000_001;
+
+fn underlay(i: u16) -> Ipv6Addr {
+    Ipv6Addr::new(0x2001, 0xdb8, 0xff, 0, 0, 0, 0, i)
+}
+
+/// Two nodes, one Network `bench` (function 1) that reaches itself.
+fn small_plan() -> DesiredNode {
+    let mut s = ClusterState::default();
+    s.networks.insert(
+        "bench".into(),
+        NetworkSpec {
+            subnets: vec![Subnet {
+                cidr: "10.0.0.0/8".parse().unwrap(),
+                block_prefix: 24,
+            }],
+            external: false,
+        },
+    );
+    s.network_allocations
+        .insert("bench".into(), NetworkAllocationSpec { function: 1 });
+    s.network_routes.insert(
+        "self".into(),
+        NetworkRoutingPolicySpec {
+            from: "bench".into(),
+            to: "bench".into(),
+        },
+    );
+    for i in 1..=2u16 {
+        s.node_allocations.insert(
+            format!("n{i}"),
+            NodeAllocationSpec {
+                index: u32::from(i),
+                locator: format!("2001:db8:100::{i}:0:0/96").parse().unwrap(),
+                underlay: underlay(i),
+                blocks: [(
+                    "bench".to_string(),
+                    vec![format!("10.0.{i}.0/24").parse().unwrap()],
+                )]
+                .into(),
+            },
+        );
+    }
+    plan("n1", &s, &[]).unwrap()
+}
+
+/// The `i`-th extra /32 (in 10.128.0.0/9, outside the plan's own blocks).
+fn extra_dst(i: u32) -> Ipv4Addr {
+    Ipv4Addr::from(0x0a80_0000 + i)
+}
+
+fn extra_sid() -> Ipv6Addr {
+    "2001:db8:100::2:1:0".parse().unwrap()
+}
+
+/// `base` plus `n` encap routes in the VRF.
+fn with_routes(base: &DesiredNode, n: u32) -> DesiredNode {
+    let mut b = (*base.base).clone();
+    for i in 0..n {
+        b.routes.insert(
+            RouteKey {
+                table: VRF_TABLE,
+                dst: IpNet::V4(Ipv4Net::from(extra_dst(i))),
+            },
+            Nexthop::Seg6Encap { segs: extra_sid() },
+        );
+    }
+    DesiredNode {
+        base: Arc::new(b),
+        ..base.clone()
+    }
+}
+
+fn node_ns(label: &str) -> Netns {
+    let ns = Netns::new(label).unwrap();
+    ns.ip("link add eth0 type dummy").unwrap();
+    ns.ip("link set eth0 up").unwrap();
+    ns.ip(&format!("-6 addr add {}/64 dev eth0 nodad", underlay(1)))
+        .unwrap();
+    ns
+}
+
+fn secs(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+fn row(what: &str, n: usize, lace: Duration, base_name: &str, base: Option<Duration>) {
+    let ratio = base
+        .map(|b| format!("{:.2}x", secs(b) / secs(lace)))
+        .unwrap_or_else(|| "-".into());
+    let rate = n as f64 / secs(lace);
+    println!(
+        "| {what:<44} | {n:>7} | {:>9.3} | {rate:>10.0} | {base_name:<18} | {:>9} | {ratio:>6} |",
+        secs(lace),
+        base.map(|b| format!("{:.3}", secs(b)))
+            .unwrap_or_else(|| "-".into()),
+    );
+}
+
+fn bench_routes(n: u32) {
+    let plan = with_routes(&small_plan(), n);
+    let ns = node_ns(&format!("bench-r{n}"));
+    let rec = Reconciler::new(NetnsTarget::Path(ns.path())).unwrap();
+    let t = Instant::now();
+    let first = rec.reconcile(&plan).unwrap();
+    let install = t.elapsed();
+    assert!(first.writes >= u64::from(n));
+    let t = Instant::now();
+    let again = rec.reconcile(&plan).unwrap();
+    let reapply = t.elapsed();
+    assert_eq!(again.writes, 0, "re-apply wrote {:?}", again.sample);
+    let keys = plan.base.sysctls.keys().cloned().collect();
+    let t = Instant::now();
+    let observed = rec.observe(keys).unwrap();
+    let observe = t.elapsed();
+    let t = Instant::now();
+    let d = lace::dataplane::diff(Some(&plan), &observed).unwrap();
+    let diff = t.elapsed();
+    assert!(d.ops.is_empty());
+
+    // Baseline: the same routes with `ip -batch`, VRF created beforehand (not timed).
+    let base = Netns::new(&format!("bench-i{n}")).unwrap();
+    base.ip("link add eth0 type dummy").unwrap();
+    base.ip("link set eth0 up").unwrap();
+    base.ip(&format!("link add lv-bench type vrf table {VRF_TABLE}"))
+        .unwrap();
+    let mut batch = String::with_capacity(n as usize * 100);
+    for i in 0..n {
+        batch.push_str(&format!(
+            "route add {}/32 table {VRF_TABLE} proto {ROUTE_PROTOCOL} encap seg6 mode encap segs {} dev eth0\n",
+            extra_dst(i),
+            extra_sid()
+        ));
+    }
+    let path = std::env::temp_dir().join(format!("lace-bench-{n}.batch"));
+    std::fs::write(&path, batch).unwrap();
+    let t = Instant::now();
+    base.ip(&format!("-batch {}", path.display())).unwrap();
+    let ip_batch = t.elapsed();
+    let _ = std::fs::remove_file(&path);
+    let count = base
+        .ip(&format!(
+            "route show table {VRF_TABLE} proto {ROUTE_PROTOCOL}"
+        ))
+        .unwrap()
+        .lines()
+        .count();
+    assert_eq!(count, n as usize, "ip -batch installed {count} routes");
+
+    row(
+        "install plan + N encap routes (reconciler)",
+        n as usize,
+        install,
+        "ip -batch",
+        Some(ip_batch),
+    );
+    row(
+        "re-apply unchanged plan (0 writes)",
+        n as usize,
+        reapply,
+        "-",
+        None,
+    );
+    row(
+        "  of which: observe (dumps, nft, sysctls)",
+        n as usize,
+        observe,
+        "-",
+        None,
+    );
+    row("  of which: diff (pure)", n as usize, diff, "-", None);
+    println!(
+        "|   re-apply / install = {:.1}% (target < 5%)",
+        100.0 * secs(reapply) / secs(install)
+    );
+}
+
+/// A plan whose nft ruleset carries `pairs` Network-pair and `grants` Service elements.
+fn nft_plan(pairs: u32, grants: u32, extra: bool) -> DesiredNode {
+    let base = small_plan();
+    let mut b = (*base.base).clone();
+    for s in &mut b.nft.sets {
+        match s.name.as_str() {
+            "pairs_v4" => {
+                for i in 0..pairs {
+                    let (x, y) = (i / 32, i % 32);
+                    s.add(
+                        // Outside the plan's own 10.0.0.0/8 pair: intervals must not overlap.
+                        format!("100.64.{x}.0/24 . 100.65.{y}.0/24"),
+                        Some("accept"),
+                        &format!("NetworkRoutingPolicy bench-{i}"),
+                    );
+                }
+            }
+            "services_v4" => {
+                for i in 0..grants + u32::from(extra) {
+                    let svc = Ipv4Addr::from(0xac10_0000 + i); // 172.16.0.0/12
+                    s.add(
+                        format!("100.66.{}.0/24 . {svc}", i % 200),
+                        None,
+                        &format!("ServiceRoutingPolicy bench: ns/svc-{i}"),
+                    );
+                }
+            }
+            _ => {}
+        }
+    }
+    DesiredNode {
+        base: Arc::new(b),
+        ..base
+    }
+}
+
+fn bench_nft(pairs: u32, grants: u32) {
+    let ns = node_ns("bench-nft");
+    let rec = Reconciler::new(NetnsTarget::Path(ns.path())).unwrap();
+    let full = nft_plan(pairs, grants, false);
+    let changed = nft_plan(pairs, grants, true);
+    let t = Instant::now();
+    rec.reconcile(&full).unwrap();
+    let install = t.elapsed();
+    let t = Instant::now();
+    let one = rec.reconcile(&changed).unwrap();
+    let change = t.elapsed();
+    assert_eq!(
+        one.writes, 1,
+        "one element change = one nft transaction: {:?}",
+        one.sample
+    );
+    let t = Instant::now();
+    let none = rec.reconcile(&changed).unwrap();
+    let reapply = t.elapsed();
+    assert_eq!(none.writes, 0);
+
+    // Baseline: `nft -f` of the same text in another namespace.
+    let base = Netns::new("bench-nft-b").unwrap();
+    let text = full.render_nft();
+    let t = Instant::now();
+    base.exec_stdin("nft", &["-f", "-"], &text).unwrap();
+    let nft_f = t.elapsed();
+    let n = (pairs + grants) as usize;
+    row(
+        "nft: first install (reconcile, full swap)",
+        n,
+        install,
+        "nft -f same text",
+        Some(nft_f),
+    );
+    row(
+        "nft: one-element change (one atomic swap)",
+        n,
+        change,
+        "nft -f same text",
+        Some(nft_f),
+    );
+    row("nft: re-apply unchanged (0 writes)", n, reapply, "-", None);
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; a plain run (e.g. `cargo test --benches`) is a no-op.
+    if !std::env::args().any(|a| a == "--bench") {
+        return;
+    }
+    require_root_and_vrf();
+    let sizes: Vec<u32> = std::env::var("LACE_BENCH_ROUTES")
+        .ok()
+        .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![10_000, 100_000]);
+    println!(
+        "kernel {}",
+        std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .unwrap_or_default()
+            .trim()
+    );
+    println!(
+        "| {:<44} | {:>7} | {:>9} | {:>10} | {:<18} | {:>9} | {:>6} |",
+        "what", "N", "lace s", "N/s", "baseline", "base s", "ratio"
+    );
+    println!("|{}|", "-".repeat(125));
+    // Warm-up: the first VRF, nft table and seg6 route load kernel modules; keep that out of
+    // the measured installs.
+    {
+        let ns = node_ns("bench-warm");
+        let rec = Reconciler::new(NetnsTarget::Path(ns.path())).unwrap();
+        rec.reconcile(&with_routes(&small_plan(), 10)).unwrap();
+    }
+    for n in sizes {
+        bench_routes(n);
+    }
+    bench_nft(1_000, 10_000);
+}

@@ -1,0 +1,747 @@
+//! Desired vs observed → ordered operations. Pure: no kernel, deterministic, unit-tested.
+//!
+//! Symbolic next hops are resolved here against what was observed: `@uplink` is the link
+//! holding the node's underlay IPv6 address, [`Nexthop::Host`] is what the host's main table
+//! routes for the destination (longest prefix match over its unicast routes).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::net::{IpAddr, Ipv6Addr};
+
+use ipnet::IpNet;
+
+use super::{host, HostRoute, KernelNexthop, NftState, ObservedNode, ObservedRule};
+use crate::plan::{DesiredNode, Nexthop, RouteKey, Rule, RuleAction, PROBE_TABLE};
+
+/// Why no operations could be computed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DiffError {
+    #[error("no link holds the node's underlay address {underlay}: cannot resolve @uplink")]
+    NoUplink { underlay: Ipv6Addr },
+    #[error("the nft ruleset cannot be tagged: {0}")]
+    Nft(String),
+}
+
+/// One change to the kernel, naming its object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// Delete a link that has a Lace name but is not the VRF planned (wrong kind or table),
+    /// before it is re-created.
+    ReplaceLink {
+        name: String,
+    },
+    AddVrf {
+        name: String,
+        table: u32,
+    },
+    LinkUp {
+        name: String,
+    },
+    /// Enslave a pod's host-side veth to its Network's VRF.
+    SetMaster {
+        link: String,
+        master: String,
+    },
+    Sysctl {
+        key: String,
+        value: String,
+    },
+    Tunsrc(Ipv6Addr),
+    /// Replace table `inet lace` in one transaction (`script` is the whole `nft -f` input).
+    NftSwap {
+        script: String,
+        tag: String,
+    },
+    AddRule(Rule),
+    /// Add or replace (`NLM_F_CREATE | NLM_F_REPLACE`) a route.
+    PutRoute {
+        key: RouteKey,
+        nh: KernelNexthop,
+    },
+    DelRoute {
+        key: RouteKey,
+        nh: KernelNexthop,
+    },
+    DelRule(Box<ObservedRule>),
+    DelLink {
+        name: String,
+    },
+    NftDelete,
+}
+
+impl Op {
+    /// The apply phase: operations run phase by phase, in this order.
+    pub fn phase(&self) -> u8 {
+        match self {
+            Op::ReplaceLink { .. } => 0,
+            Op::AddVrf { .. } => 1,
+            Op::LinkUp { .. } => 2,
+            Op::SetMaster { .. } => 3,
+            // Before sysctls: the ruleset's `ct` expressions load conntrack, which registers
+            // `net.netfilter.nf_hooks_lwtunnel`.
+            Op::NftSwap { .. } => 4,
+            Op::Sysctl { .. } => 5,
+            Op::Tunsrc(_) => 6,
+            Op::AddRule(_) => 7,
+            Op::PutRoute { .. } => 8,
+            Op::DelRoute { .. } => 9,
+            Op::DelRule(_) => 10,
+            Op::DelLink { .. } => 11,
+            Op::NftDelete => 12,
+        }
+    }
+}
+
+fn fam(dst: &IpNet) -> &'static str {
+    if matches!(dst, IpNet::V6(_)) {
+        "-6 "
+    } else {
+        ""
+    }
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Op::ReplaceLink { name } => write!(f, "link del {name} (to re-create it as planned)"),
+            Op::AddVrf { name, table } => write!(f, "link add {name} type vrf table {table}"),
+            Op::LinkUp { name } => write!(f, "link set {name} up"),
+            Op::SetMaster { link, master } => write!(f, "link set {link} master {master}"),
+            Op::Sysctl { key, value } => write!(f, "sysctl {key}={value}"),
+            Op::Tunsrc(a) => write!(f, "sr tunsrc set {a}"),
+            Op::NftSwap { tag, .. } => write!(f, "nft replace table inet lace ({tag})"),
+            Op::AddRule(r) => write!(f, "rule add {r}"),
+            Op::PutRoute { key, nh } => write!(
+                f,
+                "{}route replace {} table {} {nh}",
+                fam(&key.dst),
+                key.dst,
+                key.table
+            ),
+            Op::DelRoute { key, nh } => write!(
+                f,
+                "{}route del {} table {} ({nh})",
+                fam(&key.dst),
+                key.dst,
+                key.table
+            ),
+            Op::DelRule(r) => match &r.rule {
+                Some(rule) => write!(f, "rule del {rule}"),
+                None => write!(f, "rule del {:?}", r.raw),
+            },
+            Op::DelLink { name } => write!(f, "link del {name}"),
+            Op::NftDelete => write!(f, "nft delete table inet lace"),
+        }
+    }
+}
+
+/// The operations, in apply order, and the pod routes left out.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Diff {
+    pub ops: Vec<Op>,
+    /// Routes not installed because their device does not exist (a pod veth the CNI has not
+    /// created yet or already deleted), as text.
+    pub skipped: Vec<String>,
+}
+
+/// The main table's answer for `dst`: longest prefix among host routes containing it.
+fn host_lookup<'a>(routes: &'a [HostRoute], dst: &IpNet) -> Option<&'a HostRoute> {
+    routes
+        .iter()
+        .filter(|r| {
+            r.dst.prefix_len() <= dst.prefix_len()
+                && r.dst.contains(&dst.network())
+                && r.dev.is_some()
+        })
+        .max_by_key(|r| r.dst.prefix_len())
+}
+
+/// Computes the operations that make `observed` hold `desired` (`None`: nothing of Lace's).
+pub fn diff(desired: Option<&DesiredNode>, observed: &ObservedNode) -> Result<Diff, DiffError> {
+    let mut out = Diff::default();
+    let empty_vrfs = BTreeMap::new();
+    let vrfs = desired.map(|d| &d.base.vrfs).unwrap_or(&empty_vrfs);
+    let table_vrf: BTreeMap<u32, &str> = vrfs.iter().map(|(n, v)| (v.table, n.as_str())).collect();
+
+    // --- Links: VRFs ------------------------------------------------------------------------
+    let mut dels = Vec::new();
+    for (name, vrf) in vrfs {
+        match observed.links.get(name) {
+            Some(l) if l.vrf_table == Some(vrf.table) => {
+                if !l.up {
+                    out.ops.push(Op::LinkUp { name: name.clone() });
+                }
+            }
+            Some(_) => {
+                out.ops.push(Op::ReplaceLink { name: name.clone() });
+                out.ops.push(Op::AddVrf {
+                    name: name.clone(),
+                    table: vrf.table,
+                });
+            }
+            None => out.ops.push(Op::AddVrf {
+                name: name.clone(),
+                table: vrf.table,
+            }),
+        }
+    }
+    for (name, _) in observed.vrfs() {
+        if !vrfs.contains_key(name) {
+            dels.push(Op::DelLink { name: name.clone() });
+        }
+    }
+
+    let Some(d) = desired else {
+        return Ok(teardown(out, observed, dels));
+    };
+    let base = &d.base;
+
+    // --- Pod links: enslaved to the VRF of their Network's table ----------------------------
+    let mut masters: BTreeMap<&str, &str> = BTreeMap::new();
+    for (k, nh) in &d.pod_routes {
+        if let (Nexthop::Dev(dev), Some(vrf)) = (nh, table_vrf.get(&k.table)) {
+            if k.table != PROBE_TABLE && !vrfs.contains_key(dev) {
+                masters.insert(dev, vrf);
+            }
+        }
+    }
+    for (link, vrf) in masters {
+        let Some(l) = observed.links.get(link) else {
+            continue; // reported below with its routes
+        };
+        let current = l.master.and_then(|m| observed.link_name(m));
+        if current != Some(vrf) {
+            out.ops.push(Op::SetMaster {
+                link: link.to_string(),
+                master: vrf.to_string(),
+            });
+        }
+    }
+
+    // --- nft, sysctls, tunsrc ---------------------------------------------------------------
+    let rendered = d.render_nft();
+    let tag = host::nft_tag(&rendered);
+    if observed.nft
+        != (NftState::Present {
+            tag: Some(tag.clone()),
+        })
+    {
+        let script = host::tagged_ruleset(&rendered, &tag).map_err(DiffError::Nft)?;
+        out.ops.push(Op::NftSwap { script, tag });
+    }
+    for (key, value) in &base.sysctls {
+        if observed.sysctls.get(key).and_then(|v| v.as_deref()) != Some(value.as_str()) {
+            out.ops.push(Op::Sysctl {
+                key: key.clone(),
+                value: value.clone(),
+            });
+        }
+    }
+    if observed.tunsrc != Some(base.seg6_tunsrc) {
+        out.ops.push(Op::Tunsrc(base.seg6_tunsrc));
+    }
+
+    // --- Rules ------------------------------------------------------------------------------
+    let have: BTreeSet<Rule> = observed.rules.iter().filter_map(|r| r.rule).collect();
+    for r in &base.rules {
+        if !have.contains(r) {
+            out.ops.push(Op::AddRule(*r));
+        }
+    }
+    let mut rule_dels = Vec::new();
+    for r in &observed.rules {
+        if !r.rule.is_some_and(|x| base.rules.contains(&x)) {
+            rule_dels.push(Op::DelRule(Box::new(r.clone())));
+        }
+    }
+
+    // --- Routes -----------------------------------------------------------------------------
+    let uplink = observed
+        .addrs_v6
+        .iter()
+        .find(|(a, _)| *a == base.underlay)
+        .and_then(|(_, i)| observed.link_name(*i))
+        .ok_or(DiffError::NoUplink {
+            underlay: base.underlay,
+        })?;
+    let mut route_dels = Vec::new();
+    let mut wanted: BTreeSet<&RouteKey> = BTreeSet::new();
+    for (key, nh) in d.routes() {
+        let resolved = match nh {
+            Nexthop::Dev(dev) => KernelNexthop::Dev(dev.clone()),
+            Nexthop::DevSrc { dev, src } => KernelNexthop::DevSrc {
+                dev: dev.clone(),
+                src: *src,
+            },
+            Nexthop::Seg6Encap { segs } => KernelNexthop::Seg6Encap {
+                segs: *segs,
+                dev: uplink.to_string(),
+            },
+            Nexthop::Seg6LocalDt46 { vrf_table, vrf } => KernelNexthop::Seg6LocalDt46 {
+                vrf_table: *vrf_table,
+                dev: vrf.clone(),
+            },
+            Nexthop::Underlay { via } => KernelNexthop::Via {
+                via: IpAddr::V6(*via),
+                dev: uplink.to_string(),
+            },
+            Nexthop::Unreachable => KernelNexthop::Unreachable,
+            Nexthop::Host => {
+                // A host without that route (e.g. no IPv6 default) gets everything else: the
+                // route follows once the host has one (the next reconcile resolves it).
+                let Some(h) = host_lookup(&observed.host_routes, &key.dst) else {
+                    out.skipped.push(format!(
+                        "route {} table {}: the host's main table has no route for it",
+                        key.dst, key.table
+                    ));
+                    continue;
+                };
+                let dev = h.dev.clone().unwrap_or_default();
+                match h.gateway {
+                    Some(via) => KernelNexthop::Via { via, dev },
+                    None => KernelNexthop::Dev(dev),
+                }
+            }
+        };
+        if let KernelNexthop::Dev(dev) | KernelNexthop::DevSrc { dev, .. } = &resolved {
+            if !observed.links.contains_key(dev) && !vrfs.contains_key(dev) {
+                out.skipped.push(format!(
+                    "route {} table {}: no link {dev}",
+                    key.dst, key.table
+                ));
+                continue;
+            }
+        }
+        wanted.insert(key);
+        if observed.routes.get(key) != Some(&resolved) {
+            out.ops.push(Op::PutRoute {
+                key: *key,
+                nh: resolved,
+            });
+        }
+    }
+    for (key, nh) in &observed.routes {
+        if !wanted.contains(key) {
+            route_dels.push(Op::DelRoute {
+                key: *key,
+                nh: nh.clone(),
+            });
+        }
+    }
+
+    out.ops.extend(route_dels);
+    out.ops.extend(rule_dels);
+    out.ops.extend(dels);
+    debug_assert!(out.ops.windows(2).all(|w| w[0].phase() <= w[1].phase()));
+    Ok(out)
+}
+
+/// Everything Lace owns goes, except the l3mdev rule (shared with every VRF on the host; the
+/// kernel's VRF driver installs the same one).
+fn teardown(mut out: Diff, observed: &ObservedNode, link_dels: Vec<Op>) -> Diff {
+    for (key, nh) in &observed.routes {
+        out.ops.push(Op::DelRoute {
+            key: *key,
+            nh: nh.clone(),
+        });
+    }
+    for r in &observed.rules {
+        if !matches!(
+            r.rule,
+            Some(Rule {
+                action: RuleAction::L3mdev,
+                ..
+            })
+        ) {
+            out.ops.push(Op::DelRule(Box::new(r.clone())));
+        }
+    }
+    out.ops.extend(link_dels);
+    if observed.nft != NftState::Absent {
+        out.ops.push(Op::NftDelete);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{
+        NetworkAllocationSpec, NetworkRoutingPolicySpec, NetworkSpec, NodeAllocationSpec, Subnet,
+    };
+    use crate::dataplane::ObservedLink;
+    use crate::plan::{plan, Family};
+    use crate::state::{ClusterState, ObjectKey, PodAttachment};
+
+    const UPLINK: &str = "eth0";
+    const EGRESS: &str = "inet0";
+
+    fn ul(i: u16) -> Ipv6Addr {
+        Ipv6Addr::new(0x2001, 0xdb8, 0xff, 0, 0, 0, 0, i)
+    }
+
+    /// Two nodes; `a` reaches itself and the external `internet`, `b` reaches nothing.
+    fn state(with_b: bool) -> ClusterState {
+        let mut s = ClusterState::default();
+        let nets: &[(&str, u8, u16)] = if with_b {
+            &[("a", 1, 1), ("b", 2, 2)]
+        } else {
+            &[("a", 1, 1)]
+        };
+        for &(name, o, f) in nets {
+            s.networks.insert(
+                name.into(),
+                NetworkSpec {
+                    subnets: vec![Subnet {
+                        cidr: format!("10.{o}.0.0/16").parse().unwrap(),
+                        block_prefix: 24,
+                    }],
+                    external: false,
+                },
+            );
+            s.network_allocations
+                .insert(name.into(), NetworkAllocationSpec { function: f });
+        }
+        s.networks.insert(
+            "internet".into(),
+            NetworkSpec {
+                subnets: vec![],
+                external: true,
+            },
+        );
+        for (n, f, t) in [("a-a", "a", "a"), ("a-inet", "a", "internet")] {
+            s.network_routes.insert(
+                n.into(),
+                NetworkRoutingPolicySpec {
+                    from: f.into(),
+                    to: t.into(),
+                },
+            );
+        }
+        for i in 1..=2u16 {
+            let blocks = nets
+                .iter()
+                .map(|&(name, o, _)| {
+                    (
+                        name.to_string(),
+                        vec![format!("10.{o}.{i}.0/24").parse().unwrap()],
+                    )
+                })
+                .collect();
+            s.node_allocations.insert(
+                format!("n{i}"),
+                NodeAllocationSpec {
+                    index: u32::from(i),
+                    locator: format!("2001:db8:100::{i}:0:0/96").parse().unwrap(),
+                    underlay: ul(i),
+                    blocks,
+                },
+            );
+        }
+        s
+    }
+
+    fn desired(with_b: bool) -> DesiredNode {
+        let mut pods = vec![PodAttachment {
+            pod: ObjectKey::new("ns", "pa"),
+            container_id: "c1".into(),
+            host_ifname: "lp-pa".into(),
+            network: "a".into(),
+            ips: vec!["10.1.1.10/32".parse().unwrap()],
+        }];
+        if with_b {
+            pods.push(PodAttachment {
+                pod: ObjectKey::new("ns", "pb"),
+                container_id: "c2".into(),
+                host_ifname: "lp-pb".into(),
+                network: "b".into(),
+                ips: vec!["10.2.1.10/32".parse().unwrap()],
+            });
+        }
+        plan("n1", &state(with_b), &pods).unwrap()
+    }
+
+    fn link(index: u32) -> ObservedLink {
+        ObservedLink {
+            index,
+            vrf_table: None,
+            master: None,
+            up: true,
+        }
+    }
+
+    /// A host with an uplink, an egress link with the default route, the pod veths, and a
+    /// foreign link: nothing of Lace's.
+    fn bare_host() -> ObservedNode {
+        ObservedNode {
+            links: [
+                ("lo", 1),
+                (UPLINK, 2),
+                (EGRESS, 3),
+                ("lp-pa", 4),
+                ("lp-pb", 5),
+                ("keep0", 6),
+            ]
+            .into_iter()
+            .map(|(n, i)| (n.to_string(), link(i)))
+            .collect(),
+            addrs_v6: vec![(ul(1), 2)],
+            routes: BTreeMap::new(),
+            host_routes: vec![
+                HostRoute {
+                    dst: "0.0.0.0/0".parse().unwrap(),
+                    gateway: Some("198.51.100.2".parse().unwrap()),
+                    dev: Some(EGRESS.into()),
+                },
+                HostRoute {
+                    dst: "198.51.100.0/24".parse().unwrap(),
+                    gateway: None,
+                    dev: Some(EGRESS.into()),
+                },
+            ],
+            rules: vec![],
+            sysctls: BTreeMap::new(),
+            tunsrc: None,
+            nft: NftState::Absent,
+        }
+    }
+
+    /// A fake kernel: applies `ops` to `o` the way the reconciler's writes change what the
+    /// next observation returns.
+    fn model(o: &mut ObservedNode, ops: &[Op]) {
+        for op in ops {
+            match op {
+                Op::ReplaceLink { name } | Op::DelLink { name } => {
+                    o.links.remove(name);
+                }
+                Op::AddVrf { name, table } => {
+                    let index = 100 + o.links.len() as u32;
+                    o.links.insert(
+                        name.clone(),
+                        ObservedLink {
+                            vrf_table: Some(*table),
+                            ..link(index)
+                        },
+                    );
+                }
+                Op::LinkUp { name } => o.links.get_mut(name).unwrap().up = true,
+                Op::SetMaster { link, master } => {
+                    let m = o.links[master].index;
+                    o.links.get_mut(link).unwrap().master = Some(m);
+                }
+                Op::Sysctl { key, value } => {
+                    o.sysctls.insert(key.clone(), Some(value.clone()));
+                }
+                Op::Tunsrc(a) => o.tunsrc = Some(*a),
+                Op::NftSwap { tag, .. } => {
+                    o.nft = NftState::Present {
+                        tag: Some(tag.clone()),
+                    }
+                }
+                Op::AddRule(r) => o.rules.push(ObservedRule {
+                    rule: Some(*r),
+                    raw: Default::default(),
+                }),
+                Op::PutRoute { key, nh } => {
+                    o.routes.insert(*key, nh.clone());
+                }
+                Op::DelRoute { key, .. } => {
+                    o.routes.remove(key);
+                }
+                Op::DelRule(r) => o.rules.retain(|x| x != r.as_ref()),
+                Op::NftDelete => o.nft = NftState::Absent,
+            }
+        }
+    }
+
+    fn first(ops: &[Op], f: impl Fn(&Op) -> bool) -> Option<usize> {
+        ops.iter().position(f)
+    }
+
+    #[test]
+    fn from_scratch_everything_is_added_in_a_safe_order() {
+        let d = desired(true);
+        let diff = diff(Some(&d), &bare_host()).unwrap();
+        let ops = &diff.ops;
+        assert!(diff.skipped.is_empty());
+        assert!(ops.windows(2).all(|w| w[0].phase() <= w[1].phase()));
+        let first_route = first(ops, |o| matches!(o, Op::PutRoute { .. })).unwrap();
+        let last_vrf = ops
+            .iter()
+            .rposition(|o| matches!(o, Op::AddVrf { .. }))
+            .unwrap();
+        let nft = first(ops, |o| matches!(o, Op::NftSwap { .. })).unwrap();
+        let strict = first(
+            ops,
+            |o| matches!(o, Op::Sysctl { key, .. } if key == "net.vrf.strict_mode"),
+        )
+        .unwrap();
+        assert!(last_vrf < nft && nft < first_route && strict < first_route);
+        assert!(!ops.iter().any(|o| matches!(
+            o,
+            Op::DelRoute { .. } | Op::DelRule(_) | Op::DelLink { .. } | Op::NftDelete
+        )));
+        // Every planned route, with symbolic next hops resolved.
+        let puts: BTreeMap<RouteKey, KernelNexthop> = ops
+            .iter()
+            .filter_map(|o| match o {
+                Op::PutRoute { key, nh } => Some((*key, nh.clone())),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(puts.len(), d.routes().count());
+        let egress = RouteKey {
+            table: d.base.vrfs["lv-a"].table,
+            dst: "0.0.0.0/0".parse().unwrap(),
+        };
+        assert_eq!(
+            puts[&egress],
+            KernelNexthop::Via {
+                via: "198.51.100.2".parse().unwrap(),
+                dev: EGRESS.into()
+            },
+            "Host next hop = the main table's default route"
+        );
+        for (k, nh) in &puts {
+            match (d.route(k).unwrap(), nh) {
+                (Nexthop::Seg6Encap { .. }, KernelNexthop::Seg6Encap { dev, .. })
+                | (Nexthop::Underlay { .. }, KernelNexthop::Via { dev, .. }) => {
+                    assert_eq!(dev, UPLINK, "{k:?}")
+                }
+                _ => {}
+            }
+        }
+        assert!(ops.contains(&Op::SetMaster {
+            link: "lp-pa".into(),
+            master: "lv-a".into()
+        }));
+        assert!(ops.contains(&Op::Tunsrc(ul(1))));
+    }
+
+    #[test]
+    fn applying_the_diff_converges_to_no_ops() {
+        let d = desired(true);
+        let mut o = bare_host();
+        let ops = diff(Some(&d), &o).unwrap().ops;
+        model(&mut o, &ops);
+        assert_eq!(diff(Some(&d), &o).unwrap(), Diff::default());
+    }
+
+    #[test]
+    fn removing_a_network_deletes_its_state_last_and_nothing_foreign() {
+        let mut o = bare_host();
+        let ops = diff(Some(&desired(true)), &o).unwrap().ops;
+        model(&mut o, &ops);
+        let d = desired(false);
+        let ops = diff(Some(&d), &o).unwrap().ops;
+        let table_b = 1_000_002;
+        assert!(ops.contains(&Op::DelLink {
+            name: "lv-b".into()
+        }));
+        let dels: Vec<&Op> = ops
+            .iter()
+            .filter(|o| matches!(o, Op::DelRoute { .. }))
+            .collect();
+        assert!(dels
+            .iter()
+            .any(|o| matches!(o, Op::DelRoute { key, .. } if key.table == table_b)));
+        // Deletions come after every addition.
+        let first_del = first(&ops, |o| {
+            matches!(o, Op::DelRoute { .. } | Op::DelLink { .. })
+        })
+        .unwrap();
+        assert!(ops[first_del..]
+            .iter()
+            .all(|o| matches!(o, Op::DelRoute { .. } | Op::DelRule(_) | Op::DelLink { .. })));
+        model(&mut o, &ops);
+        assert!(o.routes.keys().all(|k| k.table != table_b));
+        assert!(o.links.contains_key("keep0") && o.links.contains_key("lp-pb"));
+        assert_eq!(diff(Some(&d), &o).unwrap(), Diff::default());
+    }
+
+    #[test]
+    fn teardown_removes_all_of_lace_but_the_shared_l3mdev_rule() {
+        let mut o = bare_host();
+        let ops = diff(Some(&desired(true)), &o).unwrap().ops;
+        model(&mut o, &ops);
+        let ops = diff(None, &o).unwrap().ops;
+        model(&mut o, &ops);
+        assert!(o.routes.is_empty());
+        assert!(o.vrfs().next().is_none());
+        assert_eq!(o.nft, NftState::Absent);
+        let left: Vec<Rule> = o.rules.iter().filter_map(|r| r.rule).collect();
+        assert!(left.iter().all(|r| r.action == RuleAction::L3mdev));
+        assert_eq!(left.len(), 2);
+        for name in ["lo", UPLINK, EGRESS, "lp-pa", "keep0"] {
+            assert!(o.links.contains_key(name), "{name}");
+        }
+        assert!(diff(None, &o).unwrap().ops.is_empty());
+    }
+
+    #[test]
+    fn a_changed_route_is_replaced_and_a_stray_rule_in_the_band_deleted() {
+        let d = desired(true);
+        let mut o = bare_host();
+        let ops = diff(Some(&d), &o).unwrap().ops;
+        model(&mut o, &ops);
+        let (key, _) = d.routes().next().map(|(k, n)| (*k, n.clone())).unwrap();
+        o.routes
+            .insert(key, KernelNexthop::Unknown("edited by hand".into()));
+        let stray = ObservedRule {
+            rule: Some(Rule {
+                priority: 995,
+                family: Family::V4,
+                action: RuleAction::Fwmark {
+                    mark: 1,
+                    mask: 1,
+                    table: 7,
+                },
+            }),
+            raw: Default::default(),
+        };
+        o.rules.push(stray.clone());
+        let ops = diff(Some(&d), &o).unwrap().ops;
+        assert_eq!(ops.len(), 2, "{ops:#?}");
+        assert!(matches!(&ops[0], Op::PutRoute { key: k, .. } if *k == key));
+        assert_eq!(ops[1], Op::DelRule(Box::new(stray)));
+    }
+
+    #[test]
+    fn no_uplink_is_an_error_missing_host_routes_and_pod_links_are_skipped() {
+        let d = desired(true);
+        let mut o = bare_host();
+        o.addrs_v6.clear();
+        assert_eq!(
+            diff(Some(&d), &o).unwrap_err(),
+            DiffError::NoUplink { underlay: ul(1) }
+        );
+        let mut o = bare_host();
+        o.host_routes.clear();
+        let without_host = diff(Some(&d), &o).unwrap();
+        let host_keys: Vec<RouteKey> = d
+            .routes()
+            .filter(|(_, nh)| **nh == Nexthop::Host)
+            .map(|(k, _)| *k)
+            .collect();
+        assert!(!host_keys.is_empty());
+        assert_eq!(
+            without_host.skipped.len(),
+            host_keys.len(),
+            "{:?}",
+            without_host.skipped
+        );
+        assert!(!without_host
+            .ops
+            .iter()
+            .any(|op| matches!(op, Op::PutRoute { key, .. } if host_keys.contains(key))));
+        assert!(without_host
+            .ops
+            .iter()
+            .any(|op| matches!(op, Op::PutRoute { .. })));
+        let mut o = bare_host();
+        o.links.remove("lp-pb");
+        let diff = diff(Some(&d), &o).unwrap();
+        assert_eq!(diff.skipped.len(), 2, "{:?}", diff.skipped); // VRF table + probe table
+        assert!(!diff.ops.iter().any(|op| op.to_string().contains("lp-pb")));
+    }
+}

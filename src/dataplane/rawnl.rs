@@ -1,0 +1,115 @@
+//! Tiny netlink requests encoded by hand, for the two settings no crate here carries: the
+//! seg6 tunnel source (generic netlink) and the nft table's comment (nfnetlink). Both use the
+//! same layout: `nlmsghdr`, a 4-byte family header (`genlmsghdr` / `nfgenmsg`), one attribute.
+
+use rtnetlink::sys::{Socket, SocketAddr};
+
+pub const NLM_F_REQUEST: u16 = 1;
+pub const NLM_F_ACK: u16 = 4;
+const NLMSG_ERROR: u16 = 2;
+
+fn align(n: usize) -> usize {
+    (n + 3) & !3
+}
+
+/// A connected netlink socket of `protocol` in the calling thread's namespace.
+pub fn open(protocol: isize) -> Result<Socket, String> {
+    let mut sock = Socket::new(protocol).map_err(|e| format!("socket: {e}"))?;
+    sock.bind_auto().map_err(|e| format!("bind: {e}"))?;
+    sock.connect(&SocketAddr::new(0, 0))
+        .map_err(|e| format!("connect: {e}"))?;
+    Ok(sock)
+}
+
+/// One request of message type `ty` whose 4-byte family header is `head`, with one attribute.
+pub fn request(ty: u16, flags: u16, head: [u8; 4], attr: (u16, &[u8])) -> Vec<u8> {
+    let attr_len = 4 + attr.1.len();
+    let len = 16 + 4 + align(attr_len);
+    let mut m = Vec::with_capacity(len);
+    m.extend_from_slice(&(len as u32).to_ne_bytes());
+    m.extend_from_slice(&ty.to_ne_bytes());
+    m.extend_from_slice(&flags.to_ne_bytes());
+    m.extend_from_slice(&1u32.to_ne_bytes()); // sequence
+    m.extend_from_slice(&0u32.to_ne_bytes()); // port id: the kernel fills it
+    m.extend_from_slice(&head);
+    m.extend_from_slice(&(attr_len as u16).to_ne_bytes());
+    m.extend_from_slice(&attr.0.to_ne_bytes());
+    m.extend_from_slice(attr.1);
+    m.resize(len, 0);
+    m
+}
+
+/// What the kernel answered to a request.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// The attributes of its message (empty for a bare ACK).
+    Attrs(Vec<(u16, Vec<u8>)>),
+    /// An error, as errno.
+    Errno(i32),
+}
+
+/// Sends `req` and reads the answer.
+pub fn talk(sock: &Socket, req: &[u8]) -> Result<Answer, String> {
+    sock.send(req, 0).map_err(|e| format!("send: {e}"))?;
+    let mut buf = vec![0u8; 16384];
+    let n = sock
+        .recv(&mut &mut buf[..], 0)
+        .map_err(|e| format!("receive: {e}"))?;
+    let buf = &buf[..n];
+    if n < 20 {
+        return Err(format!("short answer ({n} bytes)"));
+    }
+    if u16::from_ne_bytes([buf[4], buf[5]]) == NLMSG_ERROR {
+        let code = i32::from_ne_bytes([buf[16], buf[17], buf[18], buf[19]]);
+        return Ok(if code == 0 {
+            Answer::Attrs(Vec::new())
+        } else {
+            Answer::Errno(-code)
+        });
+    }
+    let len = (u32::from_ne_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize).min(n);
+    let mut attrs = Vec::new();
+    let mut off = 20;
+    while off + 4 <= len {
+        let alen = u16::from_ne_bytes([buf[off], buf[off + 1]]) as usize;
+        // The top two bits are the nested / byte-order flags.
+        let aty = u16::from_ne_bytes([buf[off + 2], buf[off + 3]]) & 0x3fff;
+        if alen < 4 || off + alen > len {
+            break;
+        }
+        attrs.push((aty, buf[off + 4..off + alen].to_vec()));
+        off += align(alen);
+    }
+    Ok(Answer::Attrs(attrs))
+}
+
+/// The attributes of an answer, an error naming `what` otherwise.
+pub fn attrs(answer: Answer, what: &str) -> Result<Vec<(u16, Vec<u8>)>, String> {
+    match answer {
+        Answer::Attrs(a) => Ok(a),
+        Answer::Errno(e) => Err(format!("{what}: {}", std::io::Error::from_raw_os_error(e))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_have_the_kernel_layout() {
+        let m = request(0x1b, NLM_F_REQUEST, [4, 1, 0, 0], (1, &[7; 16]));
+        assert_eq!(m.len(), 16 + 4 + 20);
+        assert_eq!(
+            u32::from_ne_bytes([m[0], m[1], m[2], m[3]]) as usize,
+            m.len()
+        );
+        assert_eq!(u16::from_ne_bytes([m[4], m[5]]), 0x1b);
+        assert_eq!(&m[16..20], &[4, 1, 0, 0]);
+        assert_eq!(u16::from_ne_bytes([m[20], m[21]]), 20);
+        assert_eq!(u16::from_ne_bytes([m[22], m[23]]), 1);
+        assert_eq!(&m[24..40], &[7; 16]);
+        // An odd-sized attribute is padded to 4 bytes.
+        let m = request(0x10, NLM_F_REQUEST, [3, 1, 0, 0], (2, b"SEG6\0"));
+        assert_eq!(m.len(), 16 + 4 + 12);
+    }
+}
