@@ -257,9 +257,9 @@ pub fn diff(desired: Option<&DesiredNode>, observed: &ObservedNode) -> Result<Di
 
     // --- Routes -----------------------------------------------------------------------------
     let uplink = observed
-        .addrs_v6
+        .addrs
         .iter()
-        .find(|(a, _)| *a == base.underlay)
+        .find(|(a, _)| *a == IpAddr::V6(base.underlay))
         .and_then(|(_, i)| observed.link_name(*i))
         .ok_or(DiffError::NoUplink {
             underlay: base.underlay,
@@ -269,10 +269,15 @@ pub fn diff(desired: Option<&DesiredNode>, observed: &ObservedNode) -> Result<Di
     for (key, nh) in d.routes() {
         let resolved = match nh {
             Nexthop::Dev(dev) => KernelNexthop::Dev(dev.clone()),
-            Nexthop::DevSrc { dev, src } => KernelNexthop::DevSrc {
-                dev: dev.clone(),
-                src: *src,
-            },
+            // The kernel refuses a source the node does not hold (e.g. a Node object whose
+            // InternalIP is not configured here): the route then goes without one.
+            Nexthop::DevSrc { dev, src } if observed.addrs.iter().any(|(a, _)| a == src) => {
+                KernelNexthop::DevSrc {
+                    dev: dev.clone(),
+                    src: *src,
+                }
+            }
+            Nexthop::DevSrc { dev, .. } => KernelNexthop::Dev(dev.clone()),
             Nexthop::Seg6Encap { segs } => KernelNexthop::Seg6Encap {
                 segs: *segs,
                 dev: uplink.to_string(),
@@ -485,7 +490,7 @@ mod tests {
             .into_iter()
             .map(|(n, i)| (n.to_string(), link(i)))
             .collect(),
-            addrs_v6: vec![(ul(1), 2)],
+            addrs: vec![(IpAddr::V6(ul(1)), 2)],
             routes: BTreeMap::new(),
             host_routes: vec![
                 HostRoute {
@@ -710,7 +715,7 @@ mod tests {
     fn no_uplink_is_an_error_missing_host_routes_and_pod_links_are_skipped() {
         let d = desired(true);
         let mut o = bare_host();
-        o.addrs_v6.clear();
+        o.addrs.clear();
         assert_eq!(
             diff(Some(&d), &o).unwrap_err(),
             DiffError::NoUplink { underlay: ul(1) }
@@ -743,5 +748,42 @@ mod tests {
         let diff = diff(Some(&d), &o).unwrap();
         assert_eq!(diff.skipped.len(), 2, "{:?}", diff.skipped); // VRF table + probe table
         assert!(!diff.ops.iter().any(|op| op.to_string().contains("lp-pb")));
+    }
+
+    #[test]
+    fn probe_routes_keep_their_source_only_where_the_node_holds_it() {
+        let mut d = desired(false);
+        let src: IpAddr = "192.0.2.1".parse().unwrap();
+        let key = RouteKey {
+            table: crate::plan::PROBE_TABLE,
+            dst: "10.1.1.10/32".parse().unwrap(),
+        };
+        d.pod_routes.insert(
+            key,
+            Nexthop::DevSrc {
+                dev: "lp-pa".into(),
+                src,
+            },
+        );
+        let put = |o: &ObservedNode| {
+            diff(Some(&d), o)
+                .unwrap()
+                .ops
+                .into_iter()
+                .find_map(|op| match op {
+                    Op::PutRoute { key: k, nh } if k == key => Some(nh),
+                    _ => None,
+                })
+        };
+        let mut o = bare_host();
+        assert_eq!(put(&o), Some(KernelNexthop::Dev("lp-pa".into())));
+        o.addrs.push((src, 2));
+        assert_eq!(
+            put(&o),
+            Some(KernelNexthop::DevSrc {
+                dev: "lp-pa".into(),
+                src
+            })
+        );
     }
 }

@@ -164,8 +164,8 @@ pub enum NftState {
 pub struct ObservedNode {
     /// All links by name.
     pub links: BTreeMap<String, ObservedLink>,
-    /// IPv6 addresses and the index of the link holding each.
-    pub addrs_v6: Vec<(Ipv6Addr, u32)>,
+    /// Local addresses (both families) and the index of the link holding each.
+    pub addrs: Vec<(IpAddr, u32)>,
     /// Lace's routes.
     pub routes: BTreeMap<RouteKey, KernelNexthop>,
     /// The host's own unicast routes of the main table.

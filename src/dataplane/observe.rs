@@ -44,7 +44,7 @@ pub fn lace_table(table: u32) -> bool {
 /// Observes everything; `sysctls` are the keys to read.
 pub fn observe(nl: &mut Nl, sysctls: &BTreeSet<String>) -> Result<ObservedNode, ObserveError> {
     let links = dump_links(nl)?;
-    let addrs_v6 = dump_addrs_v6(nl)?;
+    let addrs = dump_addrs(nl)?;
     let names: BTreeMap<u32, String> = links.iter().map(|(n, l)| (l.index, n.clone())).collect();
     let mut routes = BTreeMap::new();
     let mut host_routes = Vec::new();
@@ -77,7 +77,7 @@ pub fn observe(nl: &mut Nl, sysctls: &BTreeSet<String>) -> Result<ObservedNode, 
         .collect();
     Ok(ObservedNode {
         links,
-        addrs_v6,
+        addrs,
         routes,
         host_routes,
         rules,
@@ -132,17 +132,22 @@ fn dump_links(nl: &mut Nl) -> Result<BTreeMap<String, ObservedLink>, NlError> {
     Ok(out)
 }
 
-fn dump_addrs_v6(nl: &mut Nl) -> Result<Vec<(Ipv6Addr, u32)>, NlError> {
-    let mut req = AddressMessage::default();
-    req.header.family = AddressFamily::Inet6;
+fn dump_addrs(nl: &mut Nl) -> Result<Vec<(IpAddr, u32)>, NlError> {
     let mut out = Vec::new();
-    for m in nl.dump("addresses", RouteNetlinkMessage::GetAddress(req))? {
-        let RouteNetlinkMessage::NewAddress(a) = m else {
-            continue;
-        };
-        for attr in &a.attributes {
-            if let AddressAttribute::Address(IpAddr::V6(ip)) = attr {
-                out.push((*ip, a.header.index));
+    for family in [AddressFamily::Inet, AddressFamily::Inet6] {
+        let mut req = AddressMessage::default();
+        req.header.family = family;
+        for m in nl.dump("addresses", RouteNetlinkMessage::GetAddress(req))? {
+            let RouteNetlinkMessage::NewAddress(a) = m else {
+                continue;
+            };
+            for attr in &a.attributes {
+                // IFA_LOCAL is the local address on point-to-point links; IFA_ADDRESS otherwise.
+                if let AddressAttribute::Local(ip) | AddressAttribute::Address(ip) = attr {
+                    if !out.contains(&(*ip, a.header.index)) {
+                        out.push((*ip, a.header.index));
+                    }
+                }
             }
         }
     }

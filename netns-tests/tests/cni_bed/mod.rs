@@ -129,7 +129,7 @@ impl Bed {
             "nodad",
         ]);
         ip(&["-n", &n, "link", "set", "up0", "up"]);
-        // What the plan's sysctls would set (no reconciler is plugged into the agent here).
+        // Set before the agent's first reconcile so pods can be pinged straight after ADD.
         ip(&[
             "netns",
             "exec",
@@ -155,6 +155,14 @@ impl Bed {
                 std::fs::copy(&p, manifests.join(p.file_name().unwrap())).unwrap();
             }
         }
+        // The bed's pods live in namespace `default`, whose Network does not reach itself in the
+        // example; this policy lets them reach each other, so tests can send real traffic.
+        std::fs::write(
+            manifests.join("bed-default-to-default.yaml"),
+            "apiVersion: lace.io/v1alpha1\nkind: NetworkRoutingPolicy\n\
+             metadata: {name: bed-default-to-default}\nspec: {from: default, to: default}\n",
+        )
+        .unwrap();
         let port = TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
