@@ -3,8 +3,8 @@
 //! Root only, and each test creates its own cgroups (`/sys/fs/cgroup/lace-test-*`), pin
 //! directory (`/sys/fs/bpf/lace-test-*`) and network objects (`lace-pt-*`), removing them at
 //! the end; the test of Lace's planned probe path instead programs a node namespace of the
-//! harness (`lace-t-*`) with the real planner and reconciler. Child processes are put "in a cgroup" by writing their pid to `cgroup.procs`
-//! before they exec. Sockets are observed with python3 (`getsockopt(SO_MARK)`, TCP clients
+//! harness (`lace-t-*`) with the real planner and reconciler. Child processes are put "in a
+//! cgroup" by writing their pid to `cgroup.procs` before they exec. Sockets are observed with python3 (`getsockopt(SO_MARK)`, TCP clients
 //! and a tiny HTTP server), routing with `ip`, filtering with `nft`, attachments with
 //! `bpftool`: real tools, not the code under test. Run them one at a time
 //! (`--test-threads=1`): they share the host's routing rules.
