@@ -2,8 +2,9 @@
 //!
 //! Root only, and each test creates its own cgroups (`/sys/fs/cgroup/lace-test-*`), pin
 //! directory (`/sys/fs/bpf/lace-test-*`) and network objects (`lace-pt-*`), removing them at
-//! the end. Child processes are put "in a cgroup" by writing their pid to `cgroup.procs`
-//! before they exec. Sockets are observed with python3 (`getsockopt(SO_MARK)`, TCP clients
+//! the end; the test of Lace's planned probe path instead programs a node namespace of the
+//! harness (`lace-t-*`) with the real planner and reconciler. Child processes are put "in a
+//! cgroup" by writing their pid to `cgroup.procs` before they exec. Sockets are observed with python3 (`getsockopt(SO_MARK)`, TCP clients
 //! and a tiny HTTP server), routing with `ip`, filtering with `nft`, attachments with
 //! `bpftool`: real tools, not the code under test. Run them one at a time
 //! (`--test-threads=1`): they share the host's routing rules.
@@ -257,32 +258,7 @@ impl PodNet {
 
     /// Starts the pod's HTTP server and waits until it listens.
     fn serve(&self) -> Server {
-        let script = format!(
-            r#"
-import socket
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("{POD_IP}", {POD_PORT}))
-s.listen(128)
-print("ready", flush=True)
-while True:
-    c, _ = s.accept()
-    c.recv(1024)
-    c.sendall(b"HTTP/1.0 200 OK\r\n\r\nok")
-    c.close()
-"#
-        );
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", "lace-pt-pod", python(), "-c", &script])
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        assert_eq!(line.trim(), "ready", "pod server did not start");
-        Server(child)
+        serve_http("lace-pt-pod", POD_IP)
     }
 
     fn drop_counter() -> u64 {
@@ -311,6 +287,37 @@ impl Drop for Server {
     }
 }
 
+/// Starts a tiny HTTP server on `addr:POD_PORT` in network namespace `netns` and waits until
+/// it listens.
+fn serve_http(netns: &str, addr: &str) -> Server {
+    let script = format!(
+        r#"
+import socket
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("{addr}", {POD_PORT}))
+s.listen(128)
+print("ready", flush=True)
+while True:
+    c, _ = s.accept()
+    c.recv(1024)
+    c.sendall(b"HTTP/1.0 200 OK\r\n\r\nok")
+    c.close()
+"#
+    );
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", netns, python(), "-c", &script])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "ready", "pod server did not start");
+    Server(child)
+}
+
 const HTTP_GET: &str = r#"
 import socket, sys
 try:
@@ -324,9 +331,16 @@ except OSError as e:
 
 /// An HTTP GET to the pod from a process in `cgroup`; the status line or the error.
 fn http_get(cgroup: Option<&Cgroup>) -> Result<String, String> {
-    let out = in_cgroup(cgroup, python(), &["-c", HTTP_GET, POD_IP, POD_PORT])
-        .output()
-        .unwrap();
+    http_get_from(in_cgroup(
+        cgroup,
+        python(),
+        &["-c", HTTP_GET, POD_IP, POD_PORT],
+    ))
+}
+
+/// Runs an [`HTTP_GET`] client command; the status line or the error.
+fn http_get_from(mut client: Command) -> Result<String, String> {
+    let out = client.output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
     if out.status.success() {
         Ok(text)
@@ -719,4 +733,219 @@ fn something_else_pinned_at_the_link_path_is_not_taken_for_lace() {
     .unwrap();
     assert_eq!(att.outcome, Outcome::Replaced);
     assert_eq!(socket_marks(Some(&kubelet)), vec![PROBE_MARK, PROBE_MARK]);
+}
+
+/// A node planned by Lace's own planner with two Networks: `isolated` (no routing policy at
+/// all, not even to itself) and `other` (reaches itself only), one pod in each.
+mod planned {
+    use std::collections::BTreeMap;
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+    use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+    use lace::api::{
+        NetworkAllocationSpec, NetworkRoutingPolicySpec, NetworkSpec, NodeAllocationSpec, Subnet,
+    };
+    use lace::state::{ClusterState, Node, ObjectKey, PodAttachment};
+
+    pub const NODE: &str = "node1";
+    pub const NODE_V4: Ipv4Addr = Ipv4Addr::new(192, 168, 77, 1);
+    pub const NODE_V6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xff, 0, 0, 0, 0, 1);
+    /// (Network, second octet of its subnet, SID function, pod's host interface).
+    pub const NETS: [(&str, u8, u16, &str); 2] = [
+        ("isolated", 1, 1, "lp-isolated"),
+        ("other", 2, 2, "lp-other"),
+    ];
+
+    pub fn pod_addr(second: u8) -> Ipv4Addr {
+        Ipv4Addr::new(10, second, 1, 10)
+    }
+
+    pub fn cluster() -> ClusterState {
+        let mut s = ClusterState::default();
+        let mut blocks = BTreeMap::new();
+        for (name, second, function, _) in NETS {
+            s.networks.insert(
+                name.into(),
+                NetworkSpec {
+                    subnets: vec![Subnet {
+                        cidr: format!("10.{second}.0.0/16").parse().unwrap(),
+                        block_prefix: 24,
+                    }],
+                    external: false,
+                },
+            );
+            s.network_allocations
+                .insert(name.into(), NetworkAllocationSpec { function });
+            let block: IpNet = Ipv4Net::new(Ipv4Addr::new(10, second, 1, 0), 24)
+                .unwrap()
+                .into();
+            blocks.insert(name.to_string(), vec![block]);
+        }
+        s.network_routes.insert(
+            "other-self".into(),
+            NetworkRoutingPolicySpec {
+                from: "other".into(),
+                to: "other".into(),
+            },
+        );
+        s.nodes.insert(
+            NODE.into(),
+            Node {
+                labels: BTreeMap::new(),
+                internal_ips: vec![IpAddr::V6(NODE_V6), IpAddr::V4(NODE_V4)],
+            },
+        );
+        s.node_allocations.insert(
+            NODE.into(),
+            NodeAllocationSpec {
+                index: 1,
+                locator: Ipv6Net::new(Ipv6Addr::new(0x2001, 0xdb8, 0x100, 0, 0, 1, 0, 0), 96)
+                    .unwrap(),
+                underlay: NODE_V6,
+                blocks,
+            },
+        );
+        s
+    }
+
+    pub fn attachments() -> Vec<PodAttachment> {
+        NETS.iter()
+            .map(|&(name, second, _, host_if)| PodAttachment {
+                pod: ObjectKey::new("test", name),
+                container_id: format!("c-{name}"),
+                host_ifname: host_if.into(),
+                network: name.into(),
+                ips: vec![IpNet::V4(Ipv4Net::from(pod_addr(second)))],
+            })
+            .collect()
+    }
+}
+
+/// The nft counter of Lace's "host processes other than the kubelet" drop rule in `node`.
+fn from_host_drops(node: &lace_netns_tests::Netns) -> u64 {
+    let out = node
+        .exec("nft", &["list", "chain", "inet", "lace", "from_host"])
+        .unwrap();
+    let line = out
+        .lines()
+        .find(|l| l.contains("drop"))
+        .unwrap_or_else(|| panic!("no drop rule in Lace's from_host chain:\n{out}"));
+    lace_netns_tests::bed::number_after(line, "packets").unwrap()
+}
+
+#[test]
+fn probes_use_lace_planned_routes_and_nft_only_the_kubelet_gets_in() {
+    use lace::dataplane::{NetnsTarget, Reconciler};
+    use lace_netns_tests::pods::attach_pod;
+    use lace_netns_tests::{require_root_and_vrf, Netns};
+
+    require_environment();
+    require_root_and_vrf();
+    let kubelet = Cgroup::new("lace-test-planned-kubelet");
+    let pins = Pins::new("lace-test-planned");
+    let node = Netns::new("node").unwrap();
+    // The node's underlay: its InternalIPs on a link of its own.
+    node.ip("link add ul0 type dummy").unwrap();
+    node.ip(&format!(
+        "-6 addr add {}/64 dev ul0 nodad",
+        planned::NODE_V6
+    ))
+    .unwrap();
+    node.ip(&format!("addr add {}/24 dev ul0", planned::NODE_V4))
+        .unwrap();
+    node.ip("link set ul0 up").unwrap();
+    let pods: Vec<Netns> = planned::NETS
+        .iter()
+        .map(|&(name, second, _, host_if)| {
+            let pod = Netns::new(name).unwrap();
+            attach_pod(&node, host_if, &pod, planned::pod_addr(second)).unwrap();
+            pod
+        })
+        .collect();
+    let (isolated_pod, other_pod) = (&pods[0], &pods[1]);
+    let target = planned::pod_addr(planned::NETS[0].1).to_string();
+
+    let desired = lace::plan::plan(planned::NODE, &planned::cluster(), &planned::attachments())
+        .unwrap_or_else(|e| panic!("plan: {e}"));
+    let report = Reconciler::new(NetnsTarget::named(node.name()))
+        .unwrap()
+        .reconcile(&desired)
+        .unwrap_or_else(|e| panic!("reconcile: {e}"));
+    assert!(report.skipped.is_empty(), "skipped {:?}", report.skipped);
+    // The kernel's own route lookup: a marked socket is sent through Lace's probe table,
+    // from the node's IPv4 InternalIP; an unmarked one has no route to the pod.
+    let marked = node
+        .ip(&format!("route get {target} mark {PROBE_MARK:#x}"))
+        .unwrap();
+    assert!(
+        marked.contains(&format!("table {}", lace::plan::PROBE_TABLE))
+            && marked.contains(&format!("src {}", planned::NODE_V4)),
+        "marked route lookup: {marked}"
+    );
+    assert!(
+        node.ip(&format!("route get {target}")).is_err(),
+        "the main table routes the host to the pod"
+    );
+    let _server = serve_http(isolated_pod.name(), &target);
+    probe::ensure_attached(&pins.config(&kubelet)).unwrap();
+
+    // A client process in `cgroup` (None: the root cgroup) inside the node's namespace.
+    let from_node = |cgroup: Option<&Cgroup>| {
+        http_get_from(in_cgroup(
+            cgroup,
+            "ip",
+            &[
+                "netns",
+                "exec",
+                node.name(),
+                python(),
+                "-c",
+                HTTP_GET,
+                &target,
+                POD_PORT,
+            ],
+        ))
+    };
+
+    let drops = from_host_drops(&node);
+    assert_eq!(
+        from_node(Some(&kubelet)).as_deref(),
+        Ok("HTTP/1.0 200 OK"),
+        "the kubelet did not reach the isolated pod through Lace's probe route"
+    );
+    assert_eq!(
+        from_host_drops(&node),
+        drops,
+        "the kubelet's probe hit the drop"
+    );
+
+    // Unmarked host traffic: the main table has no route to pods, so it is refused at once.
+    assert!(
+        from_node(None).is_err(),
+        "the node's root cgroup reached the isolated pod"
+    );
+    // With a (foreign) host route to the pod, Lace's nft is what refuses it.
+    node.ip(&format!("route add {target}/32 dev {}", planned::NETS[0].3))
+        .unwrap();
+    let err = from_node(None).expect_err("the root cgroup reached the pod over the main table");
+    assert!(
+        err.contains("timed out"),
+        "expected the nft drop, got {err}"
+    );
+    assert!(
+        from_host_drops(&node) > drops,
+        "Lace's from_host drop rule did not count the root cgroup's connection"
+    );
+    assert_eq!(
+        from_node(Some(&kubelet)).as_deref(),
+        Ok("HTTP/1.0 200 OK"),
+        "the kubelet lost the pod once the host had a route too"
+    );
+
+    // A pod of a Network with no routing policy towards `isolated`.
+    let from_other = other_pod.exec(python(), &["-c", HTTP_GET, &target, POD_PORT]);
+    assert!(
+        from_other.is_err(),
+        "the other Network's pod reached the isolated pod: {from_other:?}"
+    );
 }
