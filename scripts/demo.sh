@@ -12,7 +12,7 @@ cd "$ROOT"
 command -v cargo >/dev/null || { echo "demo.sh: cargo not found: install a Rust toolchain (1.89+) first" >&2; exit 1; }
 netns-tests/vm/setup.sh
 echo "demo.sh: building lace-agent and the lace CNI plugin" >&2
-cargo build -q -p lace --bin lace-agent -p lace-cni
+cargo build -q -p lace -p lace-cni --bins
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 export LACE_AGENT=$TARGET_DIR/debug/lace-agent LACE_CNI=$TARGET_DIR/debug/lace
 LACE_VM_PASSENV="${LACE_VM_PASSENV:-} LACE_AGENT LACE_CNI LACE_DEMO_KEEP LACE_LOG" \

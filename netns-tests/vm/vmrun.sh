@@ -11,7 +11,7 @@
 #   --kernel K  6.1 | 6.12 | a full version string such as 6.12.117+deb12-amd64
 #               (default: $LACE_VM_KERNEL, else 6.1)
 #   -t SECS     hard timeout for the whole VM run (default: $LACE_VM_TIMEOUT, else 600)
-#   -m MEM      guest memory (default 1G);  -c CPUS  guest CPUs (default 2)
+#   -m MEM      guest memory (default 2G);  -c CPUS  guest CPUs (default 2)
 #   -w DIR      host dir shared read-write at the same path (repeatable; default $PWD)
 #   --accel A   auto | kvm | tcg (default: $LACE_VM_ACCEL, else auto). auto uses KVM only if a
 #               probe boot under KVM finishes within 10 s; the verdict is cached per kernel in
@@ -29,7 +29,7 @@ say() { echo "vmrun: $*" >&2; }
 die() { say "ERROR: $*"; exit 125; }
 usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2; exit 2; }
 
-KERNEL=${LACE_VM_KERNEL:-6.1} TIMEOUT=${LACE_VM_TIMEOUT:-600} MEM=1G CPUS=2
+KERNEL=${LACE_VM_KERNEL:-6.1} TIMEOUT=${LACE_VM_TIMEOUT:-600} MEM=2G CPUS=2
 ACCEL=${LACE_VM_ACCEL:-auto} RWDIRS=() QUIET_ACCEL=0
 while [ $# -gt 0 ]; do
   case $1 in

@@ -12,7 +12,6 @@
 //! absent agent (ADD: retry later; DEL: queued and replayed at the next start).
 
 use std::fs::{self, File, OpenOptions};
-use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
@@ -38,8 +37,14 @@ pub enum InstallError {
     },
 }
 
-/// Writes `bytes` to `dir/name` atomically with `mode`.
-fn write_atomic(dir: &Path, name: &str, bytes: &[u8], mode: u32) -> Result<PathBuf, InstallError> {
+/// Writes what `content` yields to `dir/name` atomically with `mode`. Streamed: the plugin
+/// binary is never held in memory whole.
+fn write_atomic(
+    dir: &Path,
+    name: &str,
+    content: &mut dyn std::io::Read,
+    mode: u32,
+) -> Result<PathBuf, InstallError> {
     let io = |path: &Path| {
         let path = path.to_owned();
         move |source| InstallError::Io { path, source }
@@ -54,8 +59,8 @@ fn write_atomic(dir: &Path, name: &str, bytes: &[u8], mode: u32) -> Result<PathB
         .mode(mode)
         .open(&tmp)
         .map_err(io(&tmp))?;
-    f.write_all(bytes)
-        .and_then(|()| f.sync_all())
+    std::io::copy(content, &mut f)
+        .and_then(|_| f.sync_all())
         .map_err(io(&tmp))?;
     drop(f);
     fs::rename(&tmp, &path).map_err(io(&path))?;
@@ -67,11 +72,11 @@ fn write_atomic(dir: &Path, name: &str, bytes: &[u8], mode: u32) -> Result<PathB
 
 /// Copies the plugin binary `source` to `bin_dir/lace` (mode 0755).
 pub fn install_binary(source: &Path, bin_dir: &Path) -> Result<PathBuf, InstallError> {
-    let bytes = fs::read(source).map_err(|e| InstallError::Source {
+    let mut binary = File::open(source).map_err(|e| InstallError::Source {
         path: source.to_owned(),
         source: e,
     })?;
-    write_atomic(bin_dir, PLUGIN_TYPE, &bytes, 0o755)
+    write_atomic(bin_dir, PLUGIN_TYPE, &mut binary, 0o755)
 }
 
 /// Writes the conflist pointing the plugin at `settings` to `conf_dir/conf_name` (0644).
@@ -86,7 +91,7 @@ pub fn write_conflist(
         source: std::io::Error::other(e),
     })?;
     bytes.push(b'\n');
-    write_atomic(conf_dir, conf_name, &bytes, 0o644)
+    write_atomic(conf_dir, conf_name, &mut bytes.as_slice(), 0o644)
 }
 
 #[cfg(test)]
