@@ -1006,6 +1006,25 @@ pub struct Request {
     pub valid_attachments: Option<Vec<Attachment>>,
 }
 
+impl Request {
+    /// A request for `command` with no attachment fields (STATUS, GC, VERSION-like verbs).
+    pub fn without_attachment(command: Command, cni_version: CniVersion) -> Self {
+        Self {
+            command,
+            container_id: None,
+            netns: None,
+            ifname: None,
+            pod_namespace: None,
+            pod_name: None,
+            pod_uid: None,
+            cni_version,
+            config: Map::new(),
+            prev_result: None,
+            valid_attachments: None,
+        }
+    }
+}
+
 /// The agent's answer to a [`Request`].
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

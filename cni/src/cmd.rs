@@ -167,17 +167,10 @@ fn to_json<T: serde::Serialize>(value: &T) -> Result<Output, CniError> {
 /// A request for `command` with the configuration filled in and no attachment fields.
 fn request(ctx: &Ctx, command: Command) -> Request {
     Request {
-        command,
-        container_id: None,
-        netns: None,
-        ifname: None,
-        pod_namespace: None,
-        pod_name: None,
-        pod_uid: None,
-        cni_version: ctx.conf.cni_version,
         config: ctx.conf.raw.clone(),
         prev_result: ctx.conf.prev_result.clone(),
         valid_attachments: ctx.conf.valid_attachments.clone(),
+        ..Request::without_attachment(command, ctx.conf.cni_version)
     }
 }
 

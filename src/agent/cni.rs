@@ -671,19 +671,7 @@ mod tests {
     }
 
     fn status(agent: &Arc<Agent>) -> Result<Option<CniResult>, CniError> {
-        let req = Request {
-            command: Command::Status,
-            container_id: None,
-            netns: None,
-            ifname: None,
-            pod_namespace: None,
-            pod_name: None,
-            pod_uid: None,
-            cni_version: crate::wire::CniVersion::V1_1_0,
-            config: Default::default(),
-            prev_result: None,
-            valid_attachments: None,
-        };
+        let req = Request::without_attachment(Command::Status, crate::wire::CniVersion::V1_1_0);
         tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap()

@@ -200,19 +200,7 @@ mod tests {
                 decode_line::<Response>(&out).unwrap()
             }
         };
-        let status = Request {
-            command: Command::Status,
-            container_id: None,
-            netns: None,
-            ifname: None,
-            pod_namespace: None,
-            pod_name: None,
-            pod_uid: None,
-            cni_version: CniVersion::V1_1_0,
-            config: Default::default(),
-            prev_result: None,
-            valid_attachments: None,
-        };
+        let status = Request::without_attachment(Command::Status, CniVersion::V1_1_0);
         // Not ready: no state loaded, and serving not flagged.
         match ask(encode_line(&status).unwrap()).await {
             Response::Err(e) => assert_eq!(e.code, ErrorCode::NOT_AVAILABLE),
