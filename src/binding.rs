@@ -42,17 +42,13 @@ pub fn namespace_labels<'a>(
     }
 }
 
-/// Keeps the better of two candidates: higher priority, then lower policy name.
-fn better<'a>(best: Option<Binding<'a>>, cand: Binding<'a>) -> Option<Binding<'a>> {
-    match best {
-        Some(b)
-            if b.priority > cand.priority
-                || (b.priority == cand.priority && b.policy <= cand.policy) =>
-        {
-            Some(b)
-        }
-        _ => Some(cand),
-    }
+/// The winning binding among `candidates`: highest priority, then lowest policy name.
+fn winner<'a>(candidates: impl Iterator<Item = Binding<'a>>) -> Option<Binding<'a>> {
+    candidates.min_by(|a, b| {
+        b.priority
+            .cmp(&a.priority)
+            .then_with(|| a.policy.cmp(b.policy))
+    })
 }
 
 /// The Network pod `key` is bound to, or `None` (hostNetwork pods, or no policy matches).
@@ -64,27 +60,25 @@ pub fn pod_network<'a>(state: &'a ClusterState, key: &ObjectKey, pod: &Pod) -> O
         return None;
     }
     let ns_labels = namespace_labels(state, &key.namespace);
-    let mut best = None;
-    for (name, policy) in &state.network_bindings {
-        let Some(net) = state.networks.get(&policy.network) else {
-            continue;
-        };
-        if net.external {
-            continue;
-        }
-        if policy.namespace_selector.matches(&ns_labels) && policy.pod_selector.matches(&pod.labels)
-        {
-            best = better(
-                best,
-                Binding {
-                    network: &policy.network,
-                    policy: name,
-                    priority: policy.priority,
-                },
-            );
-        }
-    }
-    best
+    winner(
+        state
+            .network_bindings
+            .iter()
+            .filter(|(_, policy)| {
+                // Pods are never placed on a missing or external Network.
+                state
+                    .networks
+                    .get(&policy.network)
+                    .is_some_and(|net| !net.external)
+                    && policy.namespace_selector.matches(&ns_labels)
+                    && policy.pod_selector.matches(&pod.labels)
+            })
+            .map(|(name, policy)| Binding {
+                network: &policy.network,
+                policy: name,
+                priority: policy.priority,
+            }),
+    )
 }
 
 /// The Network Service `key` is bound to, or `None`.
@@ -98,32 +92,32 @@ pub fn service_network<'a>(
     svc: &Service,
 ) -> Option<Binding<'a>> {
     let mut ns_labels = None;
-    let mut best = None;
-    for (name, policy) in &state.service_bindings {
-        if !state.networks.contains_key(&policy.network) {
-            continue;
-        }
-        let hit = if policy.services.is_empty() {
-            let ns = ns_labels.get_or_insert_with(|| namespace_labels(state, &key.namespace));
-            policy.namespace_selector.matches(ns) && policy.service_selector.matches(&svc.labels)
-        } else {
-            policy
-                .services
-                .iter()
-                .any(|r| r.namespace == key.namespace && r.name == key.name)
-        };
-        if hit {
-            best = better(
-                best,
-                Binding {
-                    network: &policy.network,
-                    policy: name,
-                    priority: policy.priority,
-                },
-            );
-        }
-    }
-    best
+    winner(
+        state
+            .service_bindings
+            .iter()
+            .filter(|(_, policy)| {
+                if !state.networks.contains_key(&policy.network) {
+                    return false;
+                }
+                if policy.services.is_empty() {
+                    let ns =
+                        ns_labels.get_or_insert_with(|| namespace_labels(state, &key.namespace));
+                    policy.namespace_selector.matches(ns)
+                        && policy.service_selector.matches(&svc.labels)
+                } else {
+                    policy
+                        .services
+                        .iter()
+                        .any(|r| r.namespace == key.namespace && r.name == key.name)
+                }
+            })
+            .map(|(name, policy)| Binding {
+                network: &policy.network,
+                policy: name,
+                priority: policy.priority,
+            }),
+    )
 }
 
 #[cfg(test)]
