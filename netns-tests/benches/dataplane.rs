@@ -139,7 +139,7 @@ fn bench_routes(n: u32) {
     let observed = rec.observe(keys).unwrap();
     let observe = t.elapsed();
     let t = Instant::now();
-    let d = lace::dataplane::diff(Some(&plan), &observed).unwrap();
+    let d = lace::dataplane::diff(Some(&plan), &observed, None).unwrap();
     let diff = t.elapsed();
     assert!(d.ops.is_empty());
 
