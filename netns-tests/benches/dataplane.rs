@@ -6,9 +6,10 @@
 //!   into a fresh namespace (everything included: observe, diff, VRF, nft, sysctls, routes), vs
 //!   `ip -batch` adding the same N routes into a namespace where the VRF already exists; then
 //!   re-applying the unchanged plan (observe + diff, zero writes).
-//! - nft: a ruleset with 1,000 Network pairs and 10,000 Service grants, first install (full
-//!   swap) and a one-element change (also one atomic swap of the table), vs `nft -f` of the
-//!   same text.
+//! - nft: a ruleset with 1,000 Network pairs and 10,000 Service grants: first install (full
+//!   swap) vs `nft -f` of the same text; a one-element change (one Service grant) as the
+//!   element update a reconciler that knows the table makes, vs the full swap one without
+//!   that memory (a restarted one) makes.
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
@@ -244,18 +245,33 @@ fn bench_nft(pairs: u32, grants: u32) {
     let t = Instant::now();
     rec.reconcile(&full).unwrap();
     let install = t.elapsed();
+    // One Service grant added by a reconciler that wrote the table: an element update.
     let t = Instant::now();
     let one = rec.reconcile(&changed).unwrap();
-    let change = t.elapsed();
-    assert_eq!(
-        one.writes, 1,
-        "one element change = one nft transaction: {:?}",
+    let update = t.elapsed();
+    assert_eq!(one.writes, 1, "one nft transaction: {:?}", one.sample);
+    assert!(
+        one.sample[0].starts_with("nft update table inet lace: 0 element(s) deleted, 1 added"),
+        "{:?}",
         one.sample
     );
     let t = Instant::now();
     let none = rec.reconcile(&changed).unwrap();
     let reapply = t.elapsed();
     assert_eq!(none.writes, 0);
+    // The same grant removed by a reconciler without memory of the table (as after a
+    // restart whose plan differs from the kernel's): a full swap.
+    drop(rec);
+    let fresh = Reconciler::new(NetnsTarget::Path(ns.path())).unwrap();
+    let t = Instant::now();
+    let one = fresh.reconcile(&full).unwrap();
+    let swap = t.elapsed();
+    assert_eq!(one.writes, 1, "one nft transaction: {:?}", one.sample);
+    assert!(
+        one.sample[0].starts_with("nft replace table inet lace"),
+        "{:?}",
+        one.sample
+    );
 
     // Baseline: `nft -f` of the same text in another namespace.
     let base = Netns::new("bench-nft-b").unwrap();
@@ -272,11 +288,18 @@ fn bench_nft(pairs: u32, grants: u32) {
         Some(nft_f),
     );
     row(
-        "nft: one-element change (one atomic swap)",
+        "nft: one-element change, full swap",
         n,
-        change,
+        swap,
         "nft -f same text",
         Some(nft_f),
+    );
+    row(
+        "nft: one-element change, element update",
+        n,
+        update,
+        "one-element swap",
+        Some(swap),
     );
     row("nft: re-apply unchanged (0 writes)", n, reapply, "-", None);
 }
@@ -287,10 +310,19 @@ fn main() {
         return;
     }
     require_root_and_vrf();
-    let sizes: Vec<u32> = std::env::var("LACE_BENCH_ROUTES")
-        .ok()
-        .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())
-        .unwrap_or_else(|| vec![10_000, 100_000]);
+    // Empty: the nft part only.
+    let sizes: Vec<u32> = match std::env::var("LACE_BENCH_ROUTES") {
+        Ok(v) => v
+            .split(',')
+            .filter(|x| !x.trim().is_empty())
+            .map(|x| {
+                x.trim()
+                    .parse()
+                    .unwrap_or_else(|e| panic!("LACE_BENCH_ROUTES: {x:?}: {e}"))
+            })
+            .collect(),
+        Err(_) => vec![10_000, 100_000],
+    };
     println!(
         "kernel {}",
         std::fs::read_to_string("/proc/sys/kernel/osrelease")

@@ -23,8 +23,8 @@
 //!
 //! ## Order and failure
 //! [`diff::diff`] orders operations so nothing opens or black-holes mid-change: VRFs and pod
-//! enslavement, the nft table (swapped atomically, always before routes that would open a
-//! path; its `ct` expressions load conntrack, whose sysctl comes next), sysctls, `ip sr
+//! enslavement, the nft table (changed in one transaction, always before routes that would
+//! open a path; its `ct` expressions load conntrack, whose sysctl comes next), sysctls, `ip sr
 //! tunsrc`, rules, routes added or replaced, and only then the deletions (routes, rules,
 //! VRFs). When a Network is removed, its VRF's routes go after the new ruleset no longer
 //! names the VRF: a pod still attached to it would briefly be unpoliced, but its Network has
@@ -162,7 +162,8 @@ pub struct HostRoute {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum NftState {
     Absent,
-    /// Present, with the plan tag Lace wrote into its comment (None: no or a foreign comment).
+    /// Present, with the plan tag Lace wrote into its set `plan` (None: no such set, or not
+    /// exactly one element with a plan tag as its comment).
     Present {
         tag: Option<String>,
     },

@@ -13,12 +13,13 @@
 //! ## Replace or update
 //! Without knowledge of the table's contents, a new ruleset replaces the table (`table`,
 //! `delete table`, the whole table, in one transaction). The [`Reconciler`] remembers the
-//! ruleset it last wrote or found ([`KnownRuleset`]); when the kernel's tag is that ruleset's and the
-//! new ruleset differs from it only in set and map elements, one transaction deletes and adds
-//! just those elements and swaps the tag element. Both are one `nft -f` run, hence atomic: a
-//! packet sees the old ruleset or the new one, never a mix and never no table. The kernel
-//! check makes the memory safe: a table someone else changed (and re-tagged) or a table from
-//! before a restart is replaced or, when its tag is already the plan's, left alone.
+//! ruleset it last wrote or found ([`KnownRuleset`]); when the kernel's tag is that
+//! ruleset's and the new ruleset differs from it only in set and map elements, one
+//! transaction deletes and adds just those elements and swaps the tag element. Both are one
+//! `nft -f` run, hence atomic: a packet sees the old ruleset or the new one, never a mix and
+//! never no table. Checking the kernel's tag first makes the memory safe: a table whose tag
+//! is not the remembered one (someone re-tagged it, or it predates a restart) is replaced, or
+//! left alone when its tag is already the plan's.
 //!
 //! [`Reconciler`]: super::Reconciler
 
