@@ -121,6 +121,11 @@ fn element_changes_applied_to_a_leave_the_table_a_fresh_b_leaves() {
     common::mk_route(&mut s, "system-to-system-again", "system", "system");
     let reasons_changed = ruleset("node-1", &s, &pods);
 
+    // The same for an interval set of single prefixes: a second egress policy of `default`.
+    let mut s = golden.clone();
+    common::mk_route(&mut s, "default-to-internet-again", "default", "internet");
+    let egress_reasons_changed = ruleset("node-1", &s, &pods);
+
     // A whole Network goes: its VRF, its subnets (interval sets), its pairs.
     let mut s = golden.clone();
     s.networks.remove("tenant-a");
@@ -148,6 +153,7 @@ fn element_changes_applied_to_a_leave_the_table_a_fresh_b_leaves() {
         ("pair added", &pair_added),
         ("pair removed", &pair_removed),
         ("reasons changed", &reasons_changed),
+        ("egress reasons changed", &egress_reasons_changed),
         ("Network removed", &network_removed),
         ("verdict changed", &verdict_changed),
     ] {

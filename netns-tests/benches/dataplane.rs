@@ -336,13 +336,7 @@ fn bench_nft(pairs: u32, grants: u32) {
         Some(swap),
     );
     row("nft: re-apply unchanged (0 writes)", n, reapply, "-", None);
-    row(
-        "nft: `nft list tables` (median)",
-        n,
-        nft_start,
-        "-",
-        None,
-    );
+    row("nft: `nft list tables` (median)", n, nft_start, "-", None);
 }
 
 fn main() {
