@@ -175,8 +175,9 @@ fn host_lookup<'a>(routes: &'a [HostRoute], dst: &IpNet) -> Option<&'a HostRoute
 }
 
 /// Computes the operations that make `observed` hold `desired` (`None`: nothing of Lace's).
-/// `known_nft` is the nft ruleset the caller knows a table with its tag to hold (see
-/// [`nft`](super::nft)): with it, a change of elements only updates those.
+/// `known_nft` is the ruleset the caller knows the kernel's table to hold while the table
+/// carries that ruleset's tag: with it, a plan that changes only set and map elements
+/// deletes and adds just those instead of replacing the table.
 pub fn diff(
     desired: Option<&DesiredNode>,
     observed: &ObservedNode,
