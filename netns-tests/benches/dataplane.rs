@@ -6,11 +6,13 @@
 //!   into a fresh namespace (everything included: observe, diff, VRF, nft, sysctls, routes), vs
 //!   `ip -batch` adding the same N routes into a namespace where the VRF already exists; then
 //!   re-applying the unchanged plan (observe + diff, zero writes).
-//! - nft: a ruleset with 1,000 Network pairs and 10,000 Service grants, first install (full
-//!   swap) and a one-element change (also one atomic swap of the table), vs `nft -f` of the
-//!   same text.
+//! - nft: a ruleset with 1,000 Network pairs and 10,000 Service grants: first install (full
+//!   swap) vs `nft -f` of the same text; a one-element change (one Service grant) as the
+//!   element update a reconciler that knows the table makes, vs the full swap one without
+//!   that memory (a restarted one) makes.
 
 use std::net::{Ipv4Addr, Ipv6Addr};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -139,7 +141,7 @@ fn bench_routes(n: u32) {
     let observed = rec.observe(keys).unwrap();
     let observe = t.elapsed();
     let t = Instant::now();
-    let d = lace::dataplane::diff(Some(&plan), &observed).unwrap();
+    let d = lace::dataplane::diff(Some(&plan), &observed, None).unwrap();
     let diff = t.elapsed();
     assert!(d.ops.is_empty());
 
@@ -236,6 +238,15 @@ fn nft_plan(pairs: u32, grants: u32, extra: bool) -> DesiredNode {
     }
 }
 
+/// The median of `samples`.
+fn median(mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+/// Rounds of each one-element change (the VM shares its CPU: medians, not single runs).
+const NFT_ROUNDS: usize = 5;
+
 fn bench_nft(pairs: u32, grants: u32) {
     let ns = node_ns("bench-nft");
     let rec = Reconciler::new(NetnsTarget::Path(ns.path())).unwrap();
@@ -244,18 +255,47 @@ fn bench_nft(pairs: u32, grants: u32) {
     let t = Instant::now();
     rec.reconcile(&full).unwrap();
     let install = t.elapsed();
+    // One Service grant added and removed by a reconciler that wrote the table: element
+    // updates.
+    let mut updates = Vec::new();
+    for i in 0..2 * NFT_ROUNDS {
+        let (plan, sign) = if i % 2 == 0 {
+            (&changed, "0 element(s) deleted, 1 added")
+        } else {
+            (&full, "1 element(s) deleted, 0 added")
+        };
+        let t = Instant::now();
+        let one = rec.reconcile(plan).unwrap();
+        updates.push(t.elapsed());
+        assert_eq!(one.writes, 1, "one nft transaction: {:?}", one.sample);
+        assert!(
+            one.sample[0].starts_with(&format!("nft update table inet lace: {sign}")),
+            "{:?}",
+            one.sample
+        );
+    }
     let t = Instant::now();
-    let one = rec.reconcile(&changed).unwrap();
-    let change = t.elapsed();
-    assert_eq!(
-        one.writes, 1,
-        "one element change = one nft transaction: {:?}",
-        one.sample
-    );
-    let t = Instant::now();
-    let none = rec.reconcile(&changed).unwrap();
+    let none = rec.reconcile(&full).unwrap();
     let reapply = t.elapsed();
     assert_eq!(none.writes, 0);
+    // The same changes by reconcilers without memory of the table (as after a restart whose
+    // plan differs from the kernel's): full swaps.
+    drop(rec);
+    let mut swaps = Vec::new();
+    for i in 0..NFT_ROUNDS {
+        let fresh = Reconciler::new(NetnsTarget::Path(ns.path())).unwrap();
+        let plan = if i % 2 == 0 { &changed } else { &full };
+        let t = Instant::now();
+        let one = fresh.reconcile(plan).unwrap();
+        swaps.push(t.elapsed());
+        assert_eq!(one.writes, 1, "one nft transaction: {:?}", one.sample);
+        assert!(
+            one.sample[0].starts_with("nft replace table inet lace"),
+            "{:?}",
+            one.sample
+        );
+    }
+    let (update, swap) = (median(updates), median(swaps));
 
     // Baseline: `nft -f` of the same text in another namespace.
     let base = Netns::new("bench-nft-b").unwrap();
@@ -263,6 +303,21 @@ fn bench_nft(pairs: u32, grants: u32) {
     let t = Instant::now();
     base.exec_stdin("nft", &["-f", "-"], &text).unwrap();
     let nft_f = t.elapsed();
+    // The floor of any change through the binary: starting `nft` (from a thread in the
+    // namespace, as the reconciler does) for a command that only lists the tables.
+    let nft_start = median(
+        (0..NFT_ROUNDS)
+            .map(|_| {
+                ns.enter(|| {
+                    let t = Instant::now();
+                    let out = Command::new("nft").args(["list", "tables"]).output();
+                    assert!(out.is_ok_and(|o| o.status.success()), "nft list tables");
+                    t.elapsed()
+                })
+                .unwrap()
+            })
+            .collect(),
+    );
     let n = (pairs + grants) as usize;
     row(
         "nft: first install (reconcile, full swap)",
@@ -272,13 +327,21 @@ fn bench_nft(pairs: u32, grants: u32) {
         Some(nft_f),
     );
     row(
-        "nft: one-element change (one atomic swap)",
+        "nft: one-element change, full swap (median)",
         n,
-        change,
+        swap,
         "nft -f same text",
         Some(nft_f),
     );
+    row(
+        "nft: one-element change, update (median)",
+        n,
+        update,
+        "one-element swap",
+        Some(swap),
+    );
     row("nft: re-apply unchanged (0 writes)", n, reapply, "-", None);
+    row("nft: `nft list tables` (median)", n, nft_start, "-", None);
 }
 
 fn main() {
@@ -287,10 +350,19 @@ fn main() {
         return;
     }
     require_root_and_vrf();
-    let sizes: Vec<u32> = std::env::var("LACE_BENCH_ROUTES")
-        .ok()
-        .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())
-        .unwrap_or_else(|| vec![10_000, 100_000]);
+    // Empty: the nft part only.
+    let sizes: Vec<u32> = match std::env::var("LACE_BENCH_ROUTES") {
+        Ok(v) => v
+            .split(',')
+            .filter(|x| !x.trim().is_empty())
+            .map(|x| {
+                x.trim()
+                    .parse()
+                    .unwrap_or_else(|e| panic!("LACE_BENCH_ROUTES: {x:?}: {e}"))
+            })
+            .collect(),
+        Err(_) => vec![10_000, 100_000],
+    };
     println!(
         "kernel {}",
         std::fs::read_to_string("/proc/sys/kernel/osrelease")

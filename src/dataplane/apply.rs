@@ -18,7 +18,7 @@ use rtnetlink::{LinkUnspec, LinkVrf};
 
 use super::diff::Op;
 use super::nl::Nl;
-use super::{host, observe, KernelNexthop, ObservedNode, OpFailure, ROUTE_PROTOCOL};
+use super::{host, nft, observe, KernelNexthop, ObservedNode, OpFailure, ROUTE_PROTOCOL};
 use crate::plan::{Family, RouteKey, Rule, RuleAction as PlanRuleAction};
 
 /// Applies `ops` (in diff order); returns the number of writes issued and the failures.
@@ -69,15 +69,15 @@ pub fn apply(nl: &mut Nl, observed: &ObservedNode, ops: Vec<Op>) -> (u64, Vec<Op
                         failures.push(fail(&op, e));
                     }
                 }
-                Op::NftSwap { ref script, .. } => {
+                Op::NftSwap { ref script, .. } | Op::NftElements { ref script, .. } => {
                     writes += 1;
-                    if let Err(e) = host::nft_apply(script) {
+                    if let Err(e) = nft::apply(script) {
                         failures.push(fail(&op, e));
                     }
                 }
                 Op::NftDelete => {
                     writes += 1;
-                    if let Err(e) = host::nft_apply(&host::nft_delete_script()) {
+                    if let Err(e) = nft::apply(&nft::delete_script()) {
                         failures.push(fail(&op, e));
                     }
                 }
@@ -196,9 +196,11 @@ fn message(op: &Op, index: &HashMap<String, u32>) -> Result<(RouteNetlinkMessage
             }
             (RouteNetlinkMessage::DelRoute(m), 0)
         }
-        Op::Sysctl { .. } | Op::Tunsrc(_) | Op::NftSwap { .. } | Op::NftDelete => {
-            return Err("not a netlink operation".into())
-        }
+        Op::Sysctl { .. }
+        | Op::Tunsrc(_)
+        | Op::NftSwap { .. }
+        | Op::NftElements { .. }
+        | Op::NftDelete => return Err("not a netlink operation".into()),
     })
 }
 

@@ -10,7 +10,8 @@ use std::net::{IpAddr, Ipv6Addr};
 
 use ipnet::IpNet;
 
-use super::{host, HostRoute, KernelNexthop, NftState, ObservedNode, ObservedRule};
+use super::nft::{self, KnownRuleset};
+use super::{HostRoute, KernelNexthop, NftState, ObservedNode, ObservedRule};
 use crate::plan::{DesiredNode, Nexthop, RouteKey, Rule, RuleAction, PROBE_TABLE};
 
 /// Why no operations could be computed.
@@ -52,6 +53,14 @@ pub enum Op {
         script: String,
         tag: String,
     },
+    /// Delete and add elements of table `inet lace`'s sets and maps, and swap its tag, in one
+    /// transaction (`script`): the table held a known ruleset differing only in elements.
+    NftElements {
+        script: String,
+        tag: String,
+        deleted: usize,
+        added: usize,
+    },
     AddRule(Rule),
     /// Add or replace (`NLM_F_CREATE | NLM_F_REPLACE`) a route.
     PutRoute {
@@ -79,7 +88,7 @@ impl Op {
             Op::SetMaster { .. } => 3,
             // Before sysctls: the ruleset's `ct` expressions load conntrack, which registers
             // `net.netfilter.nf_hooks_lwtunnel`.
-            Op::NftSwap { .. } => 4,
+            Op::NftSwap { .. } | Op::NftElements { .. } => 4,
             Op::Sysctl { .. } => 5,
             Op::Tunsrc(_) => 6,
             Op::AddRule(_) => 7,
@@ -110,6 +119,15 @@ impl fmt::Display for Op {
             Op::Sysctl { key, value } => write!(f, "sysctl {key}={value}"),
             Op::Tunsrc(a) => write!(f, "sr tunsrc set {a}"),
             Op::NftSwap { tag, .. } => write!(f, "nft replace table inet lace ({tag})"),
+            Op::NftElements {
+                tag,
+                deleted,
+                added,
+                ..
+            } => write!(
+                f,
+                "nft update table inet lace: {deleted} element(s) deleted, {added} added ({tag})"
+            ),
             Op::AddRule(r) => write!(f, "rule add {r}"),
             Op::PutRoute { key, nh } => write!(
                 f,
@@ -157,7 +175,14 @@ fn host_lookup<'a>(routes: &'a [HostRoute], dst: &IpNet) -> Option<&'a HostRoute
 }
 
 /// Computes the operations that make `observed` hold `desired` (`None`: nothing of Lace's).
-pub fn diff(desired: Option<&DesiredNode>, observed: &ObservedNode) -> Result<Diff, DiffError> {
+/// `known_nft` is the ruleset the caller knows the kernel's table to hold while the table
+/// carries that ruleset's tag: with it, a plan that changes only set and map elements
+/// deletes and adds just those instead of replacing the table.
+pub fn diff(
+    desired: Option<&DesiredNode>,
+    observed: &ObservedNode,
+    known_nft: Option<&KnownRuleset>,
+) -> Result<Diff, DiffError> {
     let mut out = Diff::default();
     let empty_vrfs = BTreeMap::new();
     let vrfs = desired.map(|d| &d.base.vrfs).unwrap_or(&empty_vrfs);
@@ -219,16 +244,12 @@ pub fn diff(desired: Option<&DesiredNode>, observed: &ObservedNode) -> Result<Di
     }
 
     // --- nft, sysctls, tunsrc ---------------------------------------------------------------
-    let rendered = d.render_nft();
-    let tag = host::nft_tag(&rendered);
-    if observed.nft
-        != (NftState::Present {
-            tag: Some(tag.clone()),
-        })
-    {
-        let script = host::tagged_ruleset(&rendered, &tag).map_err(DiffError::Nft)?;
-        out.ops.push(Op::NftSwap { script, tag });
-    }
+    out.ops.extend(nft::op(
+        &base.nft,
+        &d.render_nft(),
+        &observed.nft,
+        known_nft,
+    )?);
     for (key, value) in &base.sysctls {
         if observed.sysctls.get(key).and_then(|v| v.as_deref()) != Some(value.as_str()) {
             out.ops.push(Op::Sysctl {
@@ -538,7 +559,7 @@ mod tests {
                     o.sysctls.insert(key.clone(), Some(value.clone()));
                 }
                 Op::Tunsrc(a) => o.tunsrc = Some(*a),
-                Op::NftSwap { tag, .. } => {
+                Op::NftSwap { tag, .. } | Op::NftElements { tag, .. } => {
                     o.nft = NftState::Present {
                         tag: Some(tag.clone()),
                     }
@@ -566,7 +587,7 @@ mod tests {
     #[test]
     fn from_scratch_everything_is_added_in_a_safe_order() {
         let d = desired(true);
-        let diff = diff(Some(&d), &bare_host()).unwrap();
+        let diff = diff(Some(&d), &bare_host(), None).unwrap();
         let ops = &diff.ops;
         assert!(diff.skipped.is_empty());
         assert!(ops.windows(2).all(|w| w[0].phase() <= w[1].phase()));
@@ -627,18 +648,18 @@ mod tests {
     fn applying_the_diff_converges_to_no_ops() {
         let d = desired(true);
         let mut o = bare_host();
-        let ops = diff(Some(&d), &o).unwrap().ops;
+        let ops = diff(Some(&d), &o, None).unwrap().ops;
         model(&mut o, &ops);
-        assert_eq!(diff(Some(&d), &o).unwrap(), Diff::default());
+        assert_eq!(diff(Some(&d), &o, None).unwrap(), Diff::default());
     }
 
     #[test]
     fn removing_a_network_deletes_its_state_last_and_nothing_foreign() {
         let mut o = bare_host();
-        let ops = diff(Some(&desired(true)), &o).unwrap().ops;
+        let ops = diff(Some(&desired(true)), &o, None).unwrap().ops;
         model(&mut o, &ops);
         let d = desired(false);
-        let ops = diff(Some(&d), &o).unwrap().ops;
+        let ops = diff(Some(&d), &o, None).unwrap().ops;
         let table_b = 1_000_002;
         assert!(ops.contains(&Op::DelLink {
             name: "lv-b".into()
@@ -661,15 +682,37 @@ mod tests {
         model(&mut o, &ops);
         assert!(o.routes.keys().all(|k| k.table != table_b));
         assert!(o.links.contains_key("keep0") && o.links.contains_key("lp-pb"));
-        assert_eq!(diff(Some(&d), &o).unwrap(), Diff::default());
+        assert_eq!(diff(Some(&d), &o, None).unwrap(), Diff::default());
+    }
+
+    #[test]
+    fn a_table_known_to_hold_the_last_ruleset_gets_only_the_changed_elements() {
+        let mut o = bare_host();
+        let before = desired(true);
+        let ops = diff(Some(&before), &o, None).unwrap().ops;
+        let known = KnownRuleset::after(None, Some(&before.base.nft), nft::tag_after(&ops, &o.nft));
+        model(&mut o, &ops);
+        // Removing Network b changes elements only (its VRF, subnets), not the chains.
+        let after = desired(false);
+        let ops = diff(Some(&after), &o, known.as_ref()).unwrap().ops;
+        let nft_ops: Vec<&Op> = ops.iter().filter(|op| op.phase() == 4).collect();
+        assert!(
+            matches!(nft_ops.as_slice(), [Op::NftElements { deleted, .. }] if *deleted > 0),
+            "{nft_ops:#?}"
+        );
+        // Without that knowledge (a restarted reconciler) the table is replaced.
+        let unknown = diff(Some(&after), &o, None).unwrap().ops;
+        assert!(unknown.iter().any(|op| matches!(op, Op::NftSwap { .. })));
+        model(&mut o, &ops);
+        assert_eq!(diff(Some(&after), &o, None).unwrap(), Diff::default());
     }
 
     #[test]
     fn teardown_removes_all_of_lace_but_the_shared_l3mdev_rule() {
         let mut o = bare_host();
-        let ops = diff(Some(&desired(true)), &o).unwrap().ops;
+        let ops = diff(Some(&desired(true)), &o, None).unwrap().ops;
         model(&mut o, &ops);
-        let ops = diff(None, &o).unwrap().ops;
+        let ops = diff(None, &o, None).unwrap().ops;
         model(&mut o, &ops);
         assert!(o.routes.is_empty());
         assert!(o.vrfs().next().is_none());
@@ -680,14 +723,14 @@ mod tests {
         for name in ["lo", UPLINK, EGRESS, "lp-pa", "keep0"] {
             assert!(o.links.contains_key(name), "{name}");
         }
-        assert!(diff(None, &o).unwrap().ops.is_empty());
+        assert!(diff(None, &o, None).unwrap().ops.is_empty());
     }
 
     #[test]
     fn a_changed_route_is_replaced_and_a_stray_rule_in_the_band_deleted() {
         let d = desired(true);
         let mut o = bare_host();
-        let ops = diff(Some(&d), &o).unwrap().ops;
+        let ops = diff(Some(&d), &o, None).unwrap().ops;
         model(&mut o, &ops);
         let (key, _) = d.routes().next().map(|(k, n)| (*k, n.clone())).unwrap();
         o.routes
@@ -705,7 +748,7 @@ mod tests {
             raw: Default::default(),
         };
         o.rules.push(stray.clone());
-        let ops = diff(Some(&d), &o).unwrap().ops;
+        let ops = diff(Some(&d), &o, None).unwrap().ops;
         assert_eq!(ops.len(), 2, "{ops:#?}");
         assert!(matches!(&ops[0], Op::PutRoute { key: k, .. } if *k == key));
         assert_eq!(ops[1], Op::DelRule(Box::new(stray)));
@@ -717,12 +760,12 @@ mod tests {
         let mut o = bare_host();
         o.addrs.clear();
         assert_eq!(
-            diff(Some(&d), &o).unwrap_err(),
+            diff(Some(&d), &o, None).unwrap_err(),
             DiffError::NoUplink { underlay: ul(1) }
         );
         let mut o = bare_host();
         o.host_routes.clear();
-        let without_host = diff(Some(&d), &o).unwrap();
+        let without_host = diff(Some(&d), &o, None).unwrap();
         let host_keys: Vec<RouteKey> = d
             .routes()
             .filter(|(_, nh)| **nh == Nexthop::Host)
@@ -745,7 +788,7 @@ mod tests {
             .any(|op| matches!(op, Op::PutRoute { .. })));
         let mut o = bare_host();
         o.links.remove("lp-pb");
-        let diff = diff(Some(&d), &o).unwrap();
+        let diff = diff(Some(&d), &o, None).unwrap();
         assert_eq!(diff.skipped.len(), 2, "{:?}", diff.skipped); // VRF table + probe table
         assert!(!diff.ops.iter().any(|op| op.to_string().contains("lp-pb")));
     }
@@ -766,7 +809,7 @@ mod tests {
             },
         );
         let put = |o: &ObservedNode| {
-            diff(Some(&d), o)
+            diff(Some(&d), o, None)
                 .unwrap()
                 .ops
                 .into_iter()

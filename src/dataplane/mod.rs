@@ -23,8 +23,8 @@
 //!
 //! ## Order and failure
 //! [`diff::diff`] orders operations so nothing opens or black-holes mid-change: VRFs and pod
-//! enslavement, the nft table (swapped atomically, always before routes that would open a
-//! path; its `ct` expressions load conntrack, whose sysctl comes next), sysctls, `ip sr
+//! enslavement, the nft table (changed in one transaction, always before routes that would
+//! open a path; its `ct` expressions load conntrack, whose sysctl comes next), sysctls, `ip sr
 //! tunsrc`, rules, routes added or replaced, and only then the deletions (routes, rules,
 //! VRFs). When a Network is removed, its VRF's routes go after the new ruleset no longer
 //! names the VRF: a pod still attached to it would briefly be unpoliced, but its Network has
@@ -37,12 +37,18 @@
 //! *new* routes installed (each route is independent), which the next reconcile completes or
 //! removes. The nft table is all-or-nothing (one `nft -f` transaction).
 //!
-//! ## Observing the nft table
-//! The table's comment carries a digest of the ruleset text Lace wrote (`lace-plan <fnv64>`);
-//! the table is swapped when the digest differs from the plan's, or the table is missing or
-//! has no such comment. It is read with one nfnetlink request, so it costs the same for any
-//! table size. A hand
-//! edit inside `inet lace` that keeps the comment is not noticed until the plan changes.
+//! ## Observing and writing the nft table
+//! The element of set `plan` in table `inet lace` carries a tag of the ruleset Lace wrote
+//! (`lace-plan <fnv64>`, a digest of its text), written in the same transaction as the
+//! ruleset and read back with one nfnetlink request, so observing costs the same for any
+//! table size. The [`Reconciler`] remembers the ruleset it last wrote or found with the
+//! plan's tag. When the kernel's tag is that ruleset's and the plan differs from it only in
+//! set and map elements, one `nft -f` transaction deletes and adds just those elements and
+//! the tag; otherwise (a restarted reconciler, a table missing, untagged or tagged with
+//! something else, a chain or set declaration changed) one transaction replaces the whole
+//! table. Either way there is no moment without the old or the new ruleset. A hand edit
+//! inside `inet lace` that keeps the tag is not noticed until the plan changes, and then
+//! survives an element update (it is replaced with the next full replace).
 //!
 //! ## Threads and sockets
 //! Each [`Reconciler`] owns one worker thread that entered the namespace with `setns` and one
@@ -58,6 +64,7 @@ mod apply;
 pub mod diff;
 mod host;
 pub mod netns;
+mod nft;
 pub mod nl;
 mod observe;
 mod rawnl;
@@ -66,6 +73,7 @@ mod seg6;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::{IpAddr, Ipv6Addr};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use ipnet::IpNet;
 
@@ -73,6 +81,7 @@ use crate::plan::{self, DesiredNode, RouteKey};
 
 pub use diff::{diff, Diff, DiffError, Op};
 pub use netns::{NetnsError, NetnsTarget};
+pub use nft::KnownRuleset;
 pub use observe::ObserveError;
 
 /// Lace's rtnetlink route protocol id (`proto 76`, ASCII `L`). Not in iproute2's `rt_protos`
@@ -153,7 +162,8 @@ pub struct HostRoute {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum NftState {
     Absent,
-    /// Present, with the plan tag Lace wrote into its comment (None: no or a foreign comment).
+    /// Present, with the plan tag Lace wrote into its set `plan` (None: no such set, or not
+    /// exactly one element with a plan tag as its comment).
     Present {
         tag: Option<String>,
     },
@@ -252,10 +262,14 @@ pub enum DataplaneError {
     },
 }
 
-/// Reconciles one network namespace. Holds no memory of earlier plans: every call observes.
+/// Reconciles one network namespace. Every call observes the kernel; the only memory of
+/// earlier calls is the nft ruleset last written or found, used only while the kernel's
+/// table still carries its tag.
 #[derive(Debug)]
 pub struct Reconciler {
     worker: netns::Worker,
+    /// Shared with the worker's jobs, which run one at a time.
+    known_nft: Arc<Mutex<Option<nft::KnownRuleset>>>,
 }
 
 impl Reconciler {
@@ -263,6 +277,7 @@ impl Reconciler {
     pub fn new(target: NetnsTarget) -> Result<Self, DataplaneError> {
         Ok(Self {
             worker: netns::Worker::start(target)?,
+            known_nft: Arc::default(),
         })
     }
 
@@ -298,17 +313,21 @@ impl Reconciler {
             .as_ref()
             .map(|d| d.base.sysctls.keys().cloned().collect())
             .unwrap_or_default();
+        let known_nft = Arc::clone(&self.known_nft);
         let result = self.worker.run(move |nl| {
+            let mut known = known_nft.lock().unwrap_or_else(PoisonError::into_inner);
             let observed =
                 observe::observe(nl, &keys).map_err(|source| DataplaneError::Observe {
                     target: target.clone(),
                     source,
                 })?;
-            let d =
-                diff::diff(desired.as_ref(), &observed).map_err(|source| DataplaneError::Diff {
+            let d = diff::diff(desired.as_ref(), &observed, known.as_ref()).map_err(|source| {
+                DataplaneError::Diff {
                     target: target.clone(),
                     source,
-                })?;
+                }
+            })?;
+            let nft_tag = nft::tag_after(&d.ops, &observed.nft);
             let ops = d.ops.len();
             let sample = d
                 .ops
@@ -317,6 +336,14 @@ impl Reconciler {
                 .map(|o| o.to_string())
                 .collect();
             let (writes, failures) = apply::apply(nl, &observed, d.ops);
+            // After a failure the table may or may not have changed: forget, and let the next
+            // observation decide.
+            *known = if failures.is_empty() {
+                let desired_nft = desired.as_ref().map(|d| &d.base.nft);
+                nft::KnownRuleset::after(known.take(), desired_nft, nft_tag)
+            } else {
+                None
+            };
             if failures.is_empty() {
                 Ok(ApplyReport {
                     ops,

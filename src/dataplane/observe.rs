@@ -83,7 +83,7 @@ pub fn observe(nl: &mut Nl, sysctls: &BTreeSet<String>) -> Result<ObservedNode, 
         rules,
         sysctls,
         tunsrc: super::seg6::tunsrc_get().map_err(ObserveError::Tunsrc)?,
-        nft: host::nft_observe().map_err(ObserveError::Nft)?,
+        nft: super::nft::observe().map_err(ObserveError::Nft)?,
     })
 }
 

@@ -1,11 +1,13 @@
-//! Tiny netlink requests encoded by hand, for the two settings no crate here carries: the
-//! seg6 tunnel source (generic netlink) and the nft table's comment (nfnetlink). Both use the
-//! same layout: `nlmsghdr`, a 4-byte family header (`genlmsghdr` / `nfgenmsg`), one attribute.
+//! Tiny netlink requests encoded by hand, for the two things no crate here carries: the seg6
+//! tunnel source (generic netlink) and the nft table's plan tag (nfnetlink). Both use the
+//! same layout: `nlmsghdr`, a 4-byte family header (`genlmsghdr` / `nfgenmsg`), attributes.
 
 use rtnetlink::sys::{Socket, SocketAddr};
 
 pub const NLM_F_REQUEST: u16 = 1;
 pub const NLM_F_ACK: u16 = 4;
+/// `NLM_F_ROOT | NLM_F_MATCH`: list every object the request selects.
+pub const NLM_F_DUMP: u16 = 0x300;
 const NLMSG_ERROR: u16 = 2;
 
 fn align(n: usize) -> usize {
@@ -21,10 +23,9 @@ pub fn open(protocol: isize) -> Result<Socket, String> {
     Ok(sock)
 }
 
-/// One request of message type `ty` whose 4-byte family header is `head`, with one attribute.
-pub fn request(ty: u16, flags: u16, head: [u8; 4], attr: (u16, &[u8])) -> Vec<u8> {
-    let attr_len = 4 + attr.1.len();
-    let len = 16 + 4 + align(attr_len);
+/// One request of message type `ty` whose 4-byte family header is `head`, with `attrs`.
+pub fn request(ty: u16, flags: u16, head: [u8; 4], attrs: &[(u16, &[u8])]) -> Vec<u8> {
+    let len = 16 + 4 + attrs.iter().map(|a| align(4 + a.1.len())).sum::<usize>();
     let mut m = Vec::with_capacity(len);
     m.extend_from_slice(&(len as u32).to_ne_bytes());
     m.extend_from_slice(&ty.to_ne_bytes());
@@ -32,11 +33,31 @@ pub fn request(ty: u16, flags: u16, head: [u8; 4], attr: (u16, &[u8])) -> Vec<u8
     m.extend_from_slice(&1u32.to_ne_bytes()); // sequence
     m.extend_from_slice(&0u32.to_ne_bytes()); // port id: the kernel fills it
     m.extend_from_slice(&head);
-    m.extend_from_slice(&(attr_len as u16).to_ne_bytes());
-    m.extend_from_slice(&attr.0.to_ne_bytes());
-    m.extend_from_slice(attr.1);
-    m.resize(len, 0);
+    for (ty, value) in attrs {
+        m.extend_from_slice(&((4 + value.len()) as u16).to_ne_bytes());
+        m.extend_from_slice(&ty.to_ne_bytes());
+        m.extend_from_slice(value);
+        m.resize(align(m.len()), 0);
+    }
     m
+}
+
+/// The attributes in `buf` (type, value), nested ones left encoded. Parsing stops at the
+/// first malformed one.
+pub fn parse_attrs(buf: &[u8]) -> Vec<(u16, &[u8])> {
+    let mut attrs = Vec::new();
+    let mut off = 0;
+    while off + 4 <= buf.len() {
+        let alen = u16::from_ne_bytes([buf[off], buf[off + 1]]) as usize;
+        // The top two bits are the nested / byte-order flags.
+        let aty = u16::from_ne_bytes([buf[off + 2], buf[off + 3]]) & 0x3fff;
+        if alen < 4 || off + alen > buf.len() {
+            break;
+        }
+        attrs.push((aty, &buf[off + 4..off + alen]));
+        off += align(alen);
+    }
+    attrs
 }
 
 /// What the kernel answered to a request.
@@ -68,19 +89,12 @@ pub fn talk(sock: &Socket, req: &[u8]) -> Result<Answer, String> {
         });
     }
     let len = (u32::from_ne_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize).min(n);
-    let mut attrs = Vec::new();
-    let mut off = 20;
-    while off + 4 <= len {
-        let alen = u16::from_ne_bytes([buf[off], buf[off + 1]]) as usize;
-        // The top two bits are the nested / byte-order flags.
-        let aty = u16::from_ne_bytes([buf[off + 2], buf[off + 3]]) & 0x3fff;
-        if alen < 4 || off + alen > len {
-            break;
-        }
-        attrs.push((aty, buf[off + 4..off + alen].to_vec()));
-        off += align(alen);
-    }
-    Ok(Answer::Attrs(attrs))
+    Ok(Answer::Attrs(
+        parse_attrs(&buf[20..len])
+            .into_iter()
+            .map(|(t, v)| (t, v.to_vec()))
+            .collect(),
+    ))
 }
 
 /// The attributes of an answer, an error naming `what` otherwise.
@@ -97,7 +111,7 @@ mod tests {
 
     #[test]
     fn requests_have_the_kernel_layout() {
-        let m = request(0x1b, NLM_F_REQUEST, [4, 1, 0, 0], (1, &[7; 16]));
+        let m = request(0x1b, NLM_F_REQUEST, [4, 1, 0, 0], &[(1, &[7; 16])]);
         assert_eq!(m.len(), 16 + 4 + 20);
         assert_eq!(
             u32::from_ne_bytes([m[0], m[1], m[2], m[3]]) as usize,
@@ -109,7 +123,21 @@ mod tests {
         assert_eq!(u16::from_ne_bytes([m[22], m[23]]), 1);
         assert_eq!(&m[24..40], &[7; 16]);
         // An odd-sized attribute is padded to 4 bytes.
-        let m = request(0x10, NLM_F_REQUEST, [3, 1, 0, 0], (2, b"SEG6\0"));
+        let m = request(0x10, NLM_F_REQUEST, [3, 1, 0, 0], &[(2, b"SEG6\0")]);
         assert_eq!(m.len(), 16 + 4 + 12);
+        // Several attributes, each padded, read back by the parser.
+        let m = request(
+            0xa0d,
+            NLM_F_REQUEST,
+            [1, 0, 0, 0],
+            &[(1, b"lace\0"), (2, b"ab")],
+        );
+        assert_eq!(m.len(), 16 + 4 + 12 + 8);
+        assert_eq!(
+            parse_attrs(&m[20..]),
+            vec![(1, b"lace\0".as_slice()), (2, b"ab".as_slice())]
+        );
+        // A length running past the end stops the parse.
+        assert_eq!(parse_attrs(&[8, 0, 1, 0, 0]), vec![]);
     }
 }

@@ -23,7 +23,7 @@ fn seg6() -> Result<(Socket, u16), String> {
         GENL_ID_CTRL,
         NLM_F_REQUEST,
         [CTRL_CMD_GETFAMILY, 1, 0, 0],
-        (CTRL_ATTR_FAMILY_NAME, b"SEG6\0"),
+        &[(CTRL_ATTR_FAMILY_NAME, b"SEG6\0")],
     );
     let id = attrs(talk(&sock, &req)?, "resolving generic netlink family SEG6")?
         .iter()
@@ -40,7 +40,7 @@ pub fn tunsrc_get() -> Result<Option<Ipv6Addr>, String> {
         family,
         NLM_F_REQUEST,
         [SEG6_CMD_GET_TUNSRC, SEG6_GENL_VERSION, 0, 0],
-        (SEG6_ATTR_DST, &[0; 16]),
+        &[(SEG6_ATTR_DST, &[0; 16])],
     );
     let a = attrs(talk(&sock, &req)?, "SEG6_CMD_GET_TUNSRC")?;
     let raw = a
@@ -61,7 +61,7 @@ pub fn tunsrc_set(addr: Ipv6Addr) -> Result<(), String> {
         family,
         NLM_F_REQUEST | NLM_F_ACK,
         [SEG6_CMD_SET_TUNSRC, SEG6_GENL_VERSION, 0, 0],
-        (SEG6_ATTR_DST, &addr.octets()),
+        &[(SEG6_ATTR_DST, &addr.octets())],
     );
     attrs(talk(&sock, &req)?, "SEG6_CMD_SET_TUNSRC").map(|_| ())
 }

@@ -119,7 +119,100 @@ fn quote(s: &str) -> String {
     format!("\"{}\"", s.replace('"', "'"))
 }
 
+/// One element as nft writes it inside `{ }`: key, comment and (maps) verdict.
+fn element_text(key: &str, e: &Element) -> String {
+    match &e.verdict {
+        Some(v) => format!("{key} comment {} : {v}", quote(&e.comment)),
+        None => format!("{key} comment {}", quote(&e.comment)),
+    }
+}
+
+impl Set {
+    /// Whether `other` is declared the same (name, types, flags, comment), elements aside.
+    fn same_declaration(&self, other: &Set) -> bool {
+        self.name == other.name
+            && self.key_type == other.key_type
+            && self.verdict_map == other.verdict_map
+            && self.interval == other.interval
+            && self.comment == other.comment
+    }
+}
+
+/// The element changes that turn one ruleset into another of the same shape (same chains and
+/// rules, same set declarations): what to delete and what to add, by set. An element whose
+/// comment or verdict changed is deleted and added again: nft cannot update one in place.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ElementChanges<'a> {
+    /// (set name, key) of elements to delete.
+    pub deleted: Vec<(&'a str, &'a str)>,
+    /// (set name, key, element) of elements to add.
+    pub added: Vec<(&'a str, &'a str, &'a Element)>,
+}
+
+impl ElementChanges<'_> {
+    /// Whether nothing changes.
+    pub fn is_empty(&self) -> bool {
+        self.deleted.is_empty() && self.added.is_empty()
+    }
+
+    /// `nft -f` commands for the changes: all deletions first (so an element deleted and
+    /// added again is not a duplicate), one command per set. Run as one transaction with
+    /// nothing else, they leave no moment where the table holds a mix of both rulesets.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let mut deleted = self.deleted.iter().peekable();
+        while let Some((set, key)) = deleted.next() {
+            let _ = writeln!(out, "delete element inet {TABLE} {set} {{");
+            let _ = writeln!(out, "\t{key},");
+            while let Some((_, key)) = deleted.next_if(|(s, _)| s == set) {
+                let _ = writeln!(out, "\t{key},");
+            }
+            let _ = writeln!(out, "}}");
+        }
+        let mut added = self.added.iter().peekable();
+        while let Some((set, key, e)) = added.next() {
+            let _ = writeln!(out, "add element inet {TABLE} {set} {{");
+            let _ = writeln!(out, "\t{},", element_text(key, e));
+            while let Some((_, key, e)) = added.next_if(|(s, _, _)| s == set) {
+                let _ = writeln!(out, "\t{},", element_text(key, e));
+            }
+            let _ = writeln!(out, "}}");
+        }
+        out
+    }
+}
+
 impl Ruleset {
+    /// The element changes from `self` to `new`, or `None` when they differ in more than
+    /// elements (a chain, a rule or a set declaration), which only a full replace can apply.
+    pub fn element_changes<'a>(&'a self, new: &'a Ruleset) -> Option<ElementChanges<'a>> {
+        if self.chains != new.chains
+            || self.sets.len() != new.sets.len()
+            || !self
+                .sets
+                .iter()
+                .zip(&new.sets)
+                .all(|(a, b)| a.same_declaration(b))
+        {
+            return None;
+        }
+        let mut changes = ElementChanges::default();
+        for (old, new) in self.sets.iter().zip(&new.sets) {
+            let set = new.name.as_str();
+            for (key, e) in &old.elements {
+                if new.elements.get(key) != Some(e) {
+                    changes.deleted.push((set, key));
+                }
+            }
+            for (key, e) in &new.elements {
+                if old.elements.get(key) != Some(e) {
+                    changes.added.push((set, key, e));
+                }
+            }
+        }
+        Some(changes)
+    }
+
     /// The set or map called `name`.
     pub fn set(&self, name: &str) -> Option<&Set> {
         self.sets.iter().find(|s| s.name == name)
@@ -157,12 +250,7 @@ impl Ruleset {
             if !s.elements.is_empty() {
                 let _ = writeln!(out, "\t\telements = {{");
                 for (key, e) in &s.elements {
-                    let verdict = e
-                        .verdict
-                        .as_deref()
-                        .map(|v| format!(" : {v}"))
-                        .unwrap_or_default();
-                    let _ = writeln!(out, "\t\t\t{key} comment {}{verdict},", quote(&e.comment));
+                    let _ = writeln!(out, "\t\t\t{},", element_text(key, e));
                 }
                 let _ = writeln!(out, "\t\t}}");
             }
@@ -185,5 +273,104 @@ impl Ruleset {
         }
         let _ = writeln!(out, "}}");
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A map of pairs, a set of names and one chain using both.
+    fn ruleset(pairs: &[(&str, &str, &str)], names: &[(&str, &str)]) -> Ruleset {
+        let mut map = Set::new_vmap("pairs", "ipv4_addr . ipv4_addr", true, "pairs");
+        for (k, v, why) in pairs {
+            map.add((*k).into(), Some(v), why);
+        }
+        let mut set = Set::new("names", "ifname", false, "names");
+        for (k, why) in names {
+            set.add(format!("\"{k}\""), None, why);
+        }
+        let mut chain = Chain {
+            name: "c".into(),
+            hook: None,
+            comment: "c".into(),
+            rules: Vec::new(),
+        };
+        chain.rule("iifname @names ip saddr . ip daddr vmap @pairs", "r");
+        Ruleset {
+            sets: vec![map, set],
+            chains: vec![chain],
+        }
+    }
+
+    const P1: &str = "10.1.0.0/16 . 10.2.0.0/16";
+    const P2: &str = "10.3.0.0/16 . 10.4.0.0/16";
+
+    #[test]
+    fn element_changes_delete_the_gone_add_the_new_and_replace_the_changed() {
+        let a = ruleset(
+            &[(P1, "accept", "x"), (P2, "accept", "y")],
+            &[("lv-a", "A")],
+        );
+        let b = ruleset(&[(P1, "drop", "x")], &[("lv-a", "A2"), ("lv-b", "B")]);
+        let c = a.element_changes(&b).unwrap();
+        assert_eq!(
+            c.deleted,
+            vec![("pairs", P1), ("pairs", P2), ("names", "\"lv-a\"")]
+        );
+        let added: Vec<(&str, &str, Option<&str>, &str)> = c
+            .added
+            .iter()
+            .map(|(s, k, e)| (*s, *k, e.verdict.as_deref(), e.comment.as_str()))
+            .collect();
+        assert_eq!(
+            added,
+            vec![
+                ("pairs", P1, Some("drop"), "x"),
+                ("names", "\"lv-a\"", None, "A2"),
+                ("names", "\"lv-b\"", None, "B"),
+            ]
+        );
+        let text = c.render();
+        // Deletions before additions, one command per set, nothing but element commands.
+        assert_eq!(
+            text.lines()
+                .filter(|l| !l.starts_with('\t') && *l != "}")
+                .collect::<Vec<_>>(),
+            vec![
+                "delete element inet lace pairs {",
+                "delete element inet lace names {",
+                "add element inet lace pairs {",
+                "add element inet lace names {",
+            ]
+        );
+        assert!(text.contains("\t10.1.0.0/16 . 10.2.0.0/16 comment \"x\" : drop,\n"));
+        assert!(a.element_changes(&a).unwrap().is_empty());
+        assert!(b.element_changes(&a).unwrap().deleted.len() == 3);
+    }
+
+    #[test]
+    fn anything_but_elements_changing_needs_a_full_replace() {
+        let a = ruleset(&[(P1, "accept", "x")], &[]);
+        let mut b = a.clone();
+        b.chains[0].rules[0].comment = "other".into();
+        assert_eq!(a.element_changes(&b), None);
+        let mut b = a.clone();
+        b.sets[1].comment = "other".into();
+        assert_eq!(a.element_changes(&b), None);
+        let mut b = a.clone();
+        b.sets.swap(0, 1);
+        assert_eq!(a.element_changes(&b), None);
+        let mut b = a.clone();
+        b.sets.pop();
+        assert_eq!(a.element_changes(&b), None);
+    }
+
+    #[test]
+    fn rendering_lists_each_element_with_its_comment_and_verdict() {
+        let a = ruleset(&[(P1, "accept", "x")], &[("lv-a", "A")]);
+        let text = a.render();
+        assert!(text.contains("\t\t\t10.1.0.0/16 . 10.2.0.0/16 comment \"x\" : accept,\n"));
+        assert!(text.contains("\t\t\t\"lv-a\" comment \"A\",\n"));
     }
 }
