@@ -382,11 +382,10 @@ impl Reconciler {
                     Ok((ApplyReport { writes, ..report }, deleted, failures))
                 })
                 .map_err(observe_error)?;
-            let (report, deleted, failures) =
-                outcome.map_err(|source| DataplaneError::Diff {
-                    target: target.clone(),
-                    source,
-                })?;
+            let (report, deleted, failures) = outcome.map_err(|source| DataplaneError::Diff {
+                target: target.clone(),
+                source,
+            })?;
             session.settle(deleted, failures.is_empty());
             if failures.is_empty() {
                 Ok(report)

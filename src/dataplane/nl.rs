@@ -308,7 +308,10 @@ impl Notifications {
         sock.bind_auto().map_err(NlError::Socket)?;
         for (group, name) in GROUPS {
             sock.add_membership(group)
-                .map_err(|source| NlError::Subscribe { group: name, source })?;
+                .map_err(|source| NlError::Subscribe {
+                    group: name,
+                    source,
+                })?;
         }
         sock.set_non_blocking(true).map_err(NlError::Socket)?;
         // Past rmem_max when allowed: a burst of changes between two drains must fit, or the
@@ -337,7 +340,8 @@ impl Notifications {
         loop {
             match self.sock.recv(&mut &mut self.rx[..], 0) {
                 Ok(n) => {
-                    self.pending.extend_from_slice(&self.rx[..n.min(self.rx.len())]);
+                    self.pending
+                        .extend_from_slice(&self.rx[..n.min(self.rx.len())]);
                     // Keep messages 4-byte aligned, as in a datagram.
                     self.pending.resize((self.pending.len() + 3) & !3, 0);
                 }
@@ -347,8 +351,7 @@ impl Notifications {
                 // on returns the ones queued after the gap.
                 Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
                     self.broken.get_or_insert_with(|| {
-                        "the kernel dropped notifications (ENOBUFS: receive buffer overrun)"
-                            .into()
+                        "the kernel dropped notifications (ENOBUFS: receive buffer overrun)".into()
                     });
                 }
                 Err(e) => {
@@ -377,5 +380,189 @@ impl Notifications {
         self.drain();
         self.pending.clear();
         self.broken = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+
+    use rtnetlink::packet_core::DoneMessage;
+    use rtnetlink::packet_route::link::{LinkAttribute, LinkMessage};
+
+    use super::*;
+
+    /// One answer of the scripted kernel to a dump request: the links it lists, and whether
+    /// it flags them `NLM_F_DUMP_INTR`.
+    struct Answer {
+        links: Vec<&'static str>,
+        interrupted: bool,
+    }
+
+    /// A kernel that answers each dump request with the next scripted answer, split over
+    /// two datagrams (a dump spans several `recv`s), preceded by a stray message of an
+    /// earlier request.
+    #[derive(Default)]
+    struct Scripted {
+        answers: VecDeque<Answer>,
+        requests: usize,
+        queue: VecDeque<Vec<u8>>,
+    }
+
+    fn emit(seq: u32, flags: u16, payload: NetlinkPayload<RouteNetlinkMessage>) -> Vec<u8> {
+        let mut header = NetlinkHeader::default();
+        header.sequence_number = seq;
+        header.flags = flags;
+        let mut m = NetlinkMessage::new(header, payload);
+        m.finalize();
+        let mut buf = vec![0; m.buffer_len()];
+        m.serialize(&mut buf);
+        buf
+    }
+
+    fn link(name: &str) -> RouteNetlinkMessage {
+        let mut l = LinkMessage::default();
+        l.attributes.push(LinkAttribute::IfName(name.into()));
+        RouteNetlinkMessage::NewLink(l)
+    }
+
+    impl Transport for Scripted {
+        fn send(&mut self, buf: &[u8]) -> io::Result<()> {
+            self.requests += 1;
+            let seq = u32::from_ne_bytes([buf[8], buf[9], buf[10], buf[11]]);
+            let answer = self
+                .answers
+                .pop_front()
+                .expect("a request the script has no answer for");
+            let flags = NLM_F_MULTI_FLAG
+                | if answer.interrupted {
+                    NLM_F_DUMP_INTR
+                } else {
+                    0
+                };
+            // Something an earlier request left behind: must not be taken as this dump's.
+            self.queue.push_back(emit(
+                seq.wrapping_sub(1),
+                NLM_F_MULTI_FLAG,
+                NetlinkPayload::InnerMessage(link("stale0")),
+            ));
+            let mut first = Vec::new();
+            let mut second = Vec::new();
+            for (i, name) in answer.links.iter().enumerate() {
+                let m = emit(seq, flags, NetlinkPayload::InnerMessage(link(name)));
+                if i == 0 { &mut first } else { &mut second }.extend(m);
+            }
+            second.extend(emit(
+                seq,
+                flags,
+                NetlinkPayload::Done(DoneMessage::default()),
+            ));
+            self.queue.push_back(first);
+            self.queue.push_back(second);
+            Ok(())
+        }
+
+        fn recv(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            let d = self
+                .queue
+                .pop_front()
+                .ok_or_else(|| io::Error::from(io::ErrorKind::WouldBlock))?;
+            buf[..d.len()].copy_from_slice(&d);
+            Ok(d.len())
+        }
+    }
+
+    /// `NLM_F_MULTI`: set on every message of a dump.
+    const NLM_F_MULTI_FLAG: u16 = 2;
+
+    fn names(items: &[RouteNetlinkMessage]) -> Vec<String> {
+        items
+            .iter()
+            .filter_map(|m| match m {
+                RouteNetlinkMessage::NewLink(l) => l.attributes.iter().find_map(|a| match a {
+                    LinkAttribute::IfName(n) => Some(n.clone()),
+                    _ => None,
+                }),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn dump_links(answers: Vec<Answer>) -> (Result<Vec<RouteNetlinkMessage>, NlError>, usize) {
+        let mut nl = Nl::with_transport(Scripted {
+            answers: answers.into(),
+            ..Default::default()
+        });
+        let got = nl.dump(
+            "links",
+            RouteNetlinkMessage::GetLink(LinkMessage::default()),
+        );
+        (got, nl.sock.requests)
+    }
+
+    #[test]
+    fn a_complete_dump_is_read_across_datagrams_and_only_its_own_messages_count() {
+        let (got, requests) = dump_links(vec![Answer {
+            links: vec!["lo", "eth0", "lv-a"],
+            interrupted: false,
+        }]);
+        assert_eq!(names(&got.unwrap()), ["lo", "eth0", "lv-a"]);
+        assert_eq!(requests, 1);
+    }
+
+    #[test]
+    fn an_interrupted_dump_is_retried_and_the_retry_is_what_counts() {
+        let (got, requests) = dump_links(vec![
+            Answer {
+                links: vec!["lo", "old0"],
+                interrupted: true,
+            },
+            Answer {
+                links: vec!["lo", "new0", "lv-a"],
+                interrupted: false,
+            },
+        ]);
+        assert_eq!(names(&got.unwrap()), ["lo", "new0", "lv-a"]);
+        assert_eq!(requests, 2);
+    }
+
+    #[test]
+    fn a_dump_that_stays_interrupted_gives_up_after_the_last_attempt() {
+        let answers = (0..DUMP_ATTEMPTS)
+            .map(|_| Answer {
+                links: vec!["lo"],
+                interrupted: true,
+            })
+            .collect();
+        let (got, requests) = dump_links(answers);
+        let err = got.unwrap_err();
+        assert!(
+            matches!(err, NlError::DumpInterrupted { what: "links" }),
+            "{err:?}"
+        );
+        assert_eq!(
+            err.to_string(),
+            format!("dump of links was interrupted by concurrent changes {DUMP_ATTEMPTS} times in a row")
+        );
+        assert_eq!(requests, DUMP_ATTEMPTS, "no request past the last attempt");
+    }
+
+    #[test]
+    fn datagrams_laid_end_to_end_decode_in_order_and_truncation_is_an_error() {
+        let mut buf = emit(7, 0, NetlinkPayload::InnerMessage(link("a")));
+        buf.extend(emit(8, 0, NetlinkPayload::InnerMessage(link("b"))));
+        let got: Vec<RouteNetlinkMessage> = decode(&buf)
+            .unwrap()
+            .into_iter()
+            .filter_map(|m| match m.payload {
+                NetlinkPayload::InnerMessage(i) => Some(i),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(names(&got), ["a", "b"]);
+        assert!(matches!(
+            decode(&buf[..buf.len() - 4]),
+            Err(NlError::Decode(_))
+        ));
     }
 }

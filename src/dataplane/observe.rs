@@ -105,7 +105,10 @@ pub fn dump(nl: &mut Nl) -> Result<(ObservedNode, HostRoutes), ObserveError> {
 
 /// Reads what no rtnetlink notification reports, each time (each read costs the same for any
 /// plan size): the sysctls (`sysctls` are the keys), `ip sr tunsrc` and the nft table's tag.
-pub fn observe_host(node: &mut ObservedNode, sysctls: &BTreeSet<String>) -> Result<(), ObserveError> {
+pub fn observe_host(
+    node: &mut ObservedNode,
+    sysctls: &BTreeSet<String>,
+) -> Result<(), ObserveError> {
     node.sysctls = sysctls
         .iter()
         .map(|k| (k.clone(), host::read_sysctl(k)))
@@ -258,7 +261,10 @@ pub fn classify_route(r: &RouteMessage, names: &BTreeMap<u32, String>) -> Route 
     let dev = oif.and_then(|i| names.get(&i).cloned());
     if r.header.protocol != RouteProtocol::Other(super::ROUTE_PROTOCOL) {
         if table == MAIN_TABLE && r.header.kind == RouteType::Unicast {
-            return Route::Host((dst, r.header.tos, priority), HostRoute { dst, gateway, dev });
+            return Route::Host(
+                (dst, r.header.tos, priority),
+                HostRoute { dst, gateway, dev },
+            );
         }
         return Route::Other;
     }
