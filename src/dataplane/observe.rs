@@ -7,7 +7,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
-use rtnetlink::packet_route::address::{AddressAttribute, AddressMessage};
+use rtnetlink::packet_route::address::{
+    AddressAttribute, AddressFlags, AddressHeaderFlags, AddressMessage,
+};
 use rtnetlink::packet_route::link::{
     InfoData, InfoVrf, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
 };
@@ -175,6 +177,9 @@ fn dump_addrs(nl: &mut Nl) -> Result<Vec<(IpAddr, u32)>, NlError> {
             let RouteNetlinkMessage::NewAddress(a) = m else {
                 continue;
             };
+            if !usable(&a) {
+                continue;
+            }
             for entry in addr_entries(&a) {
                 if !out.contains(&entry) {
                     out.push(entry);
@@ -183,6 +188,19 @@ fn dump_addrs(nl: &mut Nl) -> Result<Vec<(IpAddr, u32)>, NlError> {
         }
     }
     Ok(out)
+}
+
+/// Whether an address can be used (as a source, to find the uplink): not while IPv6
+/// duplicate address detection runs or after it failed. The kernel notifies an address when
+/// its detection completes, so a dump and the notifications agree on this.
+pub fn usable(a: &AddressMessage) -> bool {
+    let bad = AddressFlags::Tentative | AddressFlags::Dadfailed;
+    let header = AddressHeaderFlags::Tentative | AddressHeaderFlags::Dadfailed;
+    !a.header.flags.intersects(header)
+        && !a
+            .attributes
+            .iter()
+            .any(|x| matches!(x, AddressAttribute::Flags(f) if f.intersects(bad)))
 }
 
 /// The addresses of an address message, with the index of the link holding them.
@@ -214,8 +232,10 @@ pub enum Route {
     Other,
 }
 
-/// What identifies a main-table route besides its destination.
-pub type HostRouteId = (IpNet, u8, u32);
+/// What identifies a main-table route: destination, TOS, priority (what `NLM_F_REPLACE`
+/// matches on) and the output link (IPv6 holds one route per link for the same prefix, e.g.
+/// `fe80::/64`).
+pub type HostRouteId = (IpNet, u8, u32, Option<u32>);
 
 /// Sorts a dumped or notified route into Lace's routes, the host's main-table routes, or
 /// neither. `names` resolves link indices.
@@ -262,7 +282,7 @@ pub fn classify_route(r: &RouteMessage, names: &BTreeMap<u32, String>) -> Route 
     if r.header.protocol != RouteProtocol::Other(super::ROUTE_PROTOCOL) {
         if table == MAIN_TABLE && r.header.kind == RouteType::Unicast {
             return Route::Host(
-                (dst, r.header.tos, priority),
+                (dst, r.header.tos, priority, oif),
                 HostRoute { dst, gateway, dev },
             );
         }

@@ -36,7 +36,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::time::Duration;
 
-use rtnetlink::packet_core::{NetlinkMessage, NetlinkPayload};
+use rtnetlink::packet_core::{NetlinkMessage, NetlinkPayload, NLM_F_REPLACE};
 use rtnetlink::packet_route::link::LinkMessage;
 use rtnetlink::packet_route::RouteNetlinkMessage;
 
@@ -230,6 +230,7 @@ impl Cache {
         host_changed: &mut bool,
     ) -> Result<(), String> {
         let kind = msg.header.message_type;
+        let replace = msg.header.flags & NLM_F_REPLACE != 0;
         let NetlinkPayload::InnerMessage(m) = msg.payload else {
             return Err(format!("unexpected netlink message of type {kind}"));
         };
@@ -237,8 +238,12 @@ impl Cache {
             RouteNetlinkMessage::NewLink(l) => return self.new_link(&l, host_changed),
             RouteNetlinkMessage::DelLink(l) => self.del_link(l.header.index, host_changed),
             RouteNetlinkMessage::NewAddress(a) => {
+                let usable = observe::usable(&a);
                 for entry in addr_entries(&a) {
-                    if !self.node.addrs.contains(&entry) {
+                    if !usable {
+                        // Detection restarted (or failed): not an address to use now.
+                        self.node.addrs.retain(|e| *e != entry);
+                    } else if !self.node.addrs.contains(&entry) {
                         self.node.addrs.push(entry);
                     }
                 }
@@ -253,6 +258,12 @@ impl Cache {
                     self.node.routes.insert(key, nh);
                 }
                 observe::Route::Host(id, h) => {
+                    if replace {
+                        // Replaced whatever it was, through any link.
+                        let (dst, tos, priority, _) = id;
+                        self.host
+                            .retain(|&(d, t, p, _), _| (d, t, p) != (dst, tos, priority));
+                    }
                     self.host.insert(id, h);
                     *host_changed = true;
                 }
@@ -732,6 +743,63 @@ mod tests {
         )))])
         .unwrap();
         assert_eq!(gw(&c), [Some(v4("10.9.0.252"))]);
+    }
+
+    #[test]
+    fn one_prefix_through_several_links_is_several_host_routes_until_replaced() {
+        let mut c = node();
+        let via = |oif: u32| {
+            let mut r = host_route([10, 9, 0, 254], 0);
+            r.attributes
+                .retain(|a| !matches!(a, RouteAttribute::Oif(_)));
+            r.attributes.push(RouteAttribute::Oif(oif));
+            r
+        };
+        let devs = |c: &Cache| {
+            let mut d: Vec<_> = c.node.host_routes.iter().map(|h| h.dev.clone()).collect();
+            d.sort();
+            d
+        };
+        c.apply_all(vec![msg(RouteNetlinkMessage::NewRoute(via(4)))])
+            .unwrap();
+        assert_eq!(devs(&c), [Some("eth0".into()), Some("lp-a".into())]);
+        c.apply_all(vec![msg(RouteNetlinkMessage::DelRoute(via(4)))])
+            .unwrap();
+        assert_eq!(
+            devs(&c),
+            [Some("eth0".to_string())],
+            "the other link's stays"
+        );
+        let mut replace = msg(RouteNetlinkMessage::NewRoute(via(4)));
+        replace.header.flags |= NLM_F_REPLACE;
+        c.apply_all(vec![replace]).unwrap();
+        assert_eq!(
+            devs(&c),
+            [Some("lp-a".to_string())],
+            "replaced, whatever its link"
+        );
+    }
+
+    #[test]
+    fn addresses_under_duplicate_detection_are_not_usable_yet() {
+        use rtnetlink::packet_route::address::AddressFlags;
+        let mut c = node();
+        let ip: IpAddr = "2001:db8:ff::5".parse().unwrap();
+        let mut tentative = addr_msg(ip, 2);
+        tentative
+            .attributes
+            .push(AddressAttribute::Flags(AddressFlags::Tentative));
+        c.apply_all(vec![msg(RouteNetlinkMessage::NewAddress(
+            tentative.clone(),
+        ))])
+        .unwrap();
+        assert!(!c.node.addrs.contains(&(ip, 2)));
+        c.apply_all(vec![msg(RouteNetlinkMessage::NewAddress(addr_msg(ip, 2)))])
+            .unwrap();
+        assert!(c.node.addrs.contains(&(ip, 2)), "detection completed");
+        c.apply_all(vec![msg(RouteNetlinkMessage::NewAddress(tentative))])
+            .unwrap();
+        assert!(!c.node.addrs.contains(&(ip, 2)), "detection restarted");
     }
 
     #[test]
