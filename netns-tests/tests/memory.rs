@@ -143,7 +143,11 @@ fn lace_state(ns: &Netns) -> Vec<String> {
     }
     for l in ns.ip("-o -d link show").unwrap().lines() {
         let words: Vec<&str> = l.split_whitespace().collect();
-        let name = words.get(1).map(|n| n.trim_end_matches(':')).unwrap_or("");
+        // `4: lp-b@if2: <...>`: a veth's name carries its peer's index.
+        let name = words
+            .get(1)
+            .and_then(|n| n.trim_end_matches(':').split('@').next())
+            .unwrap_or("");
         let after = |w: &str| {
             words
                 .iter()
@@ -214,8 +218,6 @@ fn memory_hand_edits_and_silent_flushes_are_put_back_exactly() {
     let first = reconcile(&rec, &plan);
     assert!(first.writes > 0 && first.full_dump, "{first:#?}");
     assert_quiet(&rec, &plan);
-    let programmed = lace_state(n);
-    assert!(programmed.iter().any(|l| l == "pod link lp-b master lv-b"));
 
     // Foreign state, some of it in Lace's tables: never Lace's to change.
     n.ip("link add keep0 type dummy").unwrap();
@@ -228,6 +230,8 @@ fn memory_hand_edits_and_silent_flushes_are_put_back_exactly() {
     .unwrap();
     n.ip("rule add pref 500 from 192.0.2.1 lookup 100").unwrap();
     assert_quiet(&rec, &plan);
+    let programmed = lace_state(n);
+    assert!(programmed.iter().any(|l| l == "pod link lp-b master lv-b"));
 
     // By hand: a route deleted, another changed, a rule deleted, a VRF deleted.
     let (gone, _) = route_in(
