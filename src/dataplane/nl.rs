@@ -101,24 +101,49 @@ pub struct Nl<T: Transport = Socket> {
     notifications: Option<Notifications>,
 }
 
-/// Decodes every message of one datagram (or of datagrams laid end to end).
-fn decode(buf: &[u8]) -> Result<Vec<NetlinkMessage<RouteNetlinkMessage>>, NlError> {
-    let n = buf.len();
-    let mut out = Vec::new();
-    let mut off = 0;
-    while off + 16 <= n {
+/// The messages of one datagram, or of datagrams laid end to end, decoded one at a time
+/// (a large batch's notifications are never all decoded in memory at once). Stops after the
+/// first error.
+#[derive(Debug)]
+pub struct Messages<'a> {
+    buf: &'a [u8],
+    off: usize,
+}
+
+impl<'a> Messages<'a> {
+    fn new(buf: &'a [u8]) -> Self {
+        Self { buf, off: 0 }
+    }
+}
+
+impl Iterator for Messages<'_> {
+    type Item = Result<NetlinkMessage<RouteNetlinkMessage>, NlError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let (buf, off, n) = (self.buf, self.off, self.buf.len());
+        if off + 16 > n {
+            return None;
+        }
         let len = u32::from_ne_bytes([buf[off], buf[off + 1], buf[off + 2], buf[off + 3]]) as usize;
         if len < 16 || off + len > n {
-            return Err(NlError::Decode(format!(
+            self.off = n;
+            return Some(Err(NlError::Decode(format!(
                 "message length {len} at offset {off} of a {n}-byte datagram"
-            )));
+            ))));
         }
+        self.off = off + ((len + 3) & !3);
         let msg = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&buf[off..off + len])
-            .map_err(|e| NlError::Decode(e.to_string()))?;
-        out.push(msg);
-        off += (len + 3) & !3;
+            .map_err(|e| NlError::Decode(e.to_string()));
+        if msg.is_err() {
+            self.off = n;
+        }
+        Some(msg)
     }
-    Ok(out)
+}
+
+/// Decodes every message of one datagram.
+fn decode(buf: &[u8]) -> Result<Vec<NetlinkMessage<RouteNetlinkMessage>>, NlError> {
+    Messages::new(buf).collect()
 }
 
 impl Nl {
@@ -365,13 +390,13 @@ impl Notifications {
 
     /// Every notification since the last take or discard, in order; or why they cannot be
     /// trusted to be complete (then they are dropped).
-    pub fn take(&mut self) -> Result<Vec<NetlinkMessage<RouteNetlinkMessage>>, String> {
+    pub fn take(&mut self) -> Result<Taken, String> {
         self.drain();
         let bytes = std::mem::take(&mut self.pending);
-        if let Some(why) = self.broken.take() {
-            return Err(why);
+        match self.broken.take() {
+            Some(why) => Err(why),
+            None => Ok(Taken(bytes)),
         }
-        decode(&bytes).map_err(|e| e.to_string())
     }
 
     /// Drops everything queued so far, gaps included: the caller is about to dump the kernel's
@@ -380,6 +405,17 @@ impl Notifications {
         self.drain();
         self.pending.clear();
         self.broken = None;
+    }
+}
+
+/// Notifications taken off the socket, as received.
+#[derive(Debug)]
+pub struct Taken(Vec<u8>);
+
+impl Taken {
+    /// The notifications, decoded in order as they are read.
+    pub fn messages(&self) -> Messages<'_> {
+        Messages::new(&self.0)
     }
 }
 

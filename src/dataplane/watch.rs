@@ -101,7 +101,10 @@ impl Session {
     ) -> Result<R, ObserveError> {
         self.nl.subscribe(self.rx_buf)?;
         let stale = match (&mut self.cache, self.nl.notifications()) {
-            (Some(cache), Some(n)) => n.take().and_then(|m| cache.apply_all(m)).err(),
+            (Some(cache), Some(n)) => n
+                .take()
+                .and_then(|t| cache.apply_stream(t.messages()))
+                .err(),
             _ => Some(String::new()),
         };
         let cache = match (stale, self.cache.take()) {
@@ -134,7 +137,7 @@ impl Session {
         let Some(cache) = &mut self.cache else { return };
         let why = if applied {
             match self.nl.notifications().map(|n| n.take()) {
-                Some(Ok(m)) => cache.apply_all(m).err(),
+                Some(Ok(t)) => cache.apply_stream(t.messages()).err(),
                 Some(Err(why)) => Some(why),
                 None => Some("no notification socket".into()),
             }
@@ -165,7 +168,7 @@ impl Session {
             n.discard();
             return;
         };
-        if let Err(why) = n.take().and_then(|m| cache.apply_all(m)) {
+        if let Err(why) = n.take().and_then(|t| cache.apply_stream(t.messages())) {
             tracing::warn!(reason = %why, "dataplane: the kernel's notifications cannot be trusted; the next reconcile dumps");
             self.cache = None;
         }
@@ -210,14 +213,13 @@ impl Cache {
     }
 
     /// Applies notifications in order; an error says why the stream cannot be followed.
-    fn apply_all(
+    fn apply_stream<E: std::fmt::Display>(
         &mut self,
-        messages: Vec<NetlinkMessage<RouteNetlinkMessage>>,
+        mut messages: impl Iterator<Item = Result<NetlinkMessage<RouteNetlinkMessage>, E>>,
     ) -> Result<(), String> {
         let mut host_changed = false;
-        let result = messages
-            .into_iter()
-            .try_for_each(|m| self.apply(m, &mut host_changed));
+        let result =
+            messages.try_for_each(|m| self.apply(m.map_err(|e| e.to_string())?, &mut host_changed));
         if host_changed {
             self.node.host_routes = self.host.values().cloned().collect();
         }
@@ -425,6 +427,15 @@ mod tests {
         ("lp-a", 4, None),
         ("lv-a", 10, Some(VRF_TABLE)),
     ];
+
+    impl Cache {
+        fn apply_all(
+            &mut self,
+            messages: Vec<NetlinkMessage<RouteNetlinkMessage>>,
+        ) -> Result<(), String> {
+            self.apply_stream(messages.into_iter().map(Ok::<_, String>))
+        }
+    }
 
     fn msg(m: RouteNetlinkMessage) -> NetlinkMessage<RouteNetlinkMessage> {
         let mut n = NetlinkMessage::new(NetlinkHeader::default(), NetlinkPayload::from(m));
