@@ -90,7 +90,7 @@ fn desired(pods: &[&str]) -> DesiredNode {
         .iter()
         .filter(|(name, ..)| pods.contains(name))
         .map(|(name, second, _, ifname)| PodAttachment {
-            pod: ObjectKey::new("test", &format!("pod-{name}")),
+            pod: ObjectKey::new("test", format!("pod-{name}")),
             container_id: format!("c-{name}"),
             host_ifname: ifname.to_string(),
             network: name.to_string(),
