@@ -4,12 +4,16 @@
 //! A [`Session`] (one per namespace, on its worker thread) subscribes to the notifications of
 //! links, addresses, routes and rules *before* it dumps, so no change falls between the dump
 //! and the stream; notifications about changes the dump already shows replay to the same
-//! state, in order. Each reconcile then takes what was queued since ([`Session::observed`]),
-//! the writes' own notifications included, after the apply ([`Session::settle`]), and while
-//! idle. The cache is thrown away and the kernel dumped again whenever the stream cannot be
-//! trusted to be complete: the notification socket overran (`ENOBUFS`), a message did not
-//! decode or was not one the groups carry, a link was renamed (routes name their devices),
-//! an apply failed, or nothing was cached yet.
+//! state, in order. It takes in what was queued before each reconcile
+//! ([`Session::with_observed`]), after the apply ([`Session::settle`]: the writes' own
+//! notifications, which the request socket drains between batch chunks so a large apply
+//! cannot overrun it), and while idle ([`Session::idle`]). Everything the cache knows comes
+//! from the kernel's own messages, so what it holds for a route Lace wrote is what the kernel
+//! made of it (flags, metrics), exactly as a dump would show it. The cache is thrown away and
+//! the kernel dumped again whenever the stream cannot be trusted to be complete: the
+//! notification socket overran (`ENOBUFS`), a message did not decode or was not one the
+//! groups carry, a link was renamed (routes name their devices) or re-appeared under another
+//! index, an apply failed, or nothing was cached yet.
 //!
 //! ## What the kernel changes without telling
 //! IPv4 flushes routes silently: those through a link that goes down or away, all of a
@@ -19,7 +23,9 @@
 //! same deletions). For the third, which routes the kernel touches depends on tables and
 //! devices, so the routes using the address as source are marked [`KernelNexthop::Unknown`]:
 //! the next reconcile rewrites them if planned (replace) or deletes them (a missing route
-//! is the idempotent case), whatever the kernel did.
+//! is the idempotent case), whatever the kernel did. IPv6 addresses are notified when
+//! duplicate address detection completes, so neither the dump nor the cache counts an
+//! address still under detection (`observe::usable`).
 //!
 //! A delete of something the cache held but the kernel did not (no notification follows)
 //! is settled from the operation itself: after a successful apply, what was deleted is gone.
@@ -28,7 +34,10 @@
 //! Routes are keyed like the dump's ([`RouteKey`]: table and destination), so two kernel
 //! routes of Lace's protocol to the same destination in one table (a hand-added copy with
 //! another metric) are one entry; the host's main-table routes are keyed by destination,
-//! TOS and priority, so `ip route append` copies are one entry too.
+//! TOS, priority and link, so `ip route append` copies through one link are one entry too.
+//! A delete Lace issued that found nothing, racing with someone adding that very route, is
+//! forgotten after the addition's notification: that route is then left alone until the
+//! next full dump.
 //!
 //! [`RouteKey`]: crate::plan::RouteKey
 
