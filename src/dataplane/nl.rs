@@ -314,9 +314,10 @@ impl<T: Transport> Nl<T> {
     }
 }
 
-/// The rtnetlink notification socket: subscribed to the groups of links, addresses, routes and rules, non-blocking, read only by
-/// draining what the kernel queued. Notifications are kept as received (bytes) until
-/// [`Notifications::take`] decodes them, in the order the kernel sent them.
+/// The rtnetlink notification socket: subscribed to the groups of links, addresses, routes
+/// and rules, non-blocking, read only by draining what the kernel queued. Notifications are
+/// kept as received (bytes) until [`Notifications::take`] hands them out, in the order the
+/// kernel sent them.
 #[derive(Debug)]
 pub struct Notifications {
     sock: Socket,
