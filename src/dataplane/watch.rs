@@ -133,9 +133,8 @@ impl Session {
                 self.cache.insert(Cache::new(node, host))
             }
         };
-        let full = cache.fresh;
-        cache.fresh = false;
         observe::observe_host(&mut cache.node, sysctls)?;
+        let full = std::mem::replace(&mut cache.fresh, false);
         Ok(f(&mut self.nl, &cache.node, full))
     }
 
