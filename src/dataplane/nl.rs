@@ -34,13 +34,13 @@ const RX_BUF: usize = 4 << 20;
 /// rtnetlink multicast groups (`RTNLGRP_*`) whose notifications describe what the reconciler
 /// observes: links, IPv4/IPv6 addresses, IPv4/IPv6 routes, IPv4/IPv6 rules.
 const GROUPS: [(u32, &str); 7] = [
-    (1, "RTNLGRP_LINK"),
-    (5, "RTNLGRP_IPV4_IFADDR"),
-    (7, "RTNLGRP_IPV4_ROUTE"),
-    (8, "RTNLGRP_IPV4_RULE"),
-    (9, "RTNLGRP_IPV6_IFADDR"),
-    (11, "RTNLGRP_IPV6_ROUTE"),
-    (19, "RTNLGRP_IPV6_RULE"),
+    (libc::RTNLGRP_LINK, "RTNLGRP_LINK"),
+    (libc::RTNLGRP_IPV4_IFADDR, "RTNLGRP_IPV4_IFADDR"),
+    (libc::RTNLGRP_IPV4_ROUTE, "RTNLGRP_IPV4_ROUTE"),
+    (libc::RTNLGRP_IPV4_RULE, "RTNLGRP_IPV4_RULE"),
+    (libc::RTNLGRP_IPV6_IFADDR, "RTNLGRP_IPV6_IFADDR"),
+    (libc::RTNLGRP_IPV6_ROUTE, "RTNLGRP_IPV6_ROUTE"),
+    (libc::RTNLGRP_IPV6_RULE, "RTNLGRP_IPV6_RULE"),
 ];
 
 /// What went wrong talking to the kernel.
