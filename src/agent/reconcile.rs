@@ -31,6 +31,7 @@ impl Dataplane for Reconciler {
                 node = %plan.node,
                 ops = report.ops,
                 writes = report.writes,
+                full_dump = report.full_dump,
                 sample = ?report.sample,
                 "dataplane: applied"
             );

@@ -6,6 +6,17 @@
 //! namespace, on a dedicated thread that entered it ([`netns`]), plus the `nft` binary (one
 //! atomic transaction per change), `/proc/sys` and generic netlink for `ip sr tunsrc`.
 //!
+//! ## Memory
+//! The reconciler keeps what it observed between calls: the first reconcile dumps links,
+//! addresses, routes and rules, and from then on a second rtnetlink socket subscribed to
+//! their change notifications keeps that state current (the writes' own notifications
+//! included), so an unchanged plan is re-applied without reading the kernel's routes again.
+//! Whenever the notification stream cannot be trusted (overrun, an undecodable or unexpected
+//! message, a failed apply) the next reconcile dumps again; see [`watch`] for what the
+//! kernel changes without notifying and how the cache follows. Sysctls, `ip sr tunsrc` and
+//! the nft table's tag are read on every reconcile (each a constant-cost read); the nft
+//! ruleset last written is remembered too (see below).
+//!
 //! ## Ownership
 //! Lace reads as its own, and only ever changes or deletes:
 //! - routes with protocol [`ROUTE_PROTOCOL`] in Lace's tables
@@ -51,8 +62,9 @@
 //! survives an element update (it is replaced with the next full replace).
 //!
 //! ## Threads and sockets
-//! Each [`Reconciler`] owns one worker thread that entered the namespace with `setns` and one
-//! blocking rtnetlink socket on it ([`nl`]). There is no async runtime on that thread: batching
+//! Each [`Reconciler`] owns one worker thread that entered the namespace with `setns`, one
+//! blocking rtnetlink socket on it ([`nl`]) and the notification socket, which the thread
+//! also drains while idle. There is no async runtime on that thread: batching
 //! (many requests per `send`, ACKs read back per chunk) needs control of the socket that
 //! `rtnetlink`'s connection task does not give, and nothing else runs there. The message
 //! types are `netlink-packet-route` 0.34's, through `rtnetlink`'s re-exports.
@@ -69,6 +81,7 @@ pub mod nl;
 mod observe;
 mod rawnl;
 mod seg6;
+pub mod watch;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -232,6 +245,9 @@ pub struct ApplyReport {
     pub skipped: Vec<String>,
     /// The first [`SAMPLE_OPS`] operations, as text (for logs).
     pub sample: Vec<String>,
+    /// Whether this reconcile read the kernel with full dumps (the first one, or after the
+    /// notification stream could not be trusted) instead of its cached, notified state.
+    pub full_dump: bool,
 }
 
 /// How many operations an [`ApplyReport`] names.
@@ -262,21 +278,50 @@ pub enum DataplaneError {
     },
 }
 
-/// Reconciles one network namespace. Every call observes the kernel; the only memory of
-/// earlier calls is the nft ruleset last written or found, used only while the kernel's
-/// table still carries its tag.
+/// Tuning of a [`Reconciler`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReconcilerOptions {
+    /// Receive buffer of the notification socket, in bytes: changes made between two drains
+    /// beyond what it holds make the next reconcile dump everything again.
+    pub notification_buffer: usize,
+}
+
+impl Default for ReconcilerOptions {
+    fn default() -> Self {
+        Self {
+            notification_buffer: watch::NOTIFICATION_BUFFER,
+        }
+    }
+}
+
+/// Reconciles one network namespace, remembering what it observed between calls (kept
+/// current by the kernel's notifications; see the module docs).
 #[derive(Debug)]
 pub struct Reconciler {
-    worker: netns::Worker,
-    /// Shared with the worker's jobs, which run one at a time.
+    worker: netns::Worker<watch::Session>,
+    /// The nft ruleset last written or found; shared with the worker's jobs, which run one
+    /// at a time.
     known_nft: Arc<Mutex<Option<nft::KnownRuleset>>>,
 }
 
 impl Reconciler {
     /// Starts the namespace's worker thread and opens its rtnetlink socket.
     pub fn new(target: NetnsTarget) -> Result<Self, DataplaneError> {
+        Self::with_options(target, ReconcilerOptions::default())
+    }
+
+    /// [`Reconciler::new`] with `options`.
+    pub fn with_options(
+        target: NetnsTarget,
+        options: ReconcilerOptions,
+    ) -> Result<Self, DataplaneError> {
         Ok(Self {
-            worker: netns::Worker::start(target)?,
+            worker: netns::Worker::start(
+                target,
+                watch::open(options.notification_buffer),
+                watch::Session::idle,
+                watch::IDLE_DRAIN,
+            )?,
             known_nft: Arc::default(),
         })
     }
@@ -285,15 +330,28 @@ impl Reconciler {
         self.worker.target().to_string()
     }
 
-    /// Reads what Lace owns (and what next hops resolve against). `sysctls` are the keys to
-    /// read.
+    /// Reads what Lace owns (and what next hops resolve against) with full dumps, neither
+    /// using nor changing the reconciler's memory. `sysctls` are the keys to read.
     pub fn observe(&self, sysctls: BTreeSet<String>) -> Result<ObservedNode, DataplaneError> {
         self.worker
-            .run(move |nl| observe::observe(nl, &sysctls))?
+            .run(move |s| observe::observe(&mut s.nl, &sysctls))?
             .map_err(|source| DataplaneError::Observe {
                 target: self.target(),
                 source,
             })
+    }
+
+    /// How the reconciler's memory differs from a full dump taken now, one line per
+    /// difference (empty: none, or nothing remembered yet). Sysctls, tunsrc and the nft
+    /// table are read afresh by every reconcile and not compared.
+    pub fn drift(&self) -> Result<Vec<String>, DataplaneError> {
+        let target = self.target();
+        self.worker
+            .run(move |s| {
+                let fresh = observe::dump(&mut s.nl).map(|(node, _)| node)?;
+                Ok(s.cached().map(|c| drift(c, &fresh)).unwrap_or_default())
+            })?
+            .map_err(|source| DataplaneError::Observe { target, source })
     }
 
     /// Makes the namespace hold exactly `desired` (of what Lace owns).
@@ -314,51 +372,99 @@ impl Reconciler {
             .map(|d| d.base.sysctls.keys().cloned().collect())
             .unwrap_or_default();
         let known_nft = Arc::clone(&self.known_nft);
-        let result = self.worker.run(move |nl| {
+        self.worker.run(move |session| {
             let mut known = known_nft.lock().unwrap_or_else(PoisonError::into_inner);
-            let observed =
-                observe::observe(nl, &keys).map_err(|source| DataplaneError::Observe {
-                    target: target.clone(),
-                    source,
-                })?;
-            let d = diff::diff(desired.as_ref(), &observed, known.as_ref()).map_err(|source| {
-                DataplaneError::Diff {
-                    target: target.clone(),
-                    source,
-                }
-            })?;
-            let nft_tag = nft::tag_after(&d.ops, &observed.nft);
-            let ops = d.ops.len();
-            let sample = d
-                .ops
-                .iter()
-                .take(SAMPLE_OPS)
-                .map(|o| o.to_string())
-                .collect();
-            let (writes, failures) = apply::apply(nl, &observed, d.ops);
-            // After a failure the table may or may not have changed: forget, and let the next
-            // observation decide.
-            *known = if failures.is_empty() {
-                let desired_nft = desired.as_ref().map(|d| &d.base.nft);
-                nft::KnownRuleset::after(known.take(), desired_nft, nft_tag)
-            } else {
-                None
+            let observe_error = |source| DataplaneError::Observe {
+                target: target.clone(),
+                source,
             };
-            if failures.is_empty() {
-                Ok(ApplyReport {
-                    ops,
-                    writes,
-                    skipped: d.skipped,
-                    sample,
+            let outcome = session
+                .with_observed(&keys, |nl, observed, full_dump| {
+                    let d = diff::diff(desired.as_ref(), observed, known.as_ref())?;
+                    let nft_tag = nft::tag_after(&d.ops, &observed.nft);
+                    let report = ApplyReport {
+                        ops: d.ops.len(),
+                        writes: 0,
+                        sample: d
+                            .ops
+                            .iter()
+                            .take(SAMPLE_OPS)
+                            .map(|o| o.to_string())
+                            .collect(),
+                        skipped: d.skipped,
+                        full_dump,
+                    };
+                    let deleted: Vec<watch::Deleted> =
+                        d.ops.iter().filter_map(watch::Deleted::by).collect();
+                    let (writes, failures) = apply::apply(nl, observed, d.ops);
+                    // After a failure the table may or may not have changed: forget, and let
+                    // the next observation decide.
+                    *known = if failures.is_empty() {
+                        let desired_nft = desired.as_ref().map(|d| &d.base.nft);
+                        nft::KnownRuleset::after(known.take(), desired_nft, nft_tag)
+                    } else {
+                        None
+                    };
+                    Ok((ApplyReport { writes, ..report }, deleted, failures))
                 })
+                .map_err(observe_error)?;
+            let (report, deleted, failures) = outcome.map_err(|source| DataplaneError::Diff {
+                target: target.clone(),
+                source,
+            })?;
+            session.settle(deleted, failures.is_empty());
+            if failures.is_empty() {
+                Ok(report)
             } else {
                 Err(DataplaneError::Apply {
                     target,
-                    writes,
+                    writes: report.writes,
                     failures,
                 })
             }
-        })?;
-        result
+        })?
     }
+}
+
+/// The differences between a remembered and a freshly dumped state (links, addresses,
+/// routes, host routes, rules), as text.
+fn drift(cached: &ObservedNode, fresh: &ObservedNode) -> Vec<String> {
+    fn sorted<T: fmt::Debug>(items: impl Iterator<Item = T>) -> BTreeSet<String> {
+        items.map(|i| format!("{i:?}")).collect()
+    }
+    let mut out = Vec::new();
+    let mut compare = |what: &str, a: BTreeSet<String>, b: BTreeSet<String>| {
+        for x in a.difference(&b) {
+            out.push(format!("{what} remembered but not in the kernel: {x}"));
+        }
+        for x in b.difference(&a) {
+            out.push(format!("{what} in the kernel but not remembered: {x}"));
+        }
+    };
+    compare(
+        "link",
+        sorted(cached.links.iter()),
+        sorted(fresh.links.iter()),
+    );
+    compare(
+        "address",
+        sorted(cached.addrs.iter()),
+        sorted(fresh.addrs.iter()),
+    );
+    compare(
+        "route",
+        sorted(cached.routes.iter()),
+        sorted(fresh.routes.iter()),
+    );
+    compare(
+        "host route",
+        sorted(cached.host_routes.iter()),
+        sorted(fresh.host_routes.iter()),
+    );
+    compare(
+        "rule",
+        sorted(cached.rules.iter()),
+        sorted(fresh.rules.iter()),
+    );
+    out
 }

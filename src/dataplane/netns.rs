@@ -1,14 +1,16 @@
 //! One worker thread per network namespace: it enters the namespace once (`setns` is per
-//! thread), opens the namespace's one rtnetlink socket, and then runs the reconciler's jobs.
-//! Child processes (`nft`) forked from it start in the same namespace, and
-//! `/proc/sys/net` read from it shows that namespace's sysctls.
+//! thread), opens the namespace's sockets (its state `S`), and then runs the reconciler's
+//! jobs on that state, and an idle task whenever no job came for a while. Child processes
+//! (`nft`) forked from it start in the same namespace, and `/proc/sys/net` read from it shows
+//! that namespace's sysctls.
 
 use std::fs::File;
 use std::path::PathBuf;
 use std::sync::mpsc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
-use super::nl::{Nl, NlError};
+use super::nl::NlError;
 
 /// Which network namespace a reconciler manages.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -66,17 +68,20 @@ pub enum NetnsError {
     Gone { target: String },
 }
 
-type Job = Box<dyn FnOnce(&mut Nl) + Send>;
+type Job<S> = Box<dyn FnOnce(&mut S) + Send>;
 
-/// The worker thread of one namespace. Dropping it stops the thread.
+/// The worker thread of one namespace, holding state `S`. Dropping it stops the thread.
 #[derive(Debug)]
-pub struct Worker {
+pub struct Worker<S> {
     target: NetnsTarget,
-    tx: Option<mpsc::Sender<Job>>,
+    tx: Option<mpsc::Sender<Job<S>>>,
     thread: Option<JoinHandle<()>>,
 }
 
-fn enter(target: &NetnsTarget) -> Result<Nl, NetnsError> {
+fn enter<S>(
+    target: &NetnsTarget,
+    open: impl FnOnce() -> Result<S, NlError>,
+) -> Result<S, NetnsError> {
     if let NetnsTarget::Path(path) = target {
         let file = File::open(path).map_err(|source| NetnsError::Open {
             path: path.display().to_string(),
@@ -89,33 +94,43 @@ fn enter(target: &NetnsTarget) -> Result<Nl, NetnsError> {
             }
         })?;
     }
-    Nl::open().map_err(|source| NetnsError::Socket {
+    open().map_err(|source| NetnsError::Socket {
         target: target.to_string(),
         source,
     })
 }
 
-impl Worker {
-    /// Starts the worker: enters `target` and opens its rtnetlink socket.
-    pub fn start(target: NetnsTarget) -> Result<Self, NetnsError> {
-        let (tx, rx) = mpsc::channel::<Job>();
+impl<S: 'static> Worker<S> {
+    /// Starts the worker: enters `target` and opens its state there with `open`; then runs
+    /// jobs, and `idle` after every `idle_after` without one.
+    pub fn start(
+        target: NetnsTarget,
+        open: impl FnOnce() -> Result<S, NlError> + Send + 'static,
+        idle: fn(&mut S),
+        idle_after: Duration,
+    ) -> Result<Self, NetnsError> {
+        let (tx, rx) = mpsc::channel::<Job<S>>();
         let (ready_tx, ready_rx) = mpsc::channel::<Result<(), NetnsError>>();
         let t = target.clone();
         let thread = std::thread::Builder::new()
             .name("lace-netns".into())
             .spawn(move || {
-                let mut nl = match enter(&t) {
-                    Ok(nl) => {
+                let mut state = match enter(&t, open) {
+                    Ok(state) => {
                         let _ = ready_tx.send(Ok(()));
-                        nl
+                        state
                     }
                     Err(e) => {
                         let _ = ready_tx.send(Err(e));
                         return;
                     }
                 };
-                while let Ok(job) = rx.recv() {
-                    job(&mut nl);
+                loop {
+                    match rx.recv_timeout(idle_after) {
+                        Ok(job) => job(&mut state),
+                        Err(mpsc::RecvTimeoutError::Timeout) => idle(&mut state),
+                        Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                    }
                 }
             })
             .map_err(|source| NetnsError::Spawn {
@@ -141,14 +156,14 @@ impl Worker {
     /// Runs `f` on the worker thread (inside the namespace) and returns its result.
     pub fn run<T: Send + 'static>(
         &self,
-        f: impl FnOnce(&mut Nl) -> T + Send + 'static,
+        f: impl FnOnce(&mut S) -> T + Send + 'static,
     ) -> Result<T, NetnsError> {
         let gone = || NetnsError::Gone {
             target: self.target.to_string(),
         };
         let (rtx, rrx) = mpsc::channel();
-        let job: Job = Box::new(move |nl| {
-            let _ = rtx.send(f(nl));
+        let job: Job<S> = Box::new(move |state| {
+            let _ = rtx.send(f(state));
         });
         self.tx
             .as_ref()
@@ -159,7 +174,7 @@ impl Worker {
     }
 }
 
-impl Drop for Worker {
+impl<S> Drop for Worker<S> {
     fn drop(&mut self) {
         // Closing the channel ends the thread's loop.
         self.tx.take();

@@ -6,10 +6,16 @@
 //! one ACK read per line). The socket lives on the namespace's worker thread
 //! ([`super::netns`]), which is why it can be blocking: nothing else runs there.
 //!
+//! Next to it, optionally, a second socket subscribed to rtnetlink's multicast groups
+//! ([`Notifications`]): the kernel's change notifications, which keep the reconciler's cache
+//! current ([`super::watch`]). [`Nl::batch`] drains it after every chunk, so the notifications
+//! of a large batch never pile up in (and overflow) its receive buffer.
+//!
 //! Types come from the `rtnetlink` crate's re-exports (`netlink-packet-route` 0.34,
 //! `netlink-packet-core`, `netlink-sys`), so the project depends on one netlink stack.
 
 use std::io;
+use std::os::fd::AsFd;
 
 use rtnetlink::packet_core::{
     NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_DUMP, NLM_F_DUMP_INTR,
@@ -25,6 +31,17 @@ const CHUNK_BYTES: usize = 32 * 1024;
 const DUMP_ATTEMPTS: usize = 5;
 /// Receive buffer size asked for (the kernel caps it at `net.core.rmem_max`).
 const RX_BUF: usize = 4 << 20;
+/// rtnetlink multicast groups (`RTNLGRP_*`) whose notifications describe what the reconciler
+/// observes: links, IPv4/IPv6 addresses, IPv4/IPv6 routes, IPv4/IPv6 rules.
+const GROUPS: [(u32, &str); 7] = [
+    (libc::RTNLGRP_LINK, "RTNLGRP_LINK"),
+    (libc::RTNLGRP_IPV4_IFADDR, "RTNLGRP_IPV4_IFADDR"),
+    (libc::RTNLGRP_IPV4_ROUTE, "RTNLGRP_IPV4_ROUTE"),
+    (libc::RTNLGRP_IPV4_RULE, "RTNLGRP_IPV4_RULE"),
+    (libc::RTNLGRP_IPV6_IFADDR, "RTNLGRP_IPV6_IFADDR"),
+    (libc::RTNLGRP_IPV6_ROUTE, "RTNLGRP_IPV6_ROUTE"),
+    (libc::RTNLGRP_IPV6_RULE, "RTNLGRP_IPV6_RULE"),
+];
 
 /// What went wrong talking to the kernel.
 #[derive(Debug, thiserror::Error)]
@@ -45,17 +62,88 @@ pub enum NlError {
         #[source]
         source: io::Error,
     },
+    #[error("notification socket: subscribing to {group}: {source}")]
+    Subscribe {
+        group: &'static str,
+        #[source]
+        source: io::Error,
+    },
 }
 
 /// The kernel's answer to one request of a batch: `Ok` or the errno.
 pub type Ack = Result<(), i32>;
 
-/// A blocking rtnetlink socket.
+/// The datagram socket under [`Nl`]: the kernel's rtnetlink socket, or a scripted kernel in
+/// unit tests (so the dump and batch loops are tested without one).
+pub trait Transport {
+    /// Sends one datagram.
+    fn send(&mut self, buf: &[u8]) -> io::Result<()>;
+    /// Receives one datagram into `buf`; returns its length.
+    fn recv(&mut self, buf: &mut [u8]) -> io::Result<usize>;
+}
+
+impl Transport for Socket {
+    fn send(&mut self, buf: &[u8]) -> io::Result<()> {
+        Socket::send(self, buf, 0).map(|_| ())
+    }
+
+    fn recv(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        Socket::recv(self, &mut &mut buf[..], 0)
+    }
+}
+
+/// A blocking rtnetlink socket (and, once [`Nl::subscribe`]d, its notification socket).
 #[derive(Debug)]
-pub struct Nl {
-    sock: Socket,
+pub struct Nl<T: Transport = Socket> {
+    sock: T,
     seq: u32,
     rx: Vec<u8>,
+    notifications: Option<Notifications>,
+}
+
+/// The messages of one datagram, or of datagrams laid end to end, decoded one at a time
+/// (a large batch's notifications are never all decoded in memory at once). Stops after the
+/// first error.
+#[derive(Debug)]
+pub struct Messages<'a> {
+    buf: &'a [u8],
+    off: usize,
+}
+
+impl<'a> Messages<'a> {
+    fn new(buf: &'a [u8]) -> Self {
+        Self { buf, off: 0 }
+    }
+}
+
+impl Iterator for Messages<'_> {
+    type Item = Result<NetlinkMessage<RouteNetlinkMessage>, NlError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let (buf, off, n) = (self.buf, self.off, self.buf.len());
+        if off + 16 > n {
+            return None;
+        }
+        let len = u32::from_ne_bytes([buf[off], buf[off + 1], buf[off + 2], buf[off + 3]]) as usize;
+        if len < 16 || off + len > n {
+            self.off = n;
+            return Some(Err(NlError::Decode(format!(
+                "message length {len} at offset {off} of a {n}-byte datagram"
+            ))));
+        }
+        self.off = off + ((len + 3) & !3);
+        let msg = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&buf[off..off + len])
+            .map_err(|e| NlError::Decode(e.to_string()));
+        if msg.is_err() {
+            self.off = n;
+        }
+        Some(msg)
+    }
+}
+
+/// Decodes every message of one datagram.
+fn decode(buf: &[u8]) -> Result<Vec<NetlinkMessage<RouteNetlinkMessage>>, NlError> {
+    Messages::new(buf).collect()
 }
 
 impl Nl {
@@ -70,11 +158,35 @@ impl Nl {
         // Best effort: a smaller buffer only means smaller chunks would be safer; the chunk
         // size is chosen to fit the default (212 KiB).
         let _ = sock.set_rx_buf_sz(RX_BUF);
-        Ok(Self {
+        Ok(Self::with_transport(sock))
+    }
+
+    /// Opens the notification socket (in the calling thread's namespace) unless it is open:
+    /// from then on the kernel queues every change of links, addresses, routes and rules for
+    /// [`Nl::notifications`]. `rx_buf` is its receive buffer, set past `net.core.rmem_max`
+    /// when the process may (`SO_RCVBUFFORCE`, `CAP_NET_ADMIN`).
+    pub fn subscribe(&mut self, rx_buf: usize) -> Result<(), NlError> {
+        if self.notifications.is_none() {
+            self.notifications = Some(Notifications::open(rx_buf)?);
+        }
+        Ok(())
+    }
+
+    /// The notification socket, if [`Nl::subscribe`]d.
+    pub fn notifications(&mut self) -> Option<&mut Notifications> {
+        self.notifications.as_mut()
+    }
+}
+
+impl<T: Transport> Nl<T> {
+    /// Requests over `sock`, no notification socket.
+    pub fn with_transport(sock: T) -> Self {
+        Self {
             sock,
             seq: 0,
             rx: vec![0; 1 << 20],
-        })
+            notifications: None,
+        }
     }
 
     fn next_seq(&mut self) -> u32 {
@@ -98,32 +210,13 @@ impl Nl {
     /// Receives one datagram and decodes every message in it.
     fn recv_messages(&mut self) -> Result<Vec<NetlinkMessage<RouteNetlinkMessage>>, NlError> {
         let n = loop {
-            match self.sock.recv(&mut &mut self.rx[..], 0) {
+            match self.sock.recv(&mut self.rx) {
                 Ok(n) => break n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(NlError::Receive(e)),
             }
         };
-        let mut out = Vec::new();
-        let mut off = 0;
-        while off + 16 <= n {
-            let len = u32::from_ne_bytes([
-                self.rx[off],
-                self.rx[off + 1],
-                self.rx[off + 2],
-                self.rx[off + 3],
-            ]) as usize;
-            if len < 16 || off + len > n {
-                return Err(NlError::Decode(format!(
-                    "message length {len} at offset {off} of a {n}-byte datagram"
-                )));
-            }
-            let msg = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&self.rx[off..off + len])
-                .map_err(|e| NlError::Decode(e.to_string()))?;
-            out.push(msg);
-            off += (len + 3) & !3;
-        }
-        Ok(out)
+        decode(&self.rx[..n.min(self.rx.len())])
     }
 
     /// Dumps `request` (a `Get*` message), retrying while the kernel reports the dump as
@@ -136,7 +229,7 @@ impl Nl {
         for _ in 0..DUMP_ATTEMPTS {
             let mut buf = Vec::new();
             let seq = self.encode(request.clone(), NLM_F_REQUEST | NLM_F_DUMP, &mut buf);
-            self.sock.send(&buf, 0).map_err(NlError::Send)?;
+            self.sock.send(&buf).map_err(NlError::Send)?;
             let mut items = Vec::new();
             let mut interrupted = false;
             'recv: loop {
@@ -190,7 +283,7 @@ impl Nl {
                 count += 1;
             }
             let Some((seq0, i0)) = first else { break };
-            self.sock.send(&buf, 0).map_err(NlError::Send)?;
+            self.sock.send(&buf).map_err(NlError::Send)?;
             let mut pending = count;
             while pending > 0 {
                 for msg in self.recv_messages()? {
@@ -211,7 +304,302 @@ impl Nl {
                     });
                 }
             }
+            // The chunk's notifications are queued by now (the kernel sends them before the
+            // ACK): take them off the socket before the next chunk adds as many again.
+            if let Some(n) = &mut self.notifications {
+                n.drain();
+            }
         }
         Ok(acks.into_iter().map(|a| a.unwrap_or(Ok(()))).collect())
+    }
+}
+
+/// The rtnetlink notification socket: subscribed to the groups of links, addresses, routes
+/// and rules, non-blocking, read only by draining what the kernel queued. Notifications are
+/// kept as received (bytes) until [`Notifications::take`] hands them out, in the order the
+/// kernel sent them.
+#[derive(Debug)]
+pub struct Notifications {
+    sock: Socket,
+    rx: Vec<u8>,
+    /// Datagrams received and not taken yet, end to end.
+    pending: Vec<u8>,
+    /// Why the stream since the last take has a gap (an overrun, a receive error).
+    broken: Option<String>,
+}
+
+impl Notifications {
+    fn open(rx_buf: usize) -> Result<Self, NlError> {
+        let mut sock = Socket::new(NETLINK_ROUTE).map_err(NlError::Socket)?;
+        sock.bind_auto().map_err(NlError::Socket)?;
+        for (group, name) in GROUPS {
+            sock.add_membership(group)
+                .map_err(|source| NlError::Subscribe {
+                    group: name,
+                    source,
+                })?;
+        }
+        sock.set_non_blocking(true).map_err(NlError::Socket)?;
+        // Past rmem_max when allowed: a burst of changes between two drains must fit, or the
+        // next reconcile re-dumps everything. Otherwise whatever the kernel grants.
+        if nix::sys::socket::setsockopt(
+            &sock.as_fd(),
+            nix::sys::socket::sockopt::RcvBufForce,
+            &rx_buf,
+        )
+        .is_err()
+        {
+            let _ = sock.set_rx_buf_sz(rx_buf);
+        }
+        Ok(Self {
+            sock,
+            // Notifications are one message per datagram; links carry the largest (a few KiB).
+            rx: vec![0; 64 << 10],
+            pending: Vec::new(),
+            broken: None,
+        })
+    }
+
+    /// Moves everything the kernel queued into `pending`. Never fails: a gap in the stream is
+    /// recorded and reported by [`Notifications::take`].
+    pub fn drain(&mut self) {
+        loop {
+            match self.sock.recv(&mut &mut self.rx[..], 0) {
+                Ok(n) => {
+                    self.pending
+                        .extend_from_slice(&self.rx[..n.min(self.rx.len())]);
+                    // Keep messages 4-byte aligned, as in a datagram.
+                    self.pending.resize((self.pending.len() + 3) & !3, 0);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                // The kernel dropped notifications: the socket's buffer overflowed. Reading
+                // on returns the ones queued after the gap.
+                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
+                    self.broken.get_or_insert_with(|| {
+                        "the kernel dropped notifications (ENOBUFS: receive buffer overrun)".into()
+                    });
+                }
+                Err(e) => {
+                    self.broken
+                        .get_or_insert_with(|| format!("receiving notifications: {e}"));
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Every notification since the last take or discard, in order; or why they cannot be
+    /// trusted to be complete (then they are dropped).
+    pub fn take(&mut self) -> Result<Taken, String> {
+        self.drain();
+        let bytes = std::mem::take(&mut self.pending);
+        match self.broken.take() {
+            Some(why) => Err(why),
+            None => Ok(Taken(bytes)),
+        }
+    }
+
+    /// Drops everything queued so far, gaps included: the caller is about to dump the kernel's
+    /// state, which includes those changes.
+    pub fn discard(&mut self) {
+        self.drain();
+        self.pending.clear();
+        self.broken = None;
+    }
+}
+
+/// Notifications taken off the socket, as received.
+#[derive(Debug)]
+pub struct Taken(Vec<u8>);
+
+impl Taken {
+    /// The notifications, decoded in order as they are read.
+    pub fn messages(&self) -> Messages<'_> {
+        Messages::new(&self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+
+    use rtnetlink::packet_core::DoneMessage;
+    use rtnetlink::packet_route::link::{LinkAttribute, LinkMessage};
+
+    use super::*;
+
+    /// One answer of the scripted kernel to a dump request: the links it lists, and whether
+    /// it flags them `NLM_F_DUMP_INTR`.
+    struct Answer {
+        links: Vec<&'static str>,
+        interrupted: bool,
+    }
+
+    /// A kernel that answers each dump request with the next scripted answer, split over
+    /// two datagrams (a dump spans several `recv`s), preceded by a stray message of an
+    /// earlier request.
+    #[derive(Default)]
+    struct Scripted {
+        answers: VecDeque<Answer>,
+        requests: usize,
+        queue: VecDeque<Vec<u8>>,
+    }
+
+    fn emit(seq: u32, flags: u16, payload: NetlinkPayload<RouteNetlinkMessage>) -> Vec<u8> {
+        let mut header = NetlinkHeader::default();
+        header.sequence_number = seq;
+        header.flags = flags;
+        let mut m = NetlinkMessage::new(header, payload);
+        m.finalize();
+        let mut buf = vec![0; m.buffer_len()];
+        m.serialize(&mut buf);
+        buf
+    }
+
+    fn link(name: &str) -> RouteNetlinkMessage {
+        let mut l = LinkMessage::default();
+        l.attributes.push(LinkAttribute::IfName(name.into()));
+        RouteNetlinkMessage::NewLink(l)
+    }
+
+    impl Transport for Scripted {
+        fn send(&mut self, buf: &[u8]) -> io::Result<()> {
+            self.requests += 1;
+            let seq = u32::from_ne_bytes([buf[8], buf[9], buf[10], buf[11]]);
+            let answer = self
+                .answers
+                .pop_front()
+                .expect("a request the script has no answer for");
+            let flags = NLM_F_MULTI_FLAG
+                | if answer.interrupted {
+                    NLM_F_DUMP_INTR
+                } else {
+                    0
+                };
+            // Something an earlier request left behind: must not be taken as this dump's.
+            self.queue.push_back(emit(
+                seq.wrapping_sub(1),
+                NLM_F_MULTI_FLAG,
+                NetlinkPayload::InnerMessage(link("stale0")),
+            ));
+            let mut first = Vec::new();
+            let mut second = Vec::new();
+            for (i, name) in answer.links.iter().enumerate() {
+                let m = emit(seq, flags, NetlinkPayload::InnerMessage(link(name)));
+                if i == 0 { &mut first } else { &mut second }.extend(m);
+            }
+            second.extend(emit(
+                seq,
+                flags,
+                NetlinkPayload::Done(DoneMessage::default()),
+            ));
+            self.queue.push_back(first);
+            self.queue.push_back(second);
+            Ok(())
+        }
+
+        fn recv(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            let d = self
+                .queue
+                .pop_front()
+                .ok_or_else(|| io::Error::from(io::ErrorKind::WouldBlock))?;
+            buf[..d.len()].copy_from_slice(&d);
+            Ok(d.len())
+        }
+    }
+
+    /// `NLM_F_MULTI`: set on every message of a dump.
+    const NLM_F_MULTI_FLAG: u16 = 2;
+
+    fn names(items: &[RouteNetlinkMessage]) -> Vec<String> {
+        items
+            .iter()
+            .filter_map(|m| match m {
+                RouteNetlinkMessage::NewLink(l) => l.attributes.iter().find_map(|a| match a {
+                    LinkAttribute::IfName(n) => Some(n.clone()),
+                    _ => None,
+                }),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn dump_links(answers: Vec<Answer>) -> (Result<Vec<RouteNetlinkMessage>, NlError>, usize) {
+        let mut nl = Nl::with_transport(Scripted {
+            answers: answers.into(),
+            ..Default::default()
+        });
+        let got = nl.dump(
+            "links",
+            RouteNetlinkMessage::GetLink(LinkMessage::default()),
+        );
+        (got, nl.sock.requests)
+    }
+
+    #[test]
+    fn a_complete_dump_is_read_across_datagrams_and_only_its_own_messages_count() {
+        let (got, requests) = dump_links(vec![Answer {
+            links: vec!["lo", "eth0", "lv-a"],
+            interrupted: false,
+        }]);
+        assert_eq!(names(&got.unwrap()), ["lo", "eth0", "lv-a"]);
+        assert_eq!(requests, 1);
+    }
+
+    #[test]
+    fn an_interrupted_dump_is_retried_and_the_retry_is_what_counts() {
+        let (got, requests) = dump_links(vec![
+            Answer {
+                links: vec!["lo", "old0"],
+                interrupted: true,
+            },
+            Answer {
+                links: vec!["lo", "new0", "lv-a"],
+                interrupted: false,
+            },
+        ]);
+        assert_eq!(names(&got.unwrap()), ["lo", "new0", "lv-a"]);
+        assert_eq!(requests, 2);
+    }
+
+    #[test]
+    fn a_dump_that_stays_interrupted_gives_up_after_the_last_attempt() {
+        let answers = (0..DUMP_ATTEMPTS)
+            .map(|_| Answer {
+                links: vec!["lo"],
+                interrupted: true,
+            })
+            .collect();
+        let (got, requests) = dump_links(answers);
+        let err = got.unwrap_err();
+        assert!(
+            matches!(err, NlError::DumpInterrupted { what: "links" }),
+            "{err:?}"
+        );
+        assert_eq!(
+            err.to_string(),
+            format!("dump of links was interrupted by concurrent changes {DUMP_ATTEMPTS} times in a row")
+        );
+        assert_eq!(requests, DUMP_ATTEMPTS, "no request past the last attempt");
+    }
+
+    #[test]
+    fn datagrams_laid_end_to_end_decode_in_order_and_truncation_is_an_error() {
+        let mut buf = emit(7, 0, NetlinkPayload::InnerMessage(link("a")));
+        buf.extend(emit(8, 0, NetlinkPayload::InnerMessage(link("b"))));
+        let got: Vec<RouteNetlinkMessage> = decode(&buf)
+            .unwrap()
+            .into_iter()
+            .filter_map(|m| match m.payload {
+                NetlinkPayload::InnerMessage(i) => Some(i),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(names(&got), ["a", "b"]);
+        assert!(matches!(
+            decode(&buf[..buf.len() - 4]),
+            Err(NlError::Decode(_))
+        ));
     }
 }

@@ -7,12 +7,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
-use rtnetlink::packet_route::address::{AddressAttribute, AddressMessage};
+use rtnetlink::packet_route::address::{
+    AddressAttribute, AddressFlags, AddressHeaderFlags, AddressMessage,
+};
 use rtnetlink::packet_route::link::{
     InfoData, InfoVrf, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
 };
 use rtnetlink::packet_route::route::{
-    RouteAddress, RouteAttribute, RouteLwTunnelEncap, RouteMessage, RouteProtocol,
+    RouteAddress, RouteAttribute, RouteFlags, RouteLwTunnelEncap, RouteMessage, RouteProtocol,
     RouteSeg6IpTunnel, RouteSeg6LocalTunnel, RouteType, Seg6LocalAction,
 };
 use rtnetlink::packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
@@ -41,13 +43,24 @@ pub fn lace_table(table: u32) -> bool {
     table == MAIN_TABLE || (VRF_TABLE_BASE..=PROBE_TABLE).contains(&table)
 }
 
-/// Observes everything; `sysctls` are the keys to read.
+/// Observes everything with full dumps; `sysctls` are the keys to read.
 pub fn observe(nl: &mut Nl, sysctls: &BTreeSet<String>) -> Result<ObservedNode, ObserveError> {
+    let (mut node, _) = dump(nl)?;
+    observe_host(&mut node, sysctls)?;
+    Ok(node)
+}
+
+/// The host's main-table routes by identity.
+pub type HostRoutes = BTreeMap<HostRouteId, HostRoute>;
+
+/// Dumps links, addresses, routes and rules: everything of [`ObservedNode`] but what
+/// [`observe_host`] reads. The host's routes also come by identity, for a cache to update.
+pub fn dump(nl: &mut Nl) -> Result<(ObservedNode, HostRoutes), ObserveError> {
     let links = dump_links(nl)?;
     let addrs = dump_addrs(nl)?;
     let names: BTreeMap<u32, String> = links.iter().map(|(n, l)| (l.index, n.clone())).collect();
     let mut routes = BTreeMap::new();
-    let mut host_routes = Vec::new();
+    let mut host = HostRoutes::new();
     for family in [AddressFamily::Inet, AddressFamily::Inet6] {
         let mut req = RouteMessage::default();
         req.header.address_family = family;
@@ -55,7 +68,15 @@ pub fn observe(nl: &mut Nl, sysctls: &BTreeSet<String>) -> Result<ObservedNode, 
             let RouteNetlinkMessage::NewRoute(r) = m else {
                 continue;
             };
-            classify_route(&r, &names, &mut routes, &mut host_routes);
+            match classify_route(&r, &names) {
+                Route::Lace(key, nh) => {
+                    routes.insert(key, nh);
+                }
+                Route::Host(id, h) => {
+                    host.insert(id, h);
+                }
+                Route::Other => {}
+            }
         }
     }
     let mut rules = Vec::new();
@@ -71,65 +92,80 @@ pub fn observe(nl: &mut Nl, sysctls: &BTreeSet<String>) -> Result<ObservedNode, 
             }
         }
     }
-    let sysctls = sysctls
-        .iter()
-        .map(|k| (k.clone(), host::read_sysctl(k)))
-        .collect();
-    Ok(ObservedNode {
+    let node = ObservedNode {
         links,
         addrs,
         routes,
-        host_routes,
+        host_routes: host.values().cloned().collect(),
         rules,
-        sysctls,
-        tunsrc: super::seg6::tunsrc_get().map_err(ObserveError::Tunsrc)?,
-        nft: super::nft::observe().map_err(ObserveError::Nft)?,
-    })
+        sysctls: BTreeMap::new(),
+        tunsrc: None,
+        nft: super::NftState::Absent,
+    };
+    Ok((node, host))
+}
+
+/// Reads what no rtnetlink notification reports, each time (each read costs the same for any
+/// plan size): the sysctls (`sysctls` are the keys), `ip sr tunsrc` and the nft table's tag.
+pub fn observe_host(
+    node: &mut ObservedNode,
+    sysctls: &BTreeSet<String>,
+) -> Result<(), ObserveError> {
+    node.sysctls = sysctls
+        .iter()
+        .map(|k| (k.clone(), host::read_sysctl(k)))
+        .collect();
+    node.tunsrc = super::seg6::tunsrc_get().map_err(ObserveError::Tunsrc)?;
+    node.nft = super::nft::observe().map_err(ObserveError::Nft)?;
+    Ok(())
 }
 
 fn dump_links(nl: &mut Nl) -> Result<BTreeMap<String, ObservedLink>, NlError> {
-    let mut out = BTreeMap::new();
-    for m in nl.dump(
-        "links",
-        RouteNetlinkMessage::GetLink(LinkMessage::default()),
-    )? {
-        let RouteNetlinkMessage::NewLink(l) = m else {
-            continue;
-        };
-        let mut name = None;
-        let mut master = None;
-        let mut vrf_table = None;
-        for a in &l.attributes {
-            match a {
-                LinkAttribute::IfName(n) => name = Some(n.clone()),
-                LinkAttribute::Controller(m) => master = Some(*m),
-                LinkAttribute::LinkInfo(infos) => {
-                    for i in infos {
-                        if let LinkInfo::Data(InfoData::Vrf(v)) = i {
-                            for x in v {
-                                if let InfoVrf::TableId(t) = x {
-                                    vrf_table = Some(*t);
-                                }
+    Ok(nl
+        .dump(
+            "links",
+            RouteNetlinkMessage::GetLink(LinkMessage::default()),
+        )?
+        .iter()
+        .filter_map(|m| match m {
+            RouteNetlinkMessage::NewLink(l) => parse_link(l),
+            _ => None,
+        })
+        .collect())
+}
+
+/// A link's name and what Lace reads of it.
+pub fn parse_link(l: &LinkMessage) -> Option<(String, ObservedLink)> {
+    let mut name = None;
+    let mut master = None;
+    let mut vrf_table = None;
+    for a in &l.attributes {
+        match a {
+            LinkAttribute::IfName(n) => name = Some(n.clone()),
+            LinkAttribute::Controller(m) => master = Some(*m),
+            LinkAttribute::LinkInfo(infos) => {
+                for i in infos {
+                    if let LinkInfo::Data(InfoData::Vrf(v)) = i {
+                        for x in v {
+                            if let InfoVrf::TableId(t) = x {
+                                vrf_table = Some(*t);
                             }
                         }
                     }
                 }
-                _ => {}
             }
-        }
-        if let Some(name) = name {
-            out.insert(
-                name,
-                ObservedLink {
-                    index: l.header.index,
-                    vrf_table,
-                    master,
-                    up: l.header.flags.contains(LinkFlags::Up),
-                },
-            );
+            _ => {}
         }
     }
-    Ok(out)
+    Some((
+        name?,
+        ObservedLink {
+            index: l.header.index,
+            vrf_table,
+            master,
+            up: l.header.flags.contains(LinkFlags::Up),
+        },
+    ))
 }
 
 fn dump_addrs(nl: &mut Nl) -> Result<Vec<(IpAddr, u32)>, NlError> {
@@ -141,17 +177,39 @@ fn dump_addrs(nl: &mut Nl) -> Result<Vec<(IpAddr, u32)>, NlError> {
             let RouteNetlinkMessage::NewAddress(a) = m else {
                 continue;
             };
-            for attr in &a.attributes {
-                // IFA_LOCAL is the local address on point-to-point links; IFA_ADDRESS otherwise.
-                if let AddressAttribute::Local(ip) | AddressAttribute::Address(ip) = attr {
-                    if !out.contains(&(*ip, a.header.index)) {
-                        out.push((*ip, a.header.index));
-                    }
+            if !usable(&a) {
+                continue;
+            }
+            for entry in addr_entries(&a) {
+                if !out.contains(&entry) {
+                    out.push(entry);
                 }
             }
         }
     }
     Ok(out)
+}
+
+/// Whether an address can be used (as a source, to find the uplink): not while IPv6
+/// duplicate address detection runs or after it failed. The kernel notifies an address when
+/// its detection completes, so a dump and the notifications agree on this.
+pub fn usable(a: &AddressMessage) -> bool {
+    let bad = AddressFlags::Tentative | AddressFlags::Dadfailed;
+    let header = AddressHeaderFlags::Tentative | AddressHeaderFlags::Dadfailed;
+    !a.header.flags.intersects(header)
+        && !a
+            .attributes
+            .iter()
+            .any(|x| matches!(x, AddressAttribute::Flags(f) if f.intersects(bad)))
+}
+
+/// The addresses of an address message, with the index of the link holding them.
+pub fn addr_entries(a: &AddressMessage) -> impl Iterator<Item = (IpAddr, u32)> + '_ {
+    a.attributes.iter().filter_map(|attr| match attr {
+        // IFA_LOCAL is the local address on point-to-point links; IFA_ADDRESS otherwise.
+        AddressAttribute::Local(ip) | AddressAttribute::Address(ip) => Some((*ip, a.header.index)),
+        _ => None,
+    })
 }
 
 fn addr_of(a: &RouteAddress) -> Option<IpAddr> {
@@ -162,19 +220,37 @@ fn addr_of(a: &RouteAddress) -> Option<IpAddr> {
     }
 }
 
-/// Sorts a dumped route into Lace's routes, the host's main-table routes, or neither.
-fn classify_route(
-    r: &RouteMessage,
-    names: &BTreeMap<u32, String>,
-    routes: &mut BTreeMap<RouteKey, KernelNexthop>,
-    host_routes: &mut Vec<HostRoute>,
-) {
+/// What a route is to Lace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// One of Lace's (its protocol, in one of its tables).
+    Lace(RouteKey, KernelNexthop),
+    /// A unicast route of the host's main table, with what tells it from other routes to the
+    /// same destination (TOS, priority).
+    Host(HostRouteId, HostRoute),
+    /// Anything else.
+    Other,
+}
+
+/// What identifies a main-table route: destination, TOS, priority (what `NLM_F_REPLACE`
+/// matches on) and the output link (IPv6 holds one route per link for the same prefix, e.g.
+/// `fe80::/64`).
+pub type HostRouteId = (IpNet, u8, u32, Option<u32>);
+
+/// Sorts a dumped or notified route into Lace's routes, the host's main-table routes, or
+/// neither. `names` resolves link indices.
+pub fn classify_route(r: &RouteMessage, names: &BTreeMap<u32, String>) -> Route {
+    // A cached clone (a PMTU exception, a redirect) is not a FIB entry: dumps leave them out.
+    if r.header.flags.contains(RouteFlags::Cloned) {
+        return Route::Other;
+    }
     let mut table = u32::from(r.header.table);
     let mut dst = None;
     let mut gateway = None;
     let mut oif = None;
     let mut encap = None;
     let mut src = None;
+    let mut priority = 0;
     for a in &r.attributes {
         match a {
             RouteAttribute::Table(t) => table = *t,
@@ -183,6 +259,7 @@ fn classify_route(
             RouteAttribute::Oif(i) => oif = Some(*i),
             RouteAttribute::Encap(e) => encap = Some(e),
             RouteAttribute::PrefSource(p) => src = addr_of(p),
+            RouteAttribute::Priority(p) => priority = *p,
             _ => {}
         }
     }
@@ -198,16 +275,21 @@ fn classify_route(
         )),
         _ => None,
     };
-    let Some(dst) = dst else { return };
+    let Some(dst) = dst else {
+        return Route::Other;
+    };
     let dev = oif.and_then(|i| names.get(&i).cloned());
     if r.header.protocol != RouteProtocol::Other(super::ROUTE_PROTOCOL) {
         if table == MAIN_TABLE && r.header.kind == RouteType::Unicast {
-            host_routes.push(HostRoute { dst, gateway, dev });
+            return Route::Host(
+                (dst, r.header.tos, priority, oif),
+                HostRoute { dst, gateway, dev },
+            );
         }
-        return;
+        return Route::Other;
     }
     if !lace_table(table) {
-        return;
+        return Route::Other;
     }
     let nh = match (r.header.kind, encap, gateway, dev) {
         (RouteType::Unreachable, ..) => KernelNexthop::Unreachable,
@@ -221,7 +303,7 @@ fn classify_route(
             KernelNexthop::Unknown(format!("type {kind:?} encap {e:?} gateway {g:?} dev {d:?}"))
         }
     };
-    routes.insert(RouteKey { table, dst }, nh);
+    Route::Lace(RouteKey { table, dst }, nh)
 }
 
 fn parse_encap(e: &[RouteLwTunnelEncap], dev: String) -> KernelNexthop {
@@ -250,7 +332,7 @@ fn parse_encap(e: &[RouteLwTunnelEncap], dev: String) -> KernelNexthop {
 }
 
 /// A rule in Lace's band, recognized as one of the planner's kinds when it is exactly one.
-fn classify_rule(r: RuleMessage) -> Option<ObservedRule> {
+pub fn classify_rule(r: RuleMessage) -> Option<ObservedRule> {
     let mut priority = 0;
     let mut l3mdev = false;
     let mut table = u32::from(r.header.table);
@@ -275,7 +357,9 @@ fn classify_rule(r: RuleMessage) -> Option<ObservedRule> {
     let family = match r.header.family {
         AddressFamily::Inet => Family::V4,
         AddressFamily::Inet6 => Family::V6,
-        _ => return Some(ObservedRule { rule: None, raw: r }),
+        // Multicast routing rules (the VRF driver adds l3mdev ones), notified on the same
+        // groups as unicast rules: not dumped, not Lace's.
+        _ => return None,
     };
     let plain = !other
         && r.header.action == RuleAction::ToTable
