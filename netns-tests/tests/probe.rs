@@ -288,12 +288,16 @@ impl Drop for Server {
 }
 
 /// Starts a tiny HTTP server on `addr:POD_PORT` in network namespace `netns` and waits until
-/// it listens.
+/// it listens. `::` serves IPv4 and IPv6 on one socket.
 fn serve_http(netns: &str, addr: &str) -> Server {
     let script = format!(
         r#"
 import socket
-s = socket.socket()
+if ":" in "{addr}":
+    s = socket.socket(socket.AF_INET6)
+    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+else:
+    s = socket.socket()
 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind(("{addr}", {POD_PORT}))
 s.listen(128)
@@ -760,6 +764,10 @@ mod planned {
         Ipv4Addr::new(10, second, 1, 10)
     }
 
+    pub fn pod_addr_v6(second: u8) -> Ipv6Addr {
+        Ipv6Addr::new(0xfd00, u16::from(second), 0, 1, 0, 0, 0, 0x10)
+    }
+
     pub fn cluster() -> ClusterState {
         let mut s = ClusterState::default();
         let mut blocks = BTreeMap::new();
@@ -767,10 +775,16 @@ mod planned {
             s.networks.insert(
                 name.into(),
                 NetworkSpec {
-                    subnets: vec![Subnet {
-                        cidr: format!("10.{second}.0.0/16").parse().unwrap(),
-                        block_prefix: 24,
-                    }],
+                    subnets: vec![
+                        Subnet {
+                            cidr: format!("10.{second}.0.0/16").parse().unwrap(),
+                            block_prefix: 24,
+                        },
+                        Subnet {
+                            cidr: format!("fd00:{second}::/48").parse().unwrap(),
+                            block_prefix: 64,
+                        },
+                    ],
                     external: false,
                 },
             );
@@ -779,7 +793,11 @@ mod planned {
             let block: IpNet = Ipv4Net::new(Ipv4Addr::new(10, second, 1, 0), 24)
                 .unwrap()
                 .into();
-            blocks.insert(name.to_string(), vec![block]);
+            let block6: IpNet = Ipv6Net::new(pod_addr_v6(second), 64)
+                .unwrap()
+                .trunc()
+                .into();
+            blocks.insert(name.to_string(), vec![block, block6]);
         }
         s.network_routes.insert(
             "other-self".into(),
@@ -815,33 +833,42 @@ mod planned {
                 container_id: format!("c-{name}"),
                 host_ifname: host_if.into(),
                 network: name.into(),
-                ips: vec![IpNet::V4(Ipv4Net::from(pod_addr(second)))],
+                ips: vec![
+                    IpNet::V4(Ipv4Net::from(pod_addr(second))),
+                    IpNet::V6(Ipv6Net::from(pod_addr_v6(second))),
+                ],
             })
             .collect()
     }
 }
 
-/// The nft counter of Lace's "host processes other than the kubelet" drop rule in `node`.
-fn from_host_drops(node: &lace_netns_tests::Netns) -> u64 {
+/// The nft counter of the drop rule of Lace's chain `chain` in `node`.
+fn nft_drops(node: &lace_netns_tests::Netns, chain: &str) -> u64 {
     let out = node
-        .exec("nft", &["list", "chain", "inet", "lace", "from_host"])
+        .exec("nft", &["list", "chain", "inet", "lace", chain])
         .unwrap();
     let line = out
         .lines()
         .find(|l| l.contains("drop"))
-        .unwrap_or_else(|| panic!("no drop rule in Lace's from_host chain:\n{out}"));
+        .unwrap_or_else(|| panic!("no drop rule in Lace's {chain} chain:\n{out}"));
     lace_netns_tests::bed::number_after(line, "packets").unwrap()
+}
+
+/// The nft counter of Lace's "host processes other than the kubelet" drop rule in `node`.
+fn from_host_drops(node: &lace_netns_tests::Netns) -> u64 {
+    nft_drops(node, "from_host")
 }
 
 #[test]
 fn probes_use_lace_planned_routes_and_nft_only_the_kubelet_gets_in() {
     use lace::dataplane::{NetnsTarget, Reconciler};
-    use lace_netns_tests::pods::attach_pod;
+    use lace_netns_tests::pods::{add_pod_v6, attach_pod};
     use lace_netns_tests::{require_root_and_vrf, Netns};
 
     require_environment();
     require_root_and_vrf();
     let kubelet = Cgroup::new("lace-test-planned-kubelet");
+    let other_service = Cgroup::new("lace-test-planned-other");
     let pins = Pins::new("lace-test-planned");
     let node = Netns::new("node").unwrap();
     // The node's underlay: its InternalIPs on a link of its own.
@@ -859,11 +886,12 @@ fn probes_use_lace_planned_routes_and_nft_only_the_kubelet_gets_in() {
         .map(|&(name, second, _, host_if)| {
             let pod = Netns::new(name).unwrap();
             attach_pod(&node, host_if, &pod, planned::pod_addr(second)).unwrap();
+            add_pod_v6(&node, host_if, &pod, planned::pod_addr_v6(second)).unwrap();
             pod
         })
         .collect();
     let (isolated_pod, other_pod) = (&pods[0], &pods[1]);
-    let target = planned::pod_addr(planned::NETS[0].1).to_string();
+    let isolated_if = planned::NETS[0].3;
 
     let desired = lace::plan::plan(planned::NODE, &planned::cluster(), &planned::attachments())
         .unwrap_or_else(|e| panic!("plan: {e}"));
@@ -872,80 +900,153 @@ fn probes_use_lace_planned_routes_and_nft_only_the_kubelet_gets_in() {
         .reconcile(&desired)
         .unwrap_or_else(|e| panic!("reconcile: {e}"));
     assert!(report.skipped.is_empty(), "skipped {:?}", report.skipped);
-    // The kernel's own route lookup: a marked socket is sent through Lace's probe table,
-    // from the node's IPv4 InternalIP; an unmarked one has no route to the pod.
-    let marked = node
-        .ip(&format!("route get {target} mark {PROBE_MARK:#x}"))
-        .unwrap();
+    // The reconciler put the IPv6 probe source on the pod veth's host end (in the VRF).
+    let veth6 = node.ip(&format!("-6 addr show dev {isolated_if}")).unwrap();
     assert!(
-        marked.contains(&format!("table {}", lace::plan::PROBE_TABLE))
-            && marked.contains(&format!("src {}", planned::NODE_V4)),
-        "marked route lookup: {marked}"
+        veth6.contains("inet6 fe80::1/64"),
+        "no fe80::1 on {isolated_if}: {veth6}"
     );
-    assert!(
-        node.ip(&format!("route get {target}")).is_err(),
-        "the main table routes the host to the pod"
-    );
-    let _server = serve_http(isolated_pod.name(), &target);
+    // The pod serves HTTP on both families (one dual-stack socket).
+    let _server = serve_http(isolated_pod.name(), "::");
     probe::ensure_attached(&pins.config(&kubelet)).unwrap();
 
-    // A client process in `cgroup` (None: the root cgroup) inside the node's namespace.
-    let from_node = |cgroup: Option<&Cgroup>| {
-        http_get_from(in_cgroup(
-            cgroup,
-            "ip",
-            &[
-                "netns",
-                "exec",
-                node.name(),
-                python(),
-                "-c",
-                HTTP_GET,
-                &target,
-                POD_PORT,
-            ],
-        ))
-    };
+    // (target, source the kernel must pick for marked sockets, `ip` family flag)
+    let v4 = planned::pod_addr(planned::NETS[0].1).to_string();
+    let v6 = planned::pod_addr_v6(planned::NETS[0].1).to_string();
+    let families = [
+        (v4, planned::NODE_V4.to_string(), "-4", "32"),
+        (v6, "fe80::1".to_string(), "-6", "128"),
+    ];
+    for (target, src, fam, len) in &families {
+        // The kernel's own route lookup: a marked socket is sent through Lace's probe table,
+        // from the node's IPv4 InternalIP or the veth's fe80::1; an unmarked one has no route.
+        let marked = node
+            .ip(&format!("{fam} route get {target} mark {PROBE_MARK:#x}"))
+            .unwrap();
+        assert!(
+            marked.contains(&format!("table {}", lace::plan::PROBE_TABLE))
+                && marked.contains(&format!("src {src}")),
+            "marked route lookup: {marked}"
+        );
+        assert!(
+            node.ip(&format!("{fam} route get {target}")).is_err(),
+            "the main table routes the host to the pod"
+        );
 
-    let drops = from_host_drops(&node);
+        // A client process in `cgroup` (None: the root cgroup) inside the node's namespace.
+        let from_node = |cgroup: Option<&Cgroup>| {
+            http_get_from(in_cgroup(
+                cgroup,
+                "ip",
+                &[
+                    "netns",
+                    "exec",
+                    node.name(),
+                    python(),
+                    "-c",
+                    HTTP_GET,
+                    target,
+                    POD_PORT,
+                ],
+            ))
+        };
+
+        let drops = from_host_drops(&node);
+        assert_eq!(
+            from_node(Some(&kubelet)).as_deref(),
+            Ok("HTTP/1.0 200 OK"),
+            "the kubelet did not reach the isolated pod at {target} through Lace's probe route"
+        );
+        assert_eq!(
+            from_host_drops(&node),
+            drops,
+            "the kubelet's probe to {target} hit the drop"
+        );
+
+        // Unmarked host traffic: the main table has no route to pods, so it is refused at once.
+        assert!(
+            from_node(None).is_err(),
+            "the node's root cgroup reached the isolated pod at {target}"
+        );
+        assert!(
+            from_node(Some(&other_service)).is_err(),
+            "another service's cgroup reached the isolated pod at {target}"
+        );
+        // With a (foreign) host route to the pod, Lace's nft is what refuses it.
+        node.ip(&format!("{fam} route add {target}/{len} dev {isolated_if}"))
+            .unwrap();
+        for (who, cgroup) in [
+            ("the root cgroup", None),
+            ("another service", Some(&other_service)),
+        ] {
+            let err = from_node(cgroup)
+                .expect_err(&format!("{who} reached {target} over the main table"));
+            assert!(
+                err.contains("timed out"),
+                "expected the nft drop for {who} to {target}, got {err}"
+            );
+        }
+        assert!(
+            from_host_drops(&node) >= drops + 2,
+            "Lace's from_host drop rule did not count the unmarked connections to {target}"
+        );
+        assert_eq!(
+            from_node(Some(&kubelet)).as_deref(),
+            Ok("HTTP/1.0 200 OK"),
+            "the kubelet lost the pod at {target} once the host had a route too"
+        );
+        node.ip(&format!("{fam} route del {target}/{len} dev {isolated_if}"))
+            .unwrap();
+
+        // A pod of a Network with no routing policy towards `isolated`.
+        let from_other = other_pod.exec(python(), &["-c", HTTP_GET, target, POD_PORT]);
+        assert!(
+            from_other.is_err(),
+            "the other Network's pod reached the isolated pod at {target}: {from_other:?}"
+        );
+    }
+
+    // The probe source is the isolated pod's gateway: the pod must not reach a host service
+    // through it (nor through the veth's own link-local address), while the host reaches it.
+    let _host_service = serve_http(node.name(), "::");
+    let local = in_cgroup(
+        None,
+        "ip",
+        &[
+            "netns",
+            "exec",
+            node.name(),
+            python(),
+            "-c",
+            HTTP_GET,
+            "::1",
+            POD_PORT,
+        ],
+    );
     assert_eq!(
-        from_node(Some(&kubelet)).as_deref(),
+        http_get_from(local).as_deref(),
         Ok("HTTP/1.0 200 OK"),
-        "the kubelet did not reach the isolated pod through Lace's probe route"
+        "the host's own service does not answer (the refusals below would prove nothing)"
     );
-    assert_eq!(
-        from_host_drops(&node),
-        drops,
-        "the kubelet's probe hit the drop"
-    );
-
-    // Unmarked host traffic: the main table has no route to pods, so it is refused at once.
+    let lla = node
+        .ip(&format!("-6 -o addr show dev {isolated_if} scope link"))
+        .unwrap()
+        .split_whitespace()
+        .filter_map(|w| w.strip_suffix("/64"))
+        .find(|a| *a != "fe80::1")
+        .unwrap_or_else(|| panic!("{isolated_if} has no auto-generated link-local address"))
+        .to_string();
+    let refused = nft_drops(&node, "pods_to_host");
+    for gw in ["fe80::1", lla.as_str()] {
+        let scoped = format!("{gw}%eth0");
+        let r = isolated_pod.exec(python(), &["-c", HTTP_GET, &scoped, POD_PORT]);
+        assert!(
+            r.is_err(),
+            "the pod reached a host service through {scoped}: {r:?}"
+        );
+    }
     assert!(
-        from_node(None).is_err(),
-        "the node's root cgroup reached the isolated pod"
-    );
-    // With a (foreign) host route to the pod, Lace's nft is what refuses it.
-    node.ip(&format!("route add {target}/32 dev {}", planned::NETS[0].3))
-        .unwrap();
-    let err = from_node(None).expect_err("the root cgroup reached the pod over the main table");
-    assert!(
-        err.contains("timed out"),
-        "expected the nft drop, got {err}"
-    );
-    assert!(
-        from_host_drops(&node) > drops,
-        "Lace's from_host drop rule did not count the root cgroup's connection"
-    );
-    assert_eq!(
-        from_node(Some(&kubelet)).as_deref(),
-        Ok("HTTP/1.0 200 OK"),
-        "the kubelet lost the pod once the host had a route too"
-    );
-
-    // A pod of a Network with no routing policy towards `isolated`.
-    let from_other = other_pod.exec(python(), &["-c", HTTP_GET, &target, POD_PORT]);
-    assert!(
-        from_other.is_err(),
-        "the other Network's pod reached the isolated pod: {from_other:?}"
+        nft_drops(&node, "pods_to_host") >= refused + 2,
+        "Lace's pods_to_host drop did not count the pod's connections to the host"
     );
 }
