@@ -391,32 +391,45 @@ fn only_the_kubelet_cgroup_reaches_a_pod_in_a_vrf() {
     sh(&format!("ip route del {POD_IP}/32 dev lace-pt-h0"));
 }
 
-/// A process in `cgroup` that probes the pod every 50 ms until `stop` exists, then prints
-/// "ok=N fail=M".
-fn probe_loop(cgroup: &Cgroup, stop: &Path) -> (Child, BufReader<ChildStdout>) {
+/// A process in `cgroup` (inside network namespace `netns`, if given) that probes each of
+/// `targets` on [`POD_PORT`] every 50 ms until `stop` exists, then prints "ok=N fail=M".
+fn probe_loop(
+    cgroup: &Cgroup,
+    netns: Option<&str>,
+    targets: &[&str],
+    stop: &Path,
+) -> (Child, BufReader<ChildStdout>) {
     let script = format!(
         r#"
-import os, socket, time
+import os, socket, sys, time
 ok = fail = 0
-while not os.path.exists("{stop}"):
-    try:
-        s = socket.create_connection(("{POD_IP}", {POD_PORT}), timeout=1)
-        s.sendall(b"GET / HTTP/1.0\r\n\r\n")
-        if s.recv(100).startswith(b"HTTP/1.0 200"):
-            ok += 1
-        else:
+while not os.path.exists(sys.argv[1]):
+    for target in sys.argv[2:]:
+        try:
+            s = socket.create_connection((target, {POD_PORT}), timeout=1)
+            s.sendall(b"GET / HTTP/1.0\r\n\r\n")
+            if s.recv(100).startswith(b"HTTP/1.0 200"):
+                ok += 1
+            else:
+                fail += 1
+            s.close()
+        except OSError:
             fail += 1
-        s.close()
-    except OSError:
-        fail += 1
-    if ok + fail == 1:
-        print("started", flush=True)
+        if ok + fail == 1:
+            print("started", flush=True)
     time.sleep(0.05)
 print("ok=%d fail=%d" % (ok, fail))
-"#,
-        stop = stop.display()
+"#
     );
-    let mut child = in_cgroup(Some(cgroup), python(), &["-c", &script])
+    let stop = stop.to_str().unwrap();
+    let mut args: Vec<&str> = Vec::new();
+    if let Some(ns) = netns {
+        args.extend(["netns", "exec", ns, python()]);
+    }
+    args.extend(["-c", &script, stop]);
+    args.extend(targets);
+    let program = if netns.is_some() { "ip" } else { python() };
+    let mut child = in_cgroup(Some(cgroup), program, &args)
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -458,7 +471,7 @@ fn agent_restarts_keep_the_pinned_link_and_probes_never_fail() {
 
     let stop = std::env::temp_dir().join("lace-probe-loop-stop");
     let _ = std::fs::remove_file(&stop);
-    let probes = probe_loop(&kubelet, &stop);
+    let probes = probe_loop(&kubelet, None, &[POD_IP], &stop);
     let sockets = MarkLoop::start(&kubelet, "restart");
     // Each call is what a restarted agent does; the loader's fds are gone after each.
     for _ in 0..3 {
@@ -952,11 +965,20 @@ fn probes_use_lace_planned_routes_and_nft_only_the_kubelet_gets_in() {
         };
 
         let drops = from_host_drops(&node);
-        assert_eq!(
-            from_node(Some(&kubelet)).as_deref(),
-            Ok("HTTP/1.0 200 OK"),
-            "the kubelet did not reach the isolated pod at {target} through Lace's probe route"
-        );
+        let reached = from_node(Some(&kubelet));
+        if reached.as_deref() != Ok("HTTP/1.0 200 OK") {
+            let diag = |ns: &Netns, cmd: &str| format!("{cmd}: {:?}", ns.ip(cmd));
+            panic!(
+                "the kubelet did not reach the isolated pod at {target} through Lace's probe \
+                 route: {reached:?}\n{}\n{}\n{}\n{}\n{}\n{:?}",
+                diag(&node, &format!("-6 neigh show dev {isolated_if}")),
+                diag(&node, &format!("-6 addr show dev {isolated_if}")),
+                diag(isolated_pod, "-6 addr show"),
+                diag(isolated_pod, "-6 route show"),
+                diag(isolated_pod, "-6 neigh show"),
+                node.exec("nft", &["list", "table", "inet", "lace"]),
+            );
+        }
         assert_eq!(
             from_host_drops(&node),
             drops,
@@ -1049,4 +1071,169 @@ fn probes_use_lace_planned_routes_and_nft_only_the_kubelet_gets_in() {
         nft_drops(&node, "pods_to_host") >= refused + 2,
         "Lace's pods_to_host drop did not count the pod's connections to the host"
     );
+}
+
+mod cni_bed;
+
+/// The agent log written since byte `from` (each start appends to the same file).
+fn log_since(bed: &cni_bed::Bed, from: usize) -> String {
+    bed.log().get(from..).unwrap_or_default().to_string()
+}
+
+/// Restarts the real `lace-agent` (killed, then started with `bed.agent_args`) and returns
+/// what it logged while starting.
+fn restart_agent(bed: &mut cni_bed::Bed) -> String {
+    bed.kill_agent();
+    let from = bed.log().len();
+    bed.start_agent();
+    log_since(bed, from)
+}
+
+#[test]
+fn real_agent_restarts_keep_kubelet_probes_working_over_both_families() {
+    require_environment();
+    let pin_dir = PathBuf::from(probe::DEFAULT_PIN_DIR);
+    assert!(
+        probe::pinned_link(&pin_dir).ok().flatten().is_none(),
+        "a kubelet probe link is pinned in {} already: this test does not touch a real \
+         installation (run it in the VM)",
+        pin_dir.display()
+    );
+    let _pins = Pins(pin_dir.clone());
+    let kubelet = Cgroup::new("lace-test-agent-kubelet");
+    let moved = Cgroup::new("lace-test-agent-kubelet-moved");
+    let mut bed = cni_bed::Bed::for_node("pr", cni_bed::NODE);
+    let node = bed.node.0.clone();
+    // node-1's IPv4 InternalIP (examples/cluster), the source of IPv4 probes.
+    cni_bed::ip(&["-n", &node, "addr", "add", "192.168.0.11/24", "dev", "up0"]);
+    let with_cgroup = |cgroup: &Cgroup, release: bool| {
+        vec![
+            "--kubelet-cgroup-path".to_string(),
+            cgroup.0.display().to_string(),
+            "--release-pinned-maps".to_string(),
+            release.to_string(),
+        ]
+    };
+    bed.agent_args = with_cgroup(&kubelet, false);
+    bed.start_agent();
+    let first = probe::pinned_link(&pin_dir)
+        .unwrap()
+        .unwrap_or_else(|| panic!("the agent pinned no link:\n{}", bed.log()));
+    assert!(
+        bed.log()
+            .contains("kubelet probe program attached and pinned"),
+        "{}",
+        bed.log()
+    );
+
+    // A pod added through the real plugin; the agent's reconciler installs its probe routes.
+    let pod = cni_bed::Ns::new(format!("lace-ct-p-{}", bed.tag));
+    let result = bed.add("ctr-probe", &pod);
+    let addrs: Vec<String> = cni_bed::addresses(&result)
+        .iter()
+        .map(|a| a.split('/').next().unwrap().to_string())
+        .collect();
+    assert_eq!(addrs.len(), 2, "{result}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let probe_routes = cni_bed::ip(&[
+            "-n",
+            &node,
+            "-6",
+            "route",
+            "show",
+            "table",
+            &lace::plan::PROBE_TABLE.to_string(),
+        ]);
+        if probe_routes.contains(&format!("{} dev", addrs[1]))
+            && probe_routes.contains("src fe80::1")
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no IPv6 probe route from fe80::1 for {}: {probe_routes}\n{}",
+            addrs[1],
+            bed.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let _server = serve_http(&pod.0, "::");
+    let get = |cgroup: &Cgroup, target: &str| {
+        http_get_from(in_cgroup(
+            Some(cgroup),
+            "ip",
+            &[
+                "netns",
+                "exec",
+                &node,
+                python(),
+                "-c",
+                HTTP_GET,
+                target,
+                POD_PORT,
+            ],
+        ))
+    };
+    for a in &addrs {
+        assert_eq!(
+            get(&kubelet, a).as_deref(),
+            Ok("HTTP/1.0 200 OK"),
+            "the kubelet does not reach the pod at {a}"
+        );
+    }
+
+    let stop = std::env::temp_dir().join("lace-agent-probe-loop-stop");
+    let _ = std::fs::remove_file(&stop);
+    let targets: Vec<&str> = addrs.iter().map(String::as_str).collect();
+    let probes = probe_loop(&kubelet, Some(&node), &targets, &stop);
+    // Plain restarts: the pinned link is reused as it is.
+    for _ in 0..2 {
+        let log = restart_agent(&mut bed);
+        assert!(
+            log.contains("kubelet probe link is current, reusing it"),
+            "{log}"
+        );
+        assert_eq!(
+            probe::pinned_link(&pin_dir).unwrap().map(|l| l.id),
+            Some(first.id)
+        );
+    }
+    // node.releasePinnedMaps=true: a fresh link replaces the pinned one, and the log says so.
+    bed.agent_args = with_cgroup(&kubelet, true);
+    let log = restart_agent(&mut bed);
+    assert!(log.contains("node.releasePinnedMaps"), "{log}");
+    let released = probe::pinned_link(&pin_dir).unwrap().map(|l| l.id);
+    assert!(
+        released.is_some() && released != Some(first.id),
+        "releasePinnedMaps kept link {} ({released:?})",
+        first.id
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    let (ok, fail) = finish_probe_loop(probes, &stop);
+    assert_eq!(
+        fail,
+        0,
+        "probes failed across agent restarts ({ok} succeeded)\n{}",
+        bed.log()
+    );
+    assert!(ok >= 10, "the probe loop barely ran ({ok} probes)");
+
+    // A changed kubeletCgroupPath takes effect at the next start: the new cgroup's processes
+    // reach the pod, the old one's no longer do.
+    bed.agent_args = with_cgroup(&moved, false);
+    let log = restart_agent(&mut bed);
+    assert!(log.contains("kubelet cgroup changed"), "{log}");
+    for a in &addrs {
+        assert_eq!(
+            get(&moved, a).as_deref(),
+            Ok("HTTP/1.0 200 OK"),
+            "the kubelet in its new cgroup does not reach the pod at {a}"
+        );
+        assert!(
+            get(&kubelet, a).is_err(),
+            "the old kubelet cgroup still reaches the pod at {a}"
+        );
+    }
+    bed.kill_agent();
 }
