@@ -920,16 +920,6 @@ fn probes_use_lace_planned_routes_and_nft_only_the_kubelet_gets_in() {
     // an up veth cycles it).
     for (pod, &(_, second, _, host_if)) in pods.iter().zip(&planned::NETS) {
         add_pod_v6(&node, host_if, pod, planned::pod_addr_v6(second)).unwrap();
-        // A static neighbour for the pod, as tests/vm/datapath.sh has: in this harness the
-        // host's neighbour solicitation for the pod stayed INCOMPLETE (not understood yet; the
-        // CNI bed's pods, in the restart test below, resolve without one).
-        let mac = pod.exec("cat", &["/sys/class/net/eth0/address"]).unwrap();
-        node.ip(&format!(
-            "-6 neigh replace {} lladdr {} dev {host_if} nud permanent",
-            planned::pod_addr_v6(second),
-            mac.trim()
-        ))
-        .unwrap();
     }
     // The reconciler put the IPv6 probe source on the pod veth's host end (in the VRF).
     let veth6 = node.ip(&format!("-6 addr show dev {isolated_if}")).unwrap();

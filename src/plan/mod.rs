@@ -926,6 +926,14 @@ fn build_nft(
         false,
         "Lace VRF devices: traffic from local pods enters through them",
     );
+    let mut link_scope = Set::new(
+        "link_scope_v6",
+        "ipv6_addr",
+        true,
+        "IPv6 destinations a pod's packet never leaves its veth for",
+    );
+    link_scope.add("fe80::/10".into(), None, "link-local unicast");
+    link_scope.add("ff00::/8".into(), None, "multicast");
     let mut cluster = [
         Set::new(
             "cluster_v4",
@@ -1093,6 +1101,15 @@ fn build_nft(
         "ip6 daddr @local_sids ip6 saddr != @node_underlays counter drop",
         "SRv6 ingress guard: a SID is a door into a VRF, only nodes may knock",
     );
+    // The VRF driver runs some packets from pods through prerouting a second time, with the VRF
+    // as input device, among them the neighbour advertisements answering the host: they are
+    // untracked, so from_pods would drop them and the host could not resolve IPv6 pods
+    // (verified in a VM). Link-local and multicast destinations are never forwarded; the input
+    // chain polices what of them reaches the host.
+    prerouting.rule(
+        "iifname @vrfs ip6 daddr @link_scope_v6 accept",
+        "link-local and multicast from pods: never forwarded, policed in input (pods_to_host)",
+    );
     prerouting.rule(
         "iifname @vrfs jump from_pods",
         "connections opened by local pods",
@@ -1226,12 +1243,10 @@ fn build_nft(
     // The VRF driver keeps link-local and multicast packets strict to their veth: they skip the
     // VRF's own prerouting pass (so from_pods never sees them) and reach the host's sockets
     // through the l3mdev_accept sysctls. Their input device is the VRF.
-    for dst in ["fe80::/10", "ff00::/8"] {
-        input.rule(
-            format!("iifname @vrfs ip6 daddr {dst} jump pods_to_host"),
-            "pods towards the host over their veth",
-        );
-    }
+    input.rule(
+        "iifname @vrfs ip6 daddr @link_scope_v6 jump pods_to_host",
+        "pods towards the host over their veth",
+    );
     let mut pods_to_host = Chain {
         name: "pods_to_host".into(),
         hook: None,
@@ -1243,6 +1258,12 @@ fn build_nft(
         "ct state established,related accept",
         "replies to IPv6 kubelet probes (sent from fe80::1)",
     );
+    for t in ["nd-neighbor-solicit", "nd-neighbor-advert"] {
+        pods_to_host.rule(
+            format!("icmpv6 type {t} accept"),
+            "neighbour discovery: the host resolves its pods' addresses (untracked by conntrack)",
+        );
+    }
     pods_to_host.rule(
         "counter drop",
         "pods reach no host service through their gateway fe80::1 or the veth's link-local address",
@@ -1283,7 +1304,7 @@ fn build_nft(
     let [b4, b6] = backend_sets;
     nft::Ruleset {
         sets: vec![
-            underlays, sids, vrfs, c4, c6, p4, p6, e4, e6, s4, s6, x4, x6, b4, b6,
+            underlays, sids, vrfs, link_scope, c4, c6, p4, p6, e4, e6, s4, s6, x4, x6, b4, b6,
         ],
         // Jump targets first, so every chain a rule jumps to is already declared.
         chains: vec![

@@ -37,7 +37,9 @@ ip -n n2 addr add 198.51.100.2/24 dev eth-u
 ip -n n2 route add default via 198.51.100.1
 
 # A pod: its own namespace, a veth whose host end is enslaved to the Network's VRF, static
-# neighbours both ways and a default route via a link-local gateway (the CNI's job later).
+# neighbours for the gateways in the pod (as the CNI writes them) and for IPv4 on the host,
+# and a default route via a link-local gateway. The host resolves IPv6 pods by neighbour
+# discovery, as with the CNI.
 mkpod() { # NODE IFNAME VRF IPV4 [IPV6]
   local node=$1 ifn=$2 vrf=$3 ip4=$4 ip6=${5:-} p=p-$2
   ip netns del $p 2>/dev/null; ip netns add $p; ip -n $p link set lo up
@@ -55,7 +57,6 @@ mkpod() { # NODE IFNAME VRF IPV4 [IPV6]
     ip -n $p -6 addr add $ip6/128 dev eth0 nodad
     ip -n $p -6 neigh add fe80::1 lladdr $hmac dev eth0
     ip -n $p -6 route add default via fe80::1 dev eth0
-    ip -n $node -6 neigh add $ip6 lladdr $pmac dev $ifn
   fi
 }
 export -f mkpod
