@@ -24,7 +24,8 @@
 //!
 //! ## Order and failure
 //! [`diff::diff`] orders operations so nothing opens or black-holes mid-change: VRFs and pod
-//! enslavement (then the pod veths' link-local probe source: enslaving drops it), the nft table (swapped atomically, always before routes that would open a
+//! enslavement, then the pod veths' link-local probe source (enslaving drops it), the nft
+//! table (swapped atomically, always before routes that would open a
 //! path; its `ct` expressions load conntrack, whose sysctl comes next), sysctls, `ip sr
 //! tunsrc`, rules, routes added or replaced, and only then the deletions (routes, rules,
 //! VRFs). When a Network is removed, its VRF's routes go after the new ruleset no longer

@@ -1101,11 +1101,11 @@ fn build_nft(
         "ip6 daddr @local_sids ip6 saddr != @node_underlays counter drop",
         "SRv6 ingress guard: a SID is a door into a VRF, only nodes may knock",
     );
-    // The VRF driver runs some packets from pods through prerouting a second time, with the VRF
-    // as input device, among them the neighbour advertisements answering the host: they are
-    // untracked, so from_pods would drop them and the host could not resolve IPv6 pods
-    // (verified in a VM). Link-local and multicast destinations are never forwarded; the input
-    // chain polices what of them reaches the host.
+    // The VRF driver runs a pod's neighbour discovery frames through prerouting a second time
+    // with the VRF as input device, untracked (vrf_ip6_rcv): from_pods would drop the
+    // advertisements answering the host, which then cannot resolve IPv6 pods (seen in a VM).
+    // Link-local and multicast destinations are never forwarded; the input chain polices what
+    // of them reaches the host.
     prerouting.rule(
         "iifname @vrfs ip6 daddr @link_scope_v6 accept",
         "link-local and multicast from pods: never forwarded, policed in input (pods_to_host)",
@@ -1240,9 +1240,10 @@ fn build_nft(
         comment: "local pods towards the host's link-local and multicast addresses".into(),
         rules: Vec::new(),
     };
-    // The VRF driver keeps link-local and multicast packets strict to their veth: they skip the
-    // VRF's own prerouting pass (so from_pods never sees them) and reach the host's sockets
-    // through the l3mdev_accept sysctls. Their input device is the VRF.
+    // Other packets from pods to link-local or multicast addresses get no second prerouting
+    // pass; they arrive here with the VRF as input device and reach even the host's unbound
+    // sockets through the l3mdev_accept sysctls. Neighbour discovery keeps the veth as input
+    // device, so it never comes here.
     input.rule(
         "iifname @vrfs ip6 daddr @link_scope_v6 jump pods_to_host",
         "pods towards the host over their veth",
@@ -1258,12 +1259,6 @@ fn build_nft(
         "ct state established,related accept",
         "replies to IPv6 kubelet probes (sent from fe80::1)",
     );
-    for t in ["nd-neighbor-solicit", "nd-neighbor-advert"] {
-        pods_to_host.rule(
-            format!("icmpv6 type {t} accept"),
-            "neighbour discovery: the host resolves its pods' addresses (untracked by conntrack)",
-        );
-    }
     pods_to_host.rule(
         "counter drop",
         "pods reach no host service through their gateway fe80::1 or the veth's link-local address",
