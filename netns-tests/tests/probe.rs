@@ -1144,15 +1144,13 @@ fn real_agent_restarts_keep_kubelet_probes_working_over_both_families() {
     assert_eq!(addrs.len(), 2, "{result}");
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let probe_routes = cni_bed::ip(&[
-            "-n",
-            &node,
-            "-6",
-            "route",
-            "show",
-            "table",
-            &lace::plan::PROBE_TABLE.to_string(),
-        ]);
+        // Until the first reconcile the table does not exist (`ip` fails): keep waiting.
+        let table = lace::plan::PROBE_TABLE.to_string();
+        let out = Command::new("ip")
+            .args(["-n", &node, "-6", "route", "show", "table", &table])
+            .output()
+            .unwrap();
+        let probe_routes = String::from_utf8_lossy(&out.stdout).into_owned();
         if probe_routes.contains(&format!("{} dev", addrs[1]))
             && probe_routes.contains("src fe80::1")
         {
