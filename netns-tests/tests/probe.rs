@@ -1241,5 +1241,43 @@ fn real_agent_restarts_keep_kubelet_probes_working_over_both_families() {
             "the old kubelet cgroup still reaches the pod at {a}"
         );
     }
+
+    // A kubeletCgroupPath that does not exist yet (the kubelet starts after the agent): the
+    // agent serves pods, says what it waits for, and attaches once the cgroup appears.
+    let late_path = PathBuf::from("/sys/fs/cgroup/lace-test-agent-kubelet-late");
+    remove_cgroup(&late_path);
+    bed.agent_args = vec![
+        "--kubelet-cgroup-path".to_string(),
+        late_path.display().to_string(),
+    ];
+    let from = bed.log().len();
+    bed.start_agent();
+    let log = log_since(&bed, from);
+    assert!(
+        log.contains("waits for the kubelet's cgroup") && log.contains("serving"),
+        "{log}"
+    );
+    let late = Cgroup::new("lace-test-agent-kubelet-late");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !log_since(&bed, from).contains("kubelet cgroup changed") {
+        assert!(
+            Instant::now() < deadline,
+            "the agent did not attach once {} appeared:\n{}",
+            late.0.display(),
+            log_since(&bed, from)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for a in &addrs {
+        assert_eq!(
+            get(&late, a).as_deref(),
+            Ok("HTTP/1.0 200 OK"),
+            "the kubelet in its late cgroup does not reach the pod at {a}"
+        );
+        assert!(
+            get(&moved, a).is_err(),
+            "the previous kubelet cgroup still reaches the pod at {a}"
+        );
+    }
     bed.kill_agent();
 }

@@ -76,14 +76,10 @@ pub async fn run(config: Config, dataplane: Arc<dyn Dataplane>) -> Result<(), Ag
     if let Some(cgroup) = &config.kubelet_cgroup {
         let mut probe = crate::probe::ProbeConfig::new(cgroup.clone());
         probe.release_pinned = config.release_pinned;
-        match tokio::task::spawn_blocking(move || crate::probe::ensure_attached(&probe)).await {
-            Ok(Ok(a)) => {
-                tracing::info!(outcome = ?a.outcome, link = a.link_id, "kubelet probe program attached")
-            }
-            Ok(Err(e)) => {
-                tracing::error!(error = %e, "kubelet probe program not attached: kubelet probes to pods will fail")
-            }
-            Err(e) => tracing::error!(error = %e, "kubelet probe attach task failed"),
+        // Attached before serving when the kubelet's cgroup exists; otherwise in the
+        // background once it appears (the kubelet may start after the agent).
+        if let Some(probe) = attach_probe_program(probe).await {
+            tokio::spawn(attach_once_cgroup_appears(probe));
         }
     }
 
@@ -185,6 +181,59 @@ fn install_plugin(config: &Config) -> bool {
 }
 
 /// Replays every DEL the plugin queued while the agent was unreachable, then removes it.
+/// Waits for the kubelet's cgroup, then attaches; again if it vanished in between.
+async fn attach_once_cgroup_appears(probe: crate::probe::ProbeConfig) {
+    let mut pending = Some(probe);
+    while let Some(probe) = pending.take() {
+        let path = probe.cgroup.clone();
+        let wait = tokio::task::spawn_blocking(move || loop {
+            match crate::probe::wait_for_cgroup(&path, CGROUP_WAIT_REPORT) {
+                Err(crate::probe::ProbeError::CgroupWaitTimedOut { waited, .. }) => {
+                    tracing::warn!(path = %path.display(), ?waited, "kubelet cgroup still missing: kubelet probes to pods fail until it appears");
+                }
+                other => return other,
+            }
+        });
+        match wait.await {
+            Ok(Ok(())) => pending = attach_probe_program(probe).await,
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "kubelet probe program not attached: kubelet probes to pods will fail")
+            }
+            Err(e) => tracing::error!(error = %e, "kubelet cgroup wait task failed"),
+        }
+    }
+}
+
+/// How often a still-missing kubelet cgroup is reported while the agent waits for it.
+const CGROUP_WAIT_REPORT: Duration = Duration::from_secs(60);
+
+/// Attaches (or reuses) the kubelet probe program. Returns the config back when the kubelet's
+/// cgroup does not exist yet, for the caller to retry once it appears; every other failure
+/// is logged (pods still get networks, only probes fail).
+async fn attach_probe_program(
+    probe: crate::probe::ProbeConfig,
+) -> Option<crate::probe::ProbeConfig> {
+    let attempt = probe.clone();
+    match tokio::task::spawn_blocking(move || crate::probe::ensure_attached(&attempt)).await {
+        Ok(Ok(a)) => {
+            tracing::info!(outcome = ?a.outcome, link = a.link_id, "kubelet probe program attached");
+            None
+        }
+        Ok(Err(e @ crate::probe::ProbeError::CgroupMissing { .. })) => {
+            tracing::warn!(error = %e, "kubelet probe program waits for the kubelet's cgroup");
+            Some(probe)
+        }
+        Ok(Err(e)) => {
+            tracing::error!(error = %e, "kubelet probe program not attached: kubelet probes to pods will fail");
+            None
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "kubelet probe attach task failed");
+            None
+        }
+    }
+}
+
 async fn replay_del_queue(agent: &Arc<Agent>, dir: &Path) -> Result<(), AgentError> {
     for (path, req) in del_queue::pending(dir)? {
         if req.command != Command::Del {
