@@ -7,11 +7,14 @@
 # the agent's memory. Not part of scripts/test.sh.
 #
 # usage: netns-tests/bench-cni.sh [--pods N] [--concurrent N] [--rss-pods N]
-#                                 [--plugins lace,ptp,bridge] [with-kernel.sh options...]
+#                                 [--plugins lace,ptp,bridge] [--before DIR]
+#                                 [with-kernel.sh options...]
 #   --pods        sequential pods per plugin (default 200)
 #   --concurrent  pods added at once per plugin (default 50)
 #   --rss-pods    pods attached to Lace for the agent's memory reading (default 500)
 #   --plugins     which plugins to measure (default lace,ptp,bridge)
+#   --before DIR  also measure the `lace` and `lace-agent` in DIR (an older release build,
+#                 e.g. copied from target/release before a change) as "lace (before)"
 #   e.g. netns-tests/bench-cni.sh --pods 50 --concurrent 10 --rss-pods 100 -t 900
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -22,6 +25,7 @@ while [ $# -gt 0 ]; do
     --concurrent) ENVS+=("LACE_BENCH_CONCURRENT=${2:?--concurrent needs a number}"); shift 2;;
     --rss-pods) ENVS+=("LACE_BENCH_RSS_PODS=${2:?--rss-pods needs a number}"); shift 2;;
     --plugins) ENVS+=("LACE_BENCH_PLUGINS=${2:?--plugins needs a list}"); shift 2;;
+    --before) ENVS+=("LACE_BENCH_BEFORE_DIR=$(realpath "${2:?--before needs a directory}")"); shift 2;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0;;
     *) WITH+=("$1"); shift;;
   esac

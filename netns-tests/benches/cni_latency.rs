@@ -23,7 +23,8 @@
 //! default 200), `LACE_BENCH_CONCURRENT` (pods at once, default 50), `LACE_BENCH_RSS_PODS`
 //! (default 500), `LACE_BIN_DIR` (where `lace` and `lace-agent` are), `LACE_BENCH_CNI_DIR`
 //! (the reference plugins, default `/usr/lib/cni`), `LACE_BENCH_PLUGINS` (comma-separated
-//! subset of `lace,ptp,bridge`).
+//! subset of `lace,ptp,bridge`), `LACE_BENCH_BEFORE_DIR` (a directory with an older build's
+//! `lace` and `lace-agent`, measured as one more plugin, "lace (before)").
 
 #[path = "../tests/cni_bed/mod.rs"]
 mod cni_bed;
@@ -65,7 +66,7 @@ struct Exec {
 impl Plugin {
     /// Execs the plugin for `verb` on pod `id` in network namespace `netns`. Must run on a
     /// thread that entered the node namespace ([`in_netns`]).
-    fn exec(&self, verb: &str, id: &str, netns: &Path) -> Exec {
+    fn exec(&self, verb: &str, id: &str, pod_namespace: &str, netns: &Path) -> Exec {
         let mut cmd = Command::new(&self.binary);
         cmd.env_clear()
             .env("CNI_COMMAND", verb)
@@ -75,7 +76,7 @@ impl Plugin {
             .env(
                 "CNI_ARGS",
                 format!(
-                    "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={id};\
+                    "IgnoreUnknown=1;K8S_POD_NAMESPACE={pod_namespace};K8S_POD_NAME={id};\
                      K8S_POD_INFRA_CONTAINER_ID={id}"
                 ),
             )
@@ -102,9 +103,15 @@ impl Plugin {
         }
     }
 
-    /// Execs and insists on success (a failed ADD would make every number meaningless).
+    /// Execs for a pod in Kubernetes namespace `default` and insists on success (a failed
+    /// ADD would make every number meaningless).
     fn must(&self, verb: &str, id: &str, netns: &Path) -> Duration {
-        let e = self.exec(verb, id, netns);
+        self.must_in(verb, id, "default", netns)
+    }
+
+    /// [`Plugin::must`] for a pod in Kubernetes namespace `pod_namespace`.
+    fn must_in(&self, verb: &str, id: &str, pod_namespace: &str, netns: &Path) -> Duration {
+        let e = self.exec(verb, id, pod_namespace, netns);
         assert!(
             e.ok,
             "{} {verb} {id} failed after {:?}: {}",
@@ -126,11 +133,43 @@ fn in_netns<T: Send + 'static>(ns: &Path, f: impl FnOnce() -> T + Send + 'static
     .unwrap()
 }
 
-/// `count` fresh pod namespaces named `lace-b<tag>-<i>`.
-fn pod_namespaces(tag: &str, count: usize) -> Vec<Arc<Ns>> {
-    (0..count)
-        .map(|i| Arc::new(Ns::new(format!("lace-b{tag}-{i}"))))
-        .collect()
+/// `count` fresh pod namespaces `lace-b<tag>-<i>`, made with one `ip -batch` and deleted the
+/// same way when dropped (not timed; one `ip` exec each would take minutes under emulation).
+struct PodNamespaces(Vec<String>);
+
+impl PodNamespaces {
+    fn new(tag: &str, count: usize) -> Self {
+        let names: Vec<String> = (0..count).map(|i| format!("lace-b{tag}-{i}")).collect();
+        ip_batch(names.iter().map(|n| format!("netns add {n}")));
+        PodNamespaces(names)
+    }
+
+    fn path(&self, i: usize) -> PathBuf {
+        PathBuf::from(format!("/run/netns/{}", self.0[i]))
+    }
+}
+
+impl Drop for PodNamespaces {
+    fn drop(&mut self) {
+        ip_batch(self.0.iter().map(|n| format!("netns del {n}")));
+    }
+}
+
+/// `ip -force -batch -` with these commands.
+fn ip_batch(commands: impl Iterator<Item = String>) {
+    let mut child = Command::new("ip")
+        .args(["-force", "-batch", "-"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("ip");
+    let script: String = commands.map(|c| c + "\n").collect();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(script.as_bytes())
+        .unwrap();
+    assert!(child.wait().unwrap().success(), "ip -batch failed");
 }
 
 /// Pods attached to each plugin in one turn of the sequential run.
@@ -146,25 +185,25 @@ fn sequential(
     settle: &dyn Fn(),
     pods: usize,
 ) -> Vec<(Vec<Duration>, Vec<Duration>)> {
-    let namespaces: Vec<Vec<Arc<Ns>>> = (0..plugins.len())
-        .map(|i| pod_namespaces(&format!("s{i}"), pods))
+    let namespaces: Vec<PodNamespaces> = (0..plugins.len())
+        .map(|i| PodNamespaces::new(&format!("s{i}"), pods))
         .collect();
     let mut out: Vec<(Vec<Duration>, Vec<Duration>)> = vec![Default::default(); plugins.len()];
     for verb in ["ADD", "DEL"] {
         for first in (0..pods).step_by(TURN) {
             for (i, p) in plugins.iter().enumerate() {
-                let turn: Vec<(String, Arc<Ns>)> = (first..pods.min(first + TURN))
-                    .map(|k| (format!("s{i}-{k}"), Arc::clone(&namespaces[i][k])))
+                let turn: Vec<(String, PathBuf)> = (first..pods.min(first + TURN))
+                    .map(|k| (format!("s{i}-{k}"), namespaces[i].path(k)))
                     .collect();
                 let p2 = Arc::clone(p);
                 let samples = in_netns(&p.node, move || {
                     turn.iter()
-                        .map(|(id, ns)| p2.must(verb, id, Path::new(&ns.path())))
+                        .map(|(id, ns)| p2.must(verb, id, ns))
                         .collect::<Vec<_>>()
                 });
                 let (adds, dels) = &mut out[i];
                 if verb == "ADD" { adds } else { dels }.extend(samples);
-                if p.label == "lace" {
+                if p.label.starts_with("lace") {
                     settle();
                 }
             }
@@ -175,20 +214,19 @@ fn sequential(
 
 /// ADDs `pods` pods at once (one thread each, released together), then their DELs at once.
 fn concurrent(plugin: &Arc<Plugin>, tag: &str, pods: usize) -> (Vec<Duration>, Vec<Duration>) {
-    let namespaces = pod_namespaces(tag, pods);
+    let namespaces = PodNamespaces::new(tag, pods);
     let run_all = |verb: &'static str| -> Vec<Duration> {
         let barrier = Arc::new(std::sync::Barrier::new(pods));
-        let threads: Vec<_> = namespaces
-            .iter()
-            .enumerate()
-            .map(|(i, ns)| {
-                let (p, ns, barrier) = (Arc::clone(plugin), Arc::clone(ns), Arc::clone(&barrier));
+        let threads: Vec<_> = (0..pods)
+            .map(|i| {
+                let (p, ns, barrier) =
+                    (Arc::clone(plugin), namespaces.path(i), Arc::clone(&barrier));
                 let id = format!("{tag}-con-{i}");
                 let node = plugin.node.clone();
                 std::thread::spawn(move || {
                     in_netns(&node, move || {
                         barrier.wait();
-                        p.must(verb, &id, Path::new(&ns.path()))
+                        p.must(verb, &id, &ns)
                     })
                 })
             })
@@ -327,6 +365,23 @@ fn main() {
     let bed = Bed::new("bn");
     let agent_pid = bed.agent.as_ref().map(|c| c.id()).unwrap_or_default();
     let idle = memory_kib(agent_pid);
+    // An older build of Lace to compare with, in the same run: its own node, agent and
+    // state. `Bed` takes its binaries from `LACE_BIN_DIR` when it starts the agent.
+    let before = std::env::var_os("LACE_BENCH_BEFORE_DIR").map(|dir| {
+        let current = std::env::var_os("LACE_BIN_DIR");
+        std::env::set_var("LACE_BIN_DIR", dir);
+        let before = Bed::new("bb");
+        match current {
+            Some(c) => std::env::set_var("LACE_BIN_DIR", c),
+            None => std::env::remove_var("LACE_BIN_DIR"),
+        }
+        before
+    });
+    let agent_pids: Vec<u32> = [Some(&bed), before.as_ref()]
+        .into_iter()
+        .flatten()
+        .filter_map(|b| b.agent.as_ref().map(|c| c.id()))
+        .collect();
     let ref_dir = tempfile::tempdir().unwrap();
     let ptp_node = Ns::new(format!("lace-bn-ptp-{}", bed.tag));
     let bridge_node = Ns::new(format!("lace-bn-bridge-{}", bed.tag));
@@ -339,6 +394,15 @@ fn main() {
             cni_path: bed.p("bin"),
             conf: bed.netconf(json!({})).to_string().into_bytes(),
             node: PathBuf::from(bed.node.path()),
+        }));
+    }
+    if let Some(b) = &before {
+        plugins.push(Arc::new(Plugin {
+            label: "lace (before)",
+            binary: b.p("bin/lace"),
+            cni_path: b.p("bin"),
+            conf: b.netconf(json!({})).to_string().into_bytes(),
+            node: PathBuf::from(b.node.path()),
         }));
     }
     if wanted.contains(&"ptp") {
@@ -383,15 +447,20 @@ fn main() {
         .collect();
 
     let agent_cpu = || -> u64 {
-        // utime + stime of every thread (fields 14 and 15 of /proc/<pid>/stat, after the
-        // command name in parentheses).
-        let stat = std::fs::read_to_string(format!("/proc/{agent_pid}/stat")).unwrap_or_default();
-        let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-        let f: Vec<u64> = rest
-            .split_whitespace()
-            .filter_map(|x| x.parse().ok())
-            .collect();
-        f.get(10).copied().unwrap_or(0) + f.get(11).copied().unwrap_or(0)
+        // utime + stime of every thread of the agents (fields 14 and 15 of /proc/<pid>/stat,
+        // after the command name in parentheses).
+        agent_pids
+            .iter()
+            .map(|pid| {
+                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+                let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+                let f: Vec<u64> = rest
+                    .split_whitespace()
+                    .filter_map(|x| x.parse().ok())
+                    .collect();
+                f.get(10).copied().unwrap_or(0) + f.get(11).copied().unwrap_or(0)
+            })
+            .sum()
     };
     // Lace's agent goes on working after an answer (the dataplane reconcile): wait until it
     // has used no CPU for 300 ms (at most 10 s).
@@ -435,16 +504,15 @@ fn main() {
         });
     }
 
-    // Memory with many pods: attach them (8 at a time, not measured), read, detach.
+    // Memory with many pods: attach them (8 at a time, not measured) to the example's three
+    // pod Networks in turn, read, detach.
     let mut loaded = (0, 0);
     if let Some(lace) = plugins.iter().find(|p| p.label == "lace") {
         eprintln!("cni_latency: lace: {rss_pods} pods for the agent's RSS");
-        let namespaces = pod_namespaces("r", rss_pods);
+        let namespaces = PodNamespaces::new("r", rss_pods);
         let run = |verb: &'static str| {
-            let chunks: Vec<Vec<(usize, Arc<Ns>)>> = namespaces
-                .iter()
-                .cloned()
-                .enumerate()
+            let chunks: Vec<Vec<(usize, PathBuf)>> = (0..rss_pods)
+                .map(|i| (i, namespaces.path(i)))
                 .collect::<Vec<_>>()
                 .chunks(rss_pods.div_ceil(8).max(1))
                 .map(<[_]>::to_vec)
@@ -457,7 +525,9 @@ fn main() {
                     std::thread::spawn(move || {
                         in_netns(&node, move || {
                             for (i, ns) in chunk {
-                                p.must(verb, &format!("rss-{i}"), Path::new(&ns.path()));
+                                // Three Networks (one /24 per node each) hold 500 pods.
+                                let namespace = ["default", "kube-system", "team-a"][i % 3];
+                                p.must_in(verb, &format!("rss-{i}"), namespace, &ns);
                             }
                         })
                     })
@@ -485,11 +555,11 @@ fn main() {
     println!();
     let find = |plugin: &str, mode: &str| {
         rows.iter()
-            .find(|r| r.plugin.starts_with(plugin) && r.mode.ends_with(mode))
+            .find(|r| r.plugin == plugin && r.mode.ends_with(mode))
     };
     for mode in ["sequential", "concurrent"] {
         if let Some(lace) = find("lace", mode) {
-            let ratio = find("ptp", mode)
+            let ratio = find("ptp + host-local", mode)
                 .map(|ptp| format!("{:.2}", lace.add.0 / ptp.add.0))
                 .unwrap_or_else(|| "n/a".into());
             println!(
