@@ -404,7 +404,9 @@ fn unallocated_node_is_not_ready_until_allocated() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    bed.wait_for_conflist(Duration::from_secs(15));
+    // Generous: under emulation, with debug binaries (the agent copies a ~50 MB plugin) on
+    // a loaded machine, this took over 15 s.
+    bed.wait_for_conflist(Duration::from_secs(60));
     let (ok, out) = status(&bed);
     assert!(ok, "{out}");
     assert!(bed.http_get("/healthz").starts_with("HTTP/1.1 200"));
