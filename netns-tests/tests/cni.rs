@@ -27,8 +27,16 @@ fn lifecycle_add_check_del_del() {
     let a = Ns::new(format!("lace-ct-a-{}", bed.tag));
     let b = Ns::new(format!("lace-ct-b-{}", bed.tag));
 
-    let ra = bed.add("ctr-a", &a);
+    let first_a = bed.add("ctr-a", &a);
     let rb = bed.add("ctr-b", &b);
+    // A retried ADD (the runtime lost the answer) finds the first attempt's interfaces,
+    // replaces them and keeps the addresses.
+    let ra = bed.add("ctr-a", &a);
+    assert_eq!(addresses(&ra), addresses(&first_a), "{ra}");
+    assert_ne!(
+        ra["interfaces"][1]["mac"], first_a["interfaces"][1]["mac"],
+        "the pod side was not recreated: {ra}"
+    );
     assert_eq!(ra["cniVersion"], "1.1.0");
     let (ips_a, ips_b) = (addresses(&ra), addresses(&rb));
     assert_eq!(ips_a, ["10.244.64.1/32", "fd00:244:0:100::1/128"], "{ra}");
@@ -163,9 +171,17 @@ fn lifecycle_add_check_del_del() {
     bed.del("ctr-c", &a.path());
     let metrics = bed.metrics();
     assert!(
-        metrics.contains("lace_cni_requests_total{verb=\"ADD\",result=\"ok\"} 3"),
+        metrics.contains("lace_cni_requests_total{verb=\"ADD\",result=\"ok\"} 4"),
         "{metrics}"
     );
+    for phase in ["ipam", "pod", "host"] {
+        assert!(
+            metrics.contains(&format!(
+                "lace_cni_add_phase_seconds_count{{phase=\"{phase}\"}} 4\n"
+            )),
+            "{metrics}"
+        );
+    }
     assert!(
         metrics.contains("lace_cni_requests_total{verb=\"CHECK\",result=\"100\"} 2"),
         "{metrics}"
@@ -388,7 +404,9 @@ fn unallocated_node_is_not_ready_until_allocated() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    bed.wait_for_conflist(Duration::from_secs(15));
+    // Generous: under emulation, with debug binaries (the agent copies a ~50 MB plugin) on
+    // a loaded machine, this took over 15 s.
+    bed.wait_for_conflist(Duration::from_secs(60));
     let (ok, out) = status(&bed);
     assert!(ok, "{out}");
     assert!(bed.http_get("/healthz").starts_with("HTTP/1.1 200"));
@@ -410,7 +428,7 @@ fn veth_host_end_lands_in_the_agents_own_namespace() {
     let pod = Ns::new(format!("lace-ct-ownp-{tag}"));
     let pod_ns = Netns::open(std::path::Path::new(&pod.path())).unwrap();
     let node_ns = Netns::open(std::path::Path::new(&node.path())).unwrap();
-    futures::executor::block_on(node_ns.run(move |_| async move {
+    let created = futures::executor::block_on(node_ns.run(move |_| async move {
         let agent_ns = Netns::current()?;
         pod_ns
             .run(move |h| async move {
@@ -427,6 +445,10 @@ fn veth_host_end_lands_in_the_agents_own_namespace() {
             .await
     }))
     .unwrap();
+    assert!(
+        created,
+        "create_veth reported a name clash in fresh namespaces"
+    );
     let host = ip(&["-n", &node.0, "link", "show", "dev", "lp-owntest"]);
     assert!(
         host.contains("mtu 1400") && host.contains("02:00:00:00:00:01"),

@@ -22,6 +22,7 @@ PKGS=(
   python3                  # vmrun.sh: vmlinuz -> vmlinux; netns-tests/run: cargo JSON output
   cpio                     # vmrun.sh: initramfs archive
   kmod                     # vmrun.sh: modprobe --show-depends for the initramfs modules
+  containernetworking-plugins  # bench-cni.sh: the reference plugins (ptp, bridge, host-local in /usr/lib/cni)
 )
 
 if [ "$(id -u)" != 0 ]; then

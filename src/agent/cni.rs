@@ -19,6 +19,7 @@ use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
 
@@ -199,6 +200,7 @@ async fn add(agent: &Arc<Agent>, req: &Request) -> Result<CniResult, CniError> {
     let pod_ns = Netns::open(&netns_path).map_err(kernel)?;
     let _in_flight = agent.in_flight(&key);
 
+    let started = Instant::now();
     let record = {
         let agent = Arc::clone(agent);
         let (key, pod, network, blocks, host, netns_path) = (
@@ -216,9 +218,18 @@ async fn add(agent: &Arc<Agent>, req: &Request) -> Result<CniResult, CniError> {
         })
         .await?
     };
+    let ipam_took = started.elapsed();
 
     match plumb(agent, &key, &host, &pod_ns, &placement, &record.ips).await {
-        Ok((host_mac, pod_mac)) => {
+        Ok(Plumbed {
+            host_mac,
+            pod_mac,
+            pod_took,
+            host_took,
+        }) => {
+            agent.metrics.add_phase("ipam", ipam_took);
+            agent.metrics.add_phase("pod", pod_took);
+            agent.metrics.add_phase("host", host_took);
             tracing::info!(
                 pod = %pod, container = %key.container_id, ifname = %key.ifname, host = %host,
                 network = %placement.network, ips = ?record.ips, "ADD"
@@ -246,7 +257,16 @@ async fn add(agent: &Arc<Agent>, req: &Request) -> Result<CniResult, CniError> {
     }
 }
 
-/// Creates and configures the veth pair; returns the MACs of the host and pod sides.
+/// What [`plumb`] made: the MACs of the host and pod sides, and how long the pod-side and
+/// host-side phases took.
+struct Plumbed {
+    host_mac: String,
+    pod_mac: String,
+    pod_took: Duration,
+    host_took: Duration,
+}
+
+/// Creates and configures the veth pair.
 async fn plumb(
     agent: &Arc<Agent>,
     key: &AttachmentKey,
@@ -254,39 +274,31 @@ async fn plumb(
     pod_ns: &Netns,
     placement: &Placement,
     ips: &[IpNet],
-) -> Result<(String, String), CniError> {
-    // A retried ADD may find the previous attempt's interfaces: start clean.
-    let h = host.to_owned();
-    agent
-        .node_ns
-        .run(move |nl| async move { netns::delete_link(&nl, &h).await })
-        .await
-        .map_err(kernel)?;
-
-    let mtu = agent.pod_mtu();
-    let mac = host_mac(&key.container_id, &key.ifname);
-    let (ifname, h, ips_v, node_ns) = (
-        key.ifname.clone(),
-        host.to_owned(),
-        ips.to_vec(),
-        agent.node_ns.clone(),
-    );
-    let pod_mac = pod_ns
-        .run(move |nl| async move {
-            netns::delete_link(&nl, &h).await?;
-            netns::delete_link(&nl, &ifname).await?;
-            netns::create_veth(&nl, &ifname, &h, mtu, mac, &node_ns).await?;
-            let pod_link = netns::configure_pod_side(&nl, &ifname, &ips_v, &mac).await?;
-            Ok(netns::format_mac(
-                netns::link_mac(&pod_link).unwrap_or_default(),
-            ))
-        })
-        .await
-        .map_err(kernel)?;
-    let host_mac = netns::format_mac(&mac);
+) -> Result<Plumbed, CniError> {
+    let started = Instant::now();
+    // The common case creates the pair straight away. A retried ADD finds the previous
+    // attempt's interfaces (the create fails with EEXIST): only then are they looked for
+    // and removed in both namespaces, and the pair created again.
+    let pod_mac = match pod_side(agent, key, host, pod_ns, ips).await? {
+        Some(mac) => mac,
+        None => {
+            remove_interfaces(agent, host, &key.ifname, Some(pod_ns)).await;
+            pod_side(agent, key, host, pod_ns, ips)
+                .await?
+                .ok_or_else(|| {
+                    kernel(format!(
+                        "cannot create veth {:?} (host side {host:?}): a link of either name \
+                         is still there after removing the previous attempt's",
+                        key.ifname
+                    ))
+                })?
+        }
+    };
+    let pod_took = started.elapsed();
 
     // No lock around the VRF creation: `ensure_vrf` treats losing the creation race to a
     // concurrent ADD (EEXIST) as success.
+    let started = Instant::now();
     let (vrf, table, h, ips_v) = (
         placement.vrf.clone(),
         placement.table,
@@ -301,7 +313,44 @@ async fn plumb(
         })
         .await
         .map_err(kernel)?;
-    Ok((host_mac, pod_mac))
+    Ok(Plumbed {
+        host_mac: netns::format_mac(&host_mac(&key.container_id, &key.ifname)),
+        pod_mac,
+        pod_took,
+        host_took: started.elapsed(),
+    })
+}
+
+/// In the pod's namespace: creates the pair (host side straight into the node's namespace)
+/// and configures the pod side; returns the pod side's MAC, or `None` if a link of either
+/// name exists already (nothing was created).
+async fn pod_side(
+    agent: &Agent,
+    key: &AttachmentKey,
+    host: &str,
+    pod_ns: &Netns,
+    ips: &[IpNet],
+) -> Result<Option<String>, CniError> {
+    let mtu = agent.pod_mtu();
+    let mac = host_mac(&key.container_id, &key.ifname);
+    let (ifname, h, ips, node_ns) = (
+        key.ifname.clone(),
+        host.to_owned(),
+        ips.to_vec(),
+        agent.node_ns.clone(),
+    );
+    pod_ns
+        .run(move |nl| async move {
+            if !netns::create_veth(&nl, &ifname, &h, mtu, mac, &node_ns).await? {
+                return Ok(None);
+            }
+            let pod_link = netns::configure_pod_side(&nl, &ifname, &ips, &mac).await?;
+            Ok(Some(netns::format_mac(
+                netns::link_mac(&pod_link).unwrap_or_default(),
+            )))
+        })
+        .await
+        .map_err(kernel)
 }
 
 fn result(
@@ -365,17 +414,20 @@ fn default_route(of: IpAddr) -> IpNet {
     }
 }
 
-/// Deletes the host veth in the node namespace and, if the pod namespace is known, both
-/// names there (a pair never moved out of it by a crashed ADD). Logs, never fails: the
-/// start-up check and GC catch what is left.
+/// Deletes the host veth in the node namespace; deleting one end of a veth deletes its
+/// peer, so that also removes the pod side. Only if there was no host veth, and the pod
+/// namespace is known, are both names deleted there (a pair never moved out of it by a
+/// crashed ADD). Logs, never fails: the start-up check and GC catch what is left.
 async fn remove_interfaces(agent: &Agent, host: &str, ifname: &str, pod_ns: Option<&Netns>) {
     let h = host.to_owned();
-    if let Err(e) = agent
+    match agent
         .node_ns
         .run(move |nl| async move { netns::delete_link(&nl, &h).await })
         .await
     {
-        tracing::warn!(host, error = %e, "deleting host veth");
+        Ok(true) => return,
+        Ok(false) => {}
+        Err(e) => tracing::warn!(host, error = %e, "deleting host veth"),
     }
     if let Some(ns) = pod_ns {
         let (h, i) = (host.to_owned(), ifname.to_owned());

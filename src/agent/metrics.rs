@@ -4,6 +4,9 @@
 //! - `lace_cni_requests_total{verb,result}`: CNI requests by verb and outcome (`ok`, or the
 //!   CNI error code);
 //! - `lace_cni_request_duration_seconds{verb}`: histogram of the agent-side handling time;
+//! - `lace_cni_add_phase_seconds{phase}`: where a successful ADD's time goes: `ipam`
+//!   (allocate and persist), `pod` (veth and pod-side configuration, in the pod's
+//!   namespace), `host` (VRF, enslavement and host routes, in the node's namespace);
 //! - `lace_reconciles_total`, `lace_reconcile_errors_total`,
 //!   `lace_reconcile_duration_seconds` (histogram);
 //! - `lace_addresses_in_use{network}`: pod addresses held on this node;
@@ -71,6 +74,7 @@ impl Histogram {
 struct Inner {
     requests: BTreeMap<(&'static str, String), u64>,
     latency: BTreeMap<&'static str, Histogram>,
+    add_phases: BTreeMap<&'static str, Histogram>,
     reconciles: u64,
     reconcile_errors: u64,
     reconcile_latency: Histogram,
@@ -96,6 +100,11 @@ impl Metrics {
             *m.requests.entry((verb, result)).or_default() += 1;
             m.latency.entry(verb).or_default().observe(took);
         });
+    }
+
+    /// Records how long one phase of a successful ADD took (`ipam`, `pod`, `host`).
+    pub fn add_phase(&self, phase: &'static str, took: Duration) {
+        self.with(|m| m.add_phases.entry(phase).or_default().observe(took));
     }
 
     /// Records one completed dataplane apply.
@@ -130,6 +139,15 @@ impl Metrics {
                 &mut out,
                 "lace_cni_request_duration_seconds",
                 &format!("verb=\"{verb}\""),
+            );
+        }
+        out.push_str("# HELP lace_cni_add_phase_seconds Time of each phase of successful ADDs.\n");
+        out.push_str("# TYPE lace_cni_add_phase_seconds histogram\n");
+        for (phase, h) in &m.add_phases {
+            h.render(
+                &mut out,
+                "lace_cni_add_phase_seconds",
+                &format!("phase=\"{phase}\""),
             );
         }
         out.push_str("# HELP lace_reconciles_total Dataplane applies.\n");
@@ -227,6 +245,7 @@ mod tests {
         m.cni_request("ADD", "ok".into(), Duration::from_micros(700));
         m.cni_request("ADD", "ok".into(), Duration::from_millis(30));
         m.cni_request("ADD", "11".into(), Duration::from_secs(10));
+        m.add_phase("ipam", Duration::from_millis(3));
         m.reconciled(Duration::from_millis(2));
         m.reconcile_failed();
         let text = m.render(&BTreeMap::from([("default".to_owned(), 3)]), true);
@@ -245,6 +264,11 @@ mod tests {
             text.contains("lace_cni_request_duration_seconds_bucket{verb=\"ADD\",le=\"+Inf\"} 3\n")
         );
         assert!(text.contains("lace_cni_request_duration_seconds_count{verb=\"ADD\"} 3\n"));
+        assert!(
+            text.contains("lace_cni_add_phase_seconds_bucket{phase=\"ipam\",le=\"0.0025\"} 0\n")
+        );
+        assert!(text.contains("lace_cni_add_phase_seconds_bucket{phase=\"ipam\",le=\"0.005\"} 1\n"));
+        assert!(text.contains("lace_cni_add_phase_seconds_sum{phase=\"ipam\"} 0.003\n"));
         assert!(text.contains("lace_reconciles_total 1\n"));
         assert!(text.contains("lace_reconcile_errors_total 1\n"));
         assert!(text.contains("lace_reconcile_duration_seconds_count 1\n"));

@@ -317,7 +317,8 @@ pub async fn delete_link(h: &Handle, name: &str) -> Result<bool, NetnsError> {
 /// `ip link add <name> mtu <mtu> type veth peer name <peer> mtu <mtu> address <peer_mac>
 /// netns <peer_ns>`: one request creates the pair with the peer (the host side) already in
 /// the node's namespace, so there is no separate move, and with a MAC chosen by the caller,
-/// so the pod side can be pointed at it without asking the other namespace.
+/// so the pod side can be pointed at it without asking the other namespace. `false` (nothing
+/// created) if either name is taken in its namespace (EEXIST).
 pub async fn create_veth(
     h: &Handle,
     name: &str,
@@ -325,7 +326,7 @@ pub async fn create_veth(
     mtu: u32,
     peer_mac: [u8; 6],
     peer_ns: &Netns,
-) -> Result<(), NetnsError> {
+) -> Result<bool, NetnsError> {
     let peer_msg = LinkMessageBuilder::<LinkUnspec>::new()
         .name(peer.to_owned())
         .mtu(mtu)
@@ -337,10 +338,14 @@ pub async fn create_veth(
         .mtu(mtu)
         .set_info_data(InfoData::Veth(InfoVeth::Peer(peer_msg)))
         .build();
-    h.link().add(msg).execute().await.map_err(nl(format!(
-        "creating veth {name:?} with peer {peer:?} in namespace {}",
-        peer_ns.path().display()
-    )))
+    match h.link().add(msg).execute().await {
+        Ok(()) => Ok(true),
+        Err(e) if errno(&e) == Some(EEXIST) => Ok(false),
+        Err(e) => Err(nl(format!(
+            "creating veth {name:?} with peer {peer:?} in namespace {}",
+            peer_ns.path().display()
+        ))(e)),
+    }
 }
 
 /// Inside the pod: `ip addr add <ip> dev <ifname>` (IPv6 `nodad`), `ip link set <ifname> up`,
