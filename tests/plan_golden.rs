@@ -124,3 +124,65 @@ fn every_node_ruleset_passes_nft_check_mode() {
         );
     }
 }
+
+/// Kernels carrying "netfilter: nft_byteorder: remove multi-register support" (Debian's 6.12
+/// since 6.12.115) reject, with EOPNOTSUPP, a `byteorder` expression whose length differs from
+/// its element size; older kernels (6.1) accept it. nft 1.0.6 emits such an expression for a
+/// one-byte host-endian field (`meta l4proto`) in a concatenation looked up in an interval set.
+/// This reads the bytecode nft generates for the golden rulesets (`--debug=netlink`, printed
+/// as `[ byteorder reg D = hton(reg S, SIZE, LEN) ]`) so the host catches what only a 6.12
+/// kernel would refuse; the netns-6.12 tier of scripts/test.sh applies the ruleset for real.
+#[test]
+fn golden_nft_bytecode_has_no_byteorder_newer_kernels_reject() {
+    if std::env::var_os("LACE_SKIP_NFT_CHECK").is_some() {
+        eprintln!("skipped: LACE_SKIP_NFT_CHECK is set");
+        return;
+    }
+    for name in ["node-1.nft", "node-2.nft"] {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/golden")
+            .join(name);
+        let out = Command::new("nft")
+            .arg("--debug=netlink")
+            .arg("-c")
+            .arg("-f")
+            .arg(&path)
+            .output()
+            .expect("running nft");
+        assert!(
+            out.status.success(),
+            "nft --debug=netlink -c -f {} failed: {}",
+            path.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let bytecode = String::from_utf8_lossy(&out.stdout);
+        let rules = bytecode.matches("[ lookup ").count();
+        assert!(
+            rules > 0,
+            "{name}: no lookup expression in nft's debug output; did its format change?\n{bytecode}"
+        );
+        let bad: Vec<&str> = bytecode
+            .lines()
+            .filter(|l| l.contains("[ byteorder ") && !byteorder_len_equals_size(l))
+            .collect();
+        assert!(
+            bad.is_empty(),
+            "{name}: byteorder expressions with length != size (EOPNOTSUPP on 6.12):\n{}\nin:\n{bytecode}",
+            bad.join("\n")
+        );
+    }
+}
+
+/// `[ byteorder reg 10 = hton(reg 10, 2, 1) ]` -> size 2, length 1 -> false.
+fn byteorder_len_equals_size(line: &str) -> bool {
+    let args = line
+        .split_once('(')
+        .and_then(|(_, rest)| rest.split_once(')'))
+        .map(|(args, _)| args)
+        .unwrap_or_else(|| panic!("unexpected byteorder expression: {line}"));
+    let nums: Vec<&str> = args.split(',').map(str::trim).collect();
+    match nums.as_slice() {
+        [_, size, len] => size == len,
+        _ => panic!("unexpected byteorder expression: {line}"),
+    }
+}

@@ -92,9 +92,11 @@ fn desired(self_policy: bool) -> DesiredNode {
 }
 
 /// The handles of table `inet lace` and of everything in it (`nft -a` prints them as
-/// `# handle N`), with the line naming each: a replaced table gets new ones.
+/// `# handle N`), with the line naming each: a replaced table gets new ones. Stateless (`-s`):
+/// a drop counter's values change whenever a stray packet (an IPv6 router solicitation from a
+/// pod's new link) meets it, which says nothing about the handles.
 fn handles(node: &Netns) -> Vec<String> {
-    node.exec("nft", &["-a", "list", "table", "inet", "lace"])
+    node.exec("nft", &["-a", "-s", "list", "table", "inet", "lace"])
         .unwrap()
         .lines()
         .filter(|l| l.contains("# handle "))

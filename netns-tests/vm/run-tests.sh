@@ -2,22 +2,32 @@
 # run-tests.sh - runs netns test executables as root on the current kernel (host or VM) after
 # check-kernel.sh; used by netns-tests/run.
 #
-# usage: run-tests.sh [--filter NAME] -- EXE...
+# usage: run-tests.sh [--filter NAME]... -- EXE...
+# A test runs if its name contains any NAME (libtest filters; all tests without --filter).
 # Prints each executable's libtest output, then one summary line
 #   "netns tests: N passed, M failed, K ignored on kernel V"
-# and fails if a capability is missing, any test failed, no test ran, or any test was ignored
-# (a netns test that does not run must not look like a pass).
+# and fails if a capability is missing, any test failed, no test ran, a NAME matched no test
+# (a renamed test must not silently drop out of a tier), or any test was ignored (a netns test
+# that does not run must not look like a pass).
 set -uo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 FILTER=()
 while [ $# -gt 0 ]; do
   case $1 in
-    --filter) FILTER=("$2"); shift 2;;
+    --filter) FILTER+=("${2:?--filter needs a test name}"); shift 2;;
     --) shift; break;;
     *) break;;
   esac
 done
 [ $# -gt 0 ] || { echo "run-tests.sh: no test executables given" >&2; exit 2; }
+
+for f in "${FILTER[@]}"; do
+  n=0
+  for exe in "$@"; do
+    n=$((n + $("$exe" --list --format terse "$f" | grep -c ': test$')))
+  done
+  [ "$n" -gt 0 ] || { echo "run-tests.sh: FAIL: --filter '$f' matches no test"; exit 1; }
+done
 
 "$HERE/check-kernel.sh" || { echo "run-tests.sh: kernel $(uname -r) cannot run the netns tests (see MISSING above)"; exit 1; }
 

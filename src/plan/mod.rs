@@ -1152,12 +1152,19 @@ fn build_nft(
     for c in [&mut from_pods, &mut to_pods] {
         // In from_pods too: with nf_hooks_lwtunnel=1 a decapsulated packet may traverse
         // prerouting with its VRF as input device.
+        // The protocol is `ct protocol`, not `meta l4proto`: in a concatenation looked up in
+        // an interval set, nft (1.0.6) converts the host-endian one-byte `meta l4proto` with
+        // a `byteorder` expression of size 2 and length 1, which kernels carrying
+        // "netfilter: nft_byteorder: remove multi-register support" (Debian 6.12.115+) reject
+        // with EOPNOTSUPP. `ct protocol` needs no conversion and is the packet's transport
+        // protocol whenever the packet has a conntrack entry, as every new connection does; a
+        // packet without one (invalid, untracked) cannot open a connection and meets the drop.
         c.rule(
-            "ip saddr . ip daddr . meta l4proto . th dport @backends_v4 accept",
+            "ip saddr . ip daddr . ct protocol . th dport @backends_v4 accept",
             "ServiceRoutingPolicy grants: backends on this node (DNAT happened on the client's node)",
         );
         c.rule(
-            "ip6 saddr . ip6 daddr . meta l4proto . th dport @backends_v6 accept",
+            "ip6 saddr . ip6 daddr . ct protocol . th dport @backends_v6 accept",
             "ServiceRoutingPolicy grants: backends on this node (DNAT happened on the client's node)",
         );
     }
