@@ -12,7 +12,8 @@
 #   netns-6.12 netns-tests/run --kernel 6.12 with the tests that apply Lace's real ruleset
 #              (three-node dataplane, nft element updates) besides smoke: newer kernels refuse
 #              bytecode 6.1 accepts (nft_byteorder since 6.12.115)
-#   datapath   tests/vm/datapath.sh in the VM: golden plans applied, real traffic
+#   datapath-6.1, datapath-6.12  tests/vm/datapath.sh in the VM on each kernel: golden plans
+#              applied, real traffic
 #   demo    scripts/demo.sh (the README's demo; fails if traffic differs from the policies)
 #   charts  scripts/test-charts.sh
 # Then a table of tier timings and the total of tests passed/failed.
@@ -99,10 +100,13 @@ count_netns "$LOGDIR/netns-6.1.log"
 tier netns-6.12 netns-tests/run --kernel 6.12 --filter smoke \
   --filter dataplane_three_nodes --filter nft_element_change
 count_netns "$LOGDIR/netns-6.12.log"
-# The planner's golden plans applied to namespaces with ip/nft, checked with real traffic.
-tier datapath netns-tests/vm/with-kernel.sh --kernel 6.1 -t 900 -- bash tests/vm/datapath.sh
-read -r p f < <(awk '/^[0-9]+ passed, [0-9]+ failed$/ { p = $1; f = $3 } END { print p+0, f+0 }' "$LOGDIR/datapath.log")
-PASSED=$((PASSED + p)) FAILED=$((FAILED + f))
+# The planner's golden plans applied to namespaces with ip/nft, checked with real traffic
+# (the only tier that sends Service traffic through the backend grants): on both kernels.
+for k in 6.1 6.12; do
+  tier datapath-$k netns-tests/vm/with-kernel.sh --kernel $k -t 900 -- bash tests/vm/datapath.sh
+  read -r p f < <(awk '/^[0-9]+ passed, [0-9]+ failed$/ { p = $1; f = $3 } END { print p+0, f+0 }' "$LOGDIR/datapath-$k.log")
+  PASSED=$((PASSED + p)) FAILED=$((FAILED + f))
+done
 
 # ---- the README's demo: 3 nodes, real agents, pods by the real CNI plugin, policy vs pings
 tier demo scripts/demo.sh
@@ -124,9 +128,9 @@ fi
 # ---- summary
 echo
 echo "================================================================"
-printf '%-12s %10s\n' tier seconds
-for i in "${!TIERS[@]}"; do printf '%-12s %10s\n' "${TIERS[$i]}" "${TIMES[$i]}"; done
-printf '%-12s %10s\n' total "$(secs "$T0" "$EPOCHREALTIME")"
+printf '%-14s %10s\n' tier seconds
+for i in "${!TIERS[@]}"; do printf '%-14s %10s\n' "${TIERS[$i]}" "${TIMES[$i]}"; done
+printf '%-14s %10s\n' total "$(secs "$T0" "$EPOCHREALTIME")"
 echo "================================================================"
 if [ "$COUNTS_OK" = 1 ]; then
   echo "$PASSED passed, $FAILED failed"
