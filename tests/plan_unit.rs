@@ -200,9 +200,12 @@ fn routes_table() {
             }),
         ),
         (
-            "probe route v6",
+            "probe route v6, from the pod's gateway fe80::1 (an address of the veth, in the VRF)",
             key(PROBE_TABLE, "fd00:30:0:1::2/128"),
-            Some(dev("lp-api0")),
+            Some(Nexthop::DevSrc {
+                dev: "lp-api0".into(),
+                src: "fe80::1".parse().unwrap(),
+            }),
         ),
     ];
     for (what, k, want) in cases {

@@ -2,12 +2,16 @@
 //!
 //! Root only, and each test creates its own cgroups (`/sys/fs/cgroup/lace-test-*`), pin
 //! directory (`/sys/fs/bpf/lace-test-*`) and network objects (`lace-pt-*`), removing them at
-//! the end; the test of Lace's planned probe path instead programs a node namespace of the
-//! harness (`lace-t-*`) with the real planner and reconciler. Child processes are put "in a
-//! cgroup" by writing their pid to `cgroup.procs` before they exec. Sockets are observed with python3 (`getsockopt(SO_MARK)`, TCP clients
-//! and a tiny HTTP server), routing with `ip`, filtering with `nft`, attachments with
-//! `bpftool`: real tools, not the code under test. Run them one at a time
-//! (`--test-threads=1`): they share the host's routing rules.
+//! the end. Two tests use Lace's own code end to end instead: the planned probe path (IPv4 and
+//! IPv6) programs a node namespace of the harness (`lace-t-*`) with the real planner and
+//! reconciler, and the restart test runs the real `lace-agent` binary in standalone mode on
+//! the CNI test bed (`lace-ct-*`, [`cni_bed`]) with the default pin directory
+//! `/sys/fs/bpf/lace` (it refuses to run where a link is pinned there already). Child
+//! processes are put "in a cgroup" by writing their pid to `cgroup.procs` before they exec.
+//! Sockets are observed with python3 (`getsockopt(SO_MARK)`, TCP clients and a tiny HTTP
+//! server), routing with `ip`, filtering with `nft`, attachments with `bpftool`: real tools,
+//! not the code under test. Run them one at a time (`--test-threads=1`): they share the
+//! host's routing rules.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -288,12 +292,16 @@ impl Drop for Server {
 }
 
 /// Starts a tiny HTTP server on `addr:POD_PORT` in network namespace `netns` and waits until
-/// it listens.
+/// it listens. `::` serves IPv4 and IPv6 on one socket.
 fn serve_http(netns: &str, addr: &str) -> Server {
     let script = format!(
         r#"
 import socket
-s = socket.socket()
+if ":" in "{addr}":
+    s = socket.socket(socket.AF_INET6)
+    s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+else:
+    s = socket.socket()
 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 s.bind(("{addr}", {POD_PORT}))
 s.listen(128)
@@ -387,32 +395,45 @@ fn only_the_kubelet_cgroup_reaches_a_pod_in_a_vrf() {
     sh(&format!("ip route del {POD_IP}/32 dev lace-pt-h0"));
 }
 
-/// A process in `cgroup` that probes the pod every 50 ms until `stop` exists, then prints
-/// "ok=N fail=M".
-fn probe_loop(cgroup: &Cgroup, stop: &Path) -> (Child, BufReader<ChildStdout>) {
+/// A process in `cgroup` (inside network namespace `netns`, if given) that probes each of
+/// `targets` on [`POD_PORT`] every 50 ms until `stop` exists, then prints "ok=N fail=M".
+fn probe_loop(
+    cgroup: &Cgroup,
+    netns: Option<&str>,
+    targets: &[&str],
+    stop: &Path,
+) -> (Child, BufReader<ChildStdout>) {
     let script = format!(
         r#"
-import os, socket, time
+import os, socket, sys, time
 ok = fail = 0
-while not os.path.exists("{stop}"):
-    try:
-        s = socket.create_connection(("{POD_IP}", {POD_PORT}), timeout=1)
-        s.sendall(b"GET / HTTP/1.0\r\n\r\n")
-        if s.recv(100).startswith(b"HTTP/1.0 200"):
-            ok += 1
-        else:
+while not os.path.exists(sys.argv[1]):
+    for target in sys.argv[2:]:
+        try:
+            s = socket.create_connection((target, {POD_PORT}), timeout=1)
+            s.sendall(b"GET / HTTP/1.0\r\n\r\n")
+            if s.recv(100).startswith(b"HTTP/1.0 200"):
+                ok += 1
+            else:
+                fail += 1
+            s.close()
+        except OSError:
             fail += 1
-        s.close()
-    except OSError:
-        fail += 1
-    if ok + fail == 1:
-        print("started", flush=True)
+        if ok + fail == 1:
+            print("started", flush=True)
     time.sleep(0.05)
 print("ok=%d fail=%d" % (ok, fail))
-"#,
-        stop = stop.display()
+"#
     );
-    let mut child = in_cgroup(Some(cgroup), python(), &["-c", &script])
+    let stop = stop.to_str().unwrap();
+    let mut args: Vec<&str> = Vec::new();
+    if let Some(ns) = netns {
+        args.extend(["netns", "exec", ns, python()]);
+    }
+    args.extend(["-c", &script, stop]);
+    args.extend(targets);
+    let program = if netns.is_some() { "ip" } else { python() };
+    let mut child = in_cgroup(Some(cgroup), program, &args)
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -454,7 +475,7 @@ fn agent_restarts_keep_the_pinned_link_and_probes_never_fail() {
 
     let stop = std::env::temp_dir().join("lace-probe-loop-stop");
     let _ = std::fs::remove_file(&stop);
-    let probes = probe_loop(&kubelet, &stop);
+    let probes = probe_loop(&kubelet, None, &[POD_IP], &stop);
     let sockets = MarkLoop::start(&kubelet, "restart");
     // Each call is what a restarted agent does; the loader's fds are gone after each.
     for _ in 0..3 {
@@ -760,6 +781,10 @@ mod planned {
         Ipv4Addr::new(10, second, 1, 10)
     }
 
+    pub fn pod_addr_v6(second: u8) -> Ipv6Addr {
+        Ipv6Addr::new(0xfd00, u16::from(second), 0, 1, 0, 0, 0, 0x10)
+    }
+
     pub fn cluster() -> ClusterState {
         let mut s = ClusterState::default();
         let mut blocks = BTreeMap::new();
@@ -767,10 +792,16 @@ mod planned {
             s.networks.insert(
                 name.into(),
                 NetworkSpec {
-                    subnets: vec![Subnet {
-                        cidr: format!("10.{second}.0.0/16").parse().unwrap(),
-                        block_prefix: 24,
-                    }],
+                    subnets: vec![
+                        Subnet {
+                            cidr: format!("10.{second}.0.0/16").parse().unwrap(),
+                            block_prefix: 24,
+                        },
+                        Subnet {
+                            cidr: format!("fd00:{second}::/48").parse().unwrap(),
+                            block_prefix: 64,
+                        },
+                    ],
                     external: false,
                 },
             );
@@ -779,7 +810,11 @@ mod planned {
             let block: IpNet = Ipv4Net::new(Ipv4Addr::new(10, second, 1, 0), 24)
                 .unwrap()
                 .into();
-            blocks.insert(name.to_string(), vec![block]);
+            let block6: IpNet = Ipv6Net::new(pod_addr_v6(second), 64)
+                .unwrap()
+                .trunc()
+                .into();
+            blocks.insert(name.to_string(), vec![block, block6]);
         }
         s.network_routes.insert(
             "other-self".into(),
@@ -815,33 +850,42 @@ mod planned {
                 container_id: format!("c-{name}"),
                 host_ifname: host_if.into(),
                 network: name.into(),
-                ips: vec![IpNet::V4(Ipv4Net::from(pod_addr(second)))],
+                ips: vec![
+                    IpNet::V4(Ipv4Net::from(pod_addr(second))),
+                    IpNet::V6(Ipv6Net::from(pod_addr_v6(second))),
+                ],
             })
             .collect()
     }
 }
 
-/// The nft counter of Lace's "host processes other than the kubelet" drop rule in `node`.
-fn from_host_drops(node: &lace_netns_tests::Netns) -> u64 {
+/// The nft counter of the drop rule of Lace's chain `chain` in `node`.
+fn nft_drops(node: &lace_netns_tests::Netns, chain: &str) -> u64 {
     let out = node
-        .exec("nft", &["list", "chain", "inet", "lace", "from_host"])
+        .exec("nft", &["list", "chain", "inet", "lace", chain])
         .unwrap();
     let line = out
         .lines()
         .find(|l| l.contains("drop"))
-        .unwrap_or_else(|| panic!("no drop rule in Lace's from_host chain:\n{out}"));
+        .unwrap_or_else(|| panic!("no drop rule in Lace's {chain} chain:\n{out}"));
     lace_netns_tests::bed::number_after(line, "packets").unwrap()
+}
+
+/// The nft counter of Lace's "host processes other than the kubelet" drop rule in `node`.
+fn from_host_drops(node: &lace_netns_tests::Netns) -> u64 {
+    nft_drops(node, "from_host")
 }
 
 #[test]
 fn probes_use_lace_planned_routes_and_nft_only_the_kubelet_gets_in() {
     use lace::dataplane::{NetnsTarget, Reconciler};
-    use lace_netns_tests::pods::attach_pod;
+    use lace_netns_tests::pods::{add_pod_v6, attach_pod};
     use lace_netns_tests::{require_root_and_vrf, Netns};
 
     require_environment();
     require_root_and_vrf();
     let kubelet = Cgroup::new("lace-test-planned-kubelet");
+    let other_service = Cgroup::new("lace-test-planned-other");
     let pins = Pins::new("lace-test-planned");
     let node = Netns::new("node").unwrap();
     // The node's underlay: its InternalIPs on a link of its own.
@@ -863,7 +907,7 @@ fn probes_use_lace_planned_routes_and_nft_only_the_kubelet_gets_in() {
         })
         .collect();
     let (isolated_pod, other_pod) = (&pods[0], &pods[1]);
-    let target = planned::pod_addr(planned::NETS[0].1).to_string();
+    let isolated_if = planned::NETS[0].3;
 
     let desired = lace::plan::plan(planned::NODE, &planned::cluster(), &planned::attachments())
         .unwrap_or_else(|e| panic!("plan: {e}"));
@@ -872,80 +916,332 @@ fn probes_use_lace_planned_routes_and_nft_only_the_kubelet_gets_in() {
         .reconcile(&desired)
         .unwrap_or_else(|e| panic!("reconcile: {e}"));
     assert!(report.skipped.is_empty(), "skipped {:?}", report.skipped);
-    // The kernel's own route lookup: a marked socket is sent through Lace's probe table,
-    // from the node's IPv4 InternalIP; an unmarked one has no route to the pod.
-    let marked = node
-        .ip(&format!("route get {target} mark {PROBE_MARK:#x}"))
-        .unwrap();
+    // The pods' IPv6 side once their veths are in their VRFs, as after a CNI ADD (enslaving
+    // an up veth cycles it).
+    for (pod, &(_, second, _, host_if)) in pods.iter().zip(&planned::NETS) {
+        add_pod_v6(&node, host_if, pod, planned::pod_addr_v6(second)).unwrap();
+    }
+    // The reconciler put the IPv6 probe source on the pod veth's host end (in the VRF).
+    let veth6 = node.ip(&format!("-6 addr show dev {isolated_if}")).unwrap();
     assert!(
-        marked.contains(&format!("table {}", lace::plan::PROBE_TABLE))
-            && marked.contains(&format!("src {}", planned::NODE_V4)),
-        "marked route lookup: {marked}"
+        veth6.contains("inet6 fe80::1/64"),
+        "no fe80::1 on {isolated_if}: {veth6}"
     );
-    assert!(
-        node.ip(&format!("route get {target}")).is_err(),
-        "the main table routes the host to the pod"
-    );
-    let _server = serve_http(isolated_pod.name(), &target);
+    // The pod serves HTTP on both families (one dual-stack socket).
+    let _server = serve_http(isolated_pod.name(), "::");
     probe::ensure_attached(&pins.config(&kubelet)).unwrap();
 
-    // A client process in `cgroup` (None: the root cgroup) inside the node's namespace.
-    let from_node = |cgroup: Option<&Cgroup>| {
+    // (target, source the kernel must pick for marked sockets, `ip` family flag)
+    let v4 = planned::pod_addr(planned::NETS[0].1).to_string();
+    let v6 = planned::pod_addr_v6(planned::NETS[0].1).to_string();
+    let families = [
+        (v4, planned::NODE_V4.to_string(), "-4", "32"),
+        (v6, "fe80::1".to_string(), "-6", "128"),
+    ];
+    for (target, src, fam, len) in &families {
+        // The kernel's own route lookup: a marked socket is sent through Lace's probe table,
+        // from the node's IPv4 InternalIP or the veth's fe80::1; an unmarked one has no route.
+        let marked = node
+            .ip(&format!("{fam} route get {target} mark {PROBE_MARK:#x}"))
+            .unwrap();
+        assert!(
+            marked.contains(&format!("table {}", lace::plan::PROBE_TABLE))
+                && marked.contains(&format!("src {src}")),
+            "marked route lookup: {marked}"
+        );
+        assert!(
+            node.ip(&format!("{fam} route get {target}")).is_err(),
+            "the main table routes the host to the pod"
+        );
+
+        // A client process in `cgroup` (None: the root cgroup) inside the node's namespace.
+        let from_node = |cgroup: Option<&Cgroup>| {
+            http_get_from(in_cgroup(
+                cgroup,
+                "ip",
+                &[
+                    "netns",
+                    "exec",
+                    node.name(),
+                    python(),
+                    "-c",
+                    HTTP_GET,
+                    target,
+                    POD_PORT,
+                ],
+            ))
+        };
+
+        let drops = from_host_drops(&node);
+        let reached = from_node(Some(&kubelet));
+        if reached.as_deref() != Ok("HTTP/1.0 200 OK") {
+            let diag = |ns: &Netns, cmd: &str| format!("{cmd}: {:?}", ns.ip(cmd));
+            panic!(
+                "the kubelet did not reach the isolated pod at {target} through Lace's probe \
+                 route: {reached:?}\n{}\n{}\n{}\n{}\n{}\n{:?}",
+                diag(&node, &format!("-6 neigh show dev {isolated_if}")),
+                diag(&node, &format!("-6 addr show dev {isolated_if}")),
+                diag(isolated_pod, "-6 addr show"),
+                diag(isolated_pod, "-6 route show"),
+                diag(isolated_pod, "-6 neigh show"),
+                node.exec("nft", &["list", "table", "inet", "lace"]),
+            );
+        }
+        assert_eq!(
+            from_host_drops(&node),
+            drops,
+            "the kubelet's probe to {target} hit the drop"
+        );
+
+        // Unmarked host traffic: the main table has no route to pods, so it is refused at once.
+        assert!(
+            from_node(None).is_err(),
+            "the node's root cgroup reached the isolated pod at {target}"
+        );
+        assert!(
+            from_node(Some(&other_service)).is_err(),
+            "another service's cgroup reached the isolated pod at {target}"
+        );
+        // With a (foreign) host route to the pod, Lace's nft is what refuses it.
+        node.ip(&format!("{fam} route add {target}/{len} dev {isolated_if}"))
+            .unwrap();
+        for (who, cgroup) in [
+            ("the root cgroup", None),
+            ("another service", Some(&other_service)),
+        ] {
+            let err = from_node(cgroup)
+                .expect_err(&format!("{who} reached {target} over the main table"));
+            assert!(
+                err.contains("timed out"),
+                "expected the nft drop for {who} to {target}, got {err}"
+            );
+        }
+        assert!(
+            from_host_drops(&node) >= drops + 2,
+            "Lace's from_host drop rule did not count the unmarked connections to {target}"
+        );
+        assert_eq!(
+            from_node(Some(&kubelet)).as_deref(),
+            Ok("HTTP/1.0 200 OK"),
+            "the kubelet lost the pod at {target} once the host had a route too"
+        );
+        node.ip(&format!("{fam} route del {target}/{len} dev {isolated_if}"))
+            .unwrap();
+
+        // A pod of a Network with no routing policy towards `isolated`.
+        let from_other = other_pod.exec(python(), &["-c", HTTP_GET, target, POD_PORT]);
+        assert!(
+            from_other.is_err(),
+            "the other Network's pod reached the isolated pod at {target}: {from_other:?}"
+        );
+    }
+
+    // The probe source is the isolated pod's gateway: the pod must not reach a host service
+    // through it (nor through the veth's own link-local address), while the host reaches it.
+    let _host_service = serve_http(node.name(), "::");
+    let local = in_cgroup(
+        None,
+        "ip",
+        &[
+            "netns",
+            "exec",
+            node.name(),
+            python(),
+            "-c",
+            HTTP_GET,
+            "::1",
+            POD_PORT,
+        ],
+    );
+    assert_eq!(
+        http_get_from(local).as_deref(),
+        Ok("HTTP/1.0 200 OK"),
+        "the host's own service does not answer (the refusals below would prove nothing)"
+    );
+    let lla = node
+        .ip(&format!("-6 -o addr show dev {isolated_if} scope link"))
+        .unwrap()
+        .split_whitespace()
+        .filter_map(|w| w.strip_suffix("/64"))
+        .find(|a| *a != "fe80::1")
+        .unwrap_or_else(|| panic!("{isolated_if} has no auto-generated link-local address"))
+        .to_string();
+    let refused = nft_drops(&node, "pods_to_host");
+    for gw in ["fe80::1", lla.as_str()] {
+        let scoped = format!("{gw}%eth0");
+        let r = isolated_pod.exec(python(), &["-c", HTTP_GET, &scoped, POD_PORT]);
+        assert!(
+            r.is_err(),
+            "the pod reached a host service through {scoped}: {r:?}"
+        );
+    }
+    assert!(
+        nft_drops(&node, "pods_to_host") >= refused + 2,
+        "Lace's pods_to_host drop did not count the pod's connections to the host"
+    );
+}
+
+mod cni_bed;
+
+/// The agent log written since byte `from` (each start appends to the same file).
+fn log_since(bed: &cni_bed::Bed, from: usize) -> String {
+    bed.log().get(from..).unwrap_or_default().to_string()
+}
+
+/// Restarts the real `lace-agent` (killed, then started with `bed.agent_args`) and returns
+/// what it logged while starting.
+fn restart_agent(bed: &mut cni_bed::Bed) -> String {
+    bed.kill_agent();
+    let from = bed.log().len();
+    bed.start_agent();
+    log_since(bed, from)
+}
+
+#[test]
+fn real_agent_restarts_keep_kubelet_probes_working_over_both_families() {
+    require_environment();
+    let pin_dir = PathBuf::from(probe::DEFAULT_PIN_DIR);
+    assert!(
+        probe::pinned_link(&pin_dir).ok().flatten().is_none(),
+        "a kubelet probe link is pinned in {} already: this test does not touch a real \
+         installation (run it in the VM)",
+        pin_dir.display()
+    );
+    let _pins = Pins(pin_dir.clone());
+    let kubelet = Cgroup::new("lace-test-agent-kubelet");
+    let moved = Cgroup::new("lace-test-agent-kubelet-moved");
+    let mut bed = cni_bed::Bed::for_node("pr", cni_bed::NODE);
+    let node = bed.node.0.clone();
+    // node-1's IPv4 InternalIP (examples/cluster), the source of IPv4 probes.
+    cni_bed::ip(&["-n", &node, "addr", "add", "192.168.0.11/24", "dev", "up0"]);
+    let with_cgroup = |cgroup: &Cgroup, release: bool| {
+        vec![
+            "--kubelet-cgroup-path".to_string(),
+            cgroup.0.display().to_string(),
+            "--release-pinned-maps".to_string(),
+            release.to_string(),
+        ]
+    };
+    bed.agent_args = with_cgroup(&kubelet, false);
+    bed.start_agent();
+    let first = probe::pinned_link(&pin_dir)
+        .unwrap()
+        .unwrap_or_else(|| panic!("the agent pinned no link:\n{}", bed.log()));
+    assert!(
+        bed.log()
+            .contains("kubelet probe program attached and pinned"),
+        "{}",
+        bed.log()
+    );
+
+    // A pod added through the real plugin; the agent's reconciler installs its probe routes.
+    let pod = cni_bed::Ns::new(format!("lace-ct-p-{}", bed.tag));
+    let result = bed.add("ctr-probe", &pod);
+    let addrs: Vec<String> = cni_bed::addresses(&result)
+        .iter()
+        .map(|a| a.split('/').next().unwrap().to_string())
+        .collect();
+    assert_eq!(addrs.len(), 2, "{result}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let probe_routes = cni_bed::ip(&[
+            "-n",
+            &node,
+            "-6",
+            "route",
+            "show",
+            "table",
+            &lace::plan::PROBE_TABLE.to_string(),
+        ]);
+        if probe_routes.contains(&format!("{} dev", addrs[1]))
+            && probe_routes.contains("src fe80::1")
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no IPv6 probe route from fe80::1 for {}: {probe_routes}\n{}",
+            addrs[1],
+            bed.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let _server = serve_http(&pod.0, "::");
+    let get = |cgroup: &Cgroup, target: &str| {
         http_get_from(in_cgroup(
-            cgroup,
+            Some(cgroup),
             "ip",
             &[
                 "netns",
                 "exec",
-                node.name(),
+                &node,
                 python(),
                 "-c",
                 HTTP_GET,
-                &target,
+                target,
                 POD_PORT,
             ],
         ))
     };
+    for a in &addrs {
+        assert_eq!(
+            get(&kubelet, a).as_deref(),
+            Ok("HTTP/1.0 200 OK"),
+            "the kubelet does not reach the pod at {a}"
+        );
+    }
 
-    let drops = from_host_drops(&node);
-    assert_eq!(
-        from_node(Some(&kubelet)).as_deref(),
-        Ok("HTTP/1.0 200 OK"),
-        "the kubelet did not reach the isolated pod through Lace's probe route"
+    let stop = std::env::temp_dir().join("lace-agent-probe-loop-stop");
+    let _ = std::fs::remove_file(&stop);
+    let targets: Vec<&str> = addrs.iter().map(String::as_str).collect();
+    let probes = probe_loop(&kubelet, Some(&node), &targets, &stop);
+    // Plain restarts: the pinned link is reused as it is.
+    for _ in 0..2 {
+        let log = restart_agent(&mut bed);
+        assert!(
+            log.contains("kubelet probe link is current, reusing it"),
+            "{log}"
+        );
+        assert_eq!(
+            probe::pinned_link(&pin_dir).unwrap().map(|l| l.id),
+            Some(first.id)
+        );
+    }
+    // node.releasePinnedMaps=true: a fresh link replaces the pinned one, and the log says so.
+    bed.agent_args = with_cgroup(&kubelet, true);
+    let log = restart_agent(&mut bed);
+    assert!(log.contains("node.releasePinnedMaps"), "{log}");
+    let released = probe::pinned_link(&pin_dir).unwrap().map(|l| l.id);
+    assert!(
+        released.is_some() && released != Some(first.id),
+        "releasePinnedMaps kept link {} ({released:?})",
+        first.id
     );
+    std::thread::sleep(Duration::from_secs(1));
+    let (ok, fail) = finish_probe_loop(probes, &stop);
     assert_eq!(
-        from_host_drops(&node),
-        drops,
-        "the kubelet's probe hit the drop"
+        fail,
+        0,
+        "probes failed across agent restarts ({ok} succeeded)\n{}",
+        bed.log()
     );
+    assert!(ok >= 10, "the probe loop barely ran ({ok} probes)");
 
-    // Unmarked host traffic: the main table has no route to pods, so it is refused at once.
-    assert!(
-        from_node(None).is_err(),
-        "the node's root cgroup reached the isolated pod"
-    );
-    // With a (foreign) host route to the pod, Lace's nft is what refuses it.
-    node.ip(&format!("route add {target}/32 dev {}", planned::NETS[0].3))
-        .unwrap();
-    let err = from_node(None).expect_err("the root cgroup reached the pod over the main table");
-    assert!(
-        err.contains("timed out"),
-        "expected the nft drop, got {err}"
-    );
-    assert!(
-        from_host_drops(&node) > drops,
-        "Lace's from_host drop rule did not count the root cgroup's connection"
-    );
-    assert_eq!(
-        from_node(Some(&kubelet)).as_deref(),
-        Ok("HTTP/1.0 200 OK"),
-        "the kubelet lost the pod once the host had a route too"
-    );
-
-    // A pod of a Network with no routing policy towards `isolated`.
-    let from_other = other_pod.exec(python(), &["-c", HTTP_GET, &target, POD_PORT]);
-    assert!(
-        from_other.is_err(),
-        "the other Network's pod reached the isolated pod: {from_other:?}"
-    );
+    // A changed kubeletCgroupPath takes effect at the next start: the new cgroup's processes
+    // reach the pod, the old one's no longer do.
+    bed.agent_args = with_cgroup(&moved, false);
+    let log = restart_agent(&mut bed);
+    assert!(log.contains("kubelet cgroup changed"), "{log}");
+    for a in &addrs {
+        assert_eq!(
+            get(&moved, a).as_deref(),
+            Ok("HTTP/1.0 200 OK"),
+            "the kubelet in its new cgroup does not reach the pod at {a}"
+        );
+        assert!(
+            get(&kubelet, a).is_err(),
+            "the old kubelet cgroup still reaches the pod at {a}"
+        );
+    }
+    bed.kill_agent();
 }

@@ -38,8 +38,9 @@ use rtnetlink::{Handle, LinkMessageBuilder, LinkUnspec, LinkVeth, LinkVrf, Route
 pub const POD_ROUTE_PROTOCOL: RouteProtocol = RouteProtocol::Static;
 /// The pods' IPv4 default gateway: link-local, never in a block, the same in every pod.
 pub const GATEWAY_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
-/// The pods' IPv6 default gateway.
-pub const GATEWAY_V6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
+/// The pods' IPv6 default gateway (also the source of IPv6 kubelet probes, which the
+/// reconciler puts on the host end of the veth).
+pub const GATEWAY_V6: Ipv6Addr = crate::plan::POD_GATEWAY_V6;
 
 const ENODEV: i32 = 19;
 const EEXIST: i32 = 17;

@@ -6,6 +6,9 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 use rtnetlink::packet_core::{NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE};
+use rtnetlink::packet_route::address::{
+    AddressAttribute, AddressFlags, AddressHeaderFlags, AddressMessage,
+};
 use rtnetlink::packet_route::link::{LinkAttribute, LinkMessage};
 use rtnetlink::packet_route::route::{
     RouteAddress, RouteAttribute, RouteHeader, RouteLwEnCapType, RouteLwTunnelEncap, RouteMessage,
@@ -132,7 +135,7 @@ fn errno_text(errno: i32) -> String {
 /// The errors that mean "already as wanted": creating what exists, deleting what is gone.
 fn idempotent(op: &Op, errno: i32) -> bool {
     match op {
-        Op::AddVrf { .. } | Op::AddRule(_) => errno == libc::EEXIST,
+        Op::AddVrf { .. } | Op::AddRule(_) | Op::AddAddress { .. } => errno == libc::EEXIST,
         // IPv4 answers a missing route with ESRCH, IPv6 with ENOENT; a deleted VRF takes its
         // device routes with it.
         Op::DelRoute { .. } | Op::DelRule(_) => errno == libc::ENOENT || errno == libc::ESRCH,
@@ -173,6 +176,10 @@ fn message(op: &Op, index: &HashMap<String, u32>) -> Result<(RouteNetlinkMessage
                     .build(),
             ),
             0,
+        ),
+        Op::AddAddress { link, addr } => (
+            RouteNetlinkMessage::NewAddress(address_message(idx(link)?, addr)),
+            NLM_F_CREATE | NLM_F_EXCL,
         ),
         Op::ReplaceLink { name } | Op::DelLink { name } => {
             (RouteNetlinkMessage::DelLink(link_by_name(name)), 0)
@@ -282,6 +289,23 @@ pub(super) fn route_message(
         KernelNexthop::Unknown(s) => return Err(format!("cannot write route form {s}")),
     }
     Ok(m)
+}
+
+/// `ip addr add <addr> dev <index> nodad`: usable at once (no duplicate address detection),
+/// as a route `src` must not be tentative.
+fn address_message(index: u32, addr: &IpNet) -> AddressMessage {
+    let mut m = AddressMessage::default();
+    m.header.family = match addr {
+        IpNet::V4(_) => AddressFamily::Inet,
+        IpNet::V6(_) => AddressFamily::Inet6,
+    };
+    m.header.prefix_len = addr.prefix_len();
+    m.header.index = index;
+    m.header.flags = AddressHeaderFlags::Nodad;
+    m.attributes.push(AddressAttribute::Address(addr.addr()));
+    m.attributes
+        .push(AddressAttribute::Flags(AddressFlags::Nodad));
+    m
 }
 
 /// A rule of Lace's. The l3mdev rule has table 0 (the VRF driver's own form); tables above

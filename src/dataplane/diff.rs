@@ -8,10 +8,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::{IpAddr, Ipv6Addr};
 
-use ipnet::IpNet;
+use ipnet::{IpNet, Ipv6Net};
 
 use super::{host, HostRoute, KernelNexthop, NftState, ObservedNode, ObservedRule};
-use crate::plan::{DesiredNode, Nexthop, RouteKey, Rule, RuleAction, PROBE_TABLE};
+use crate::plan::{
+    DesiredNode, Nexthop, RouteKey, Rule, RuleAction, POD_GATEWAY_V6_PREFIX, PROBE_TABLE,
+};
 
 /// Why no operations could be computed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -41,6 +43,12 @@ pub enum Op {
     SetMaster {
         link: String,
         master: String,
+    },
+    /// `ip addr add <addr> dev <link> nodad`: the link-local source of a pod's IPv6 probe
+    /// route, on the pod's host-side veth (see [`Nexthop::DevSrc`]).
+    AddAddress {
+        link: String,
+        addr: IpNet,
     },
     Sysctl {
         key: String,
@@ -77,17 +85,20 @@ impl Op {
             Op::AddVrf { .. } => 1,
             Op::LinkUp { .. } => 2,
             Op::SetMaster { .. } => 3,
+            // After enslaving: moving an up link into a VRF cycles it, which drops its
+            // link-local addresses.
+            Op::AddAddress { .. } => 4,
             // Before sysctls: the ruleset's `ct` expressions load conntrack, which registers
             // `net.netfilter.nf_hooks_lwtunnel`.
-            Op::NftSwap { .. } => 4,
-            Op::Sysctl { .. } => 5,
-            Op::Tunsrc(_) => 6,
-            Op::AddRule(_) => 7,
-            Op::PutRoute { .. } => 8,
-            Op::DelRoute { .. } => 9,
-            Op::DelRule(_) => 10,
-            Op::DelLink { .. } => 11,
-            Op::NftDelete => 12,
+            Op::NftSwap { .. } => 5,
+            Op::Sysctl { .. } => 6,
+            Op::Tunsrc(_) => 7,
+            Op::AddRule(_) => 8,
+            Op::PutRoute { .. } => 9,
+            Op::DelRoute { .. } => 10,
+            Op::DelRule(_) => 11,
+            Op::DelLink { .. } => 12,
+            Op::NftDelete => 13,
         }
     }
 }
@@ -107,6 +118,7 @@ impl fmt::Display for Op {
             Op::AddVrf { name, table } => write!(f, "link add {name} type vrf table {table}"),
             Op::LinkUp { name } => write!(f, "link set {name} up"),
             Op::SetMaster { link, master } => write!(f, "link set {link} master {master}"),
+            Op::AddAddress { link, addr } => write!(f, "addr add {addr} dev {link} nodad"),
             Op::Sysctl { key, value } => write!(f, "sysctl {key}={value}"),
             Op::Tunsrc(a) => write!(f, "sr tunsrc set {a}"),
             Op::NftSwap { tag, .. } => write!(f, "nft replace table inet lace ({tag})"),
@@ -142,6 +154,14 @@ pub struct Diff {
     /// Routes not installed because their device does not exist (a pod veth the CNI has not
     /// created yet or already deleted), as text.
     pub skipped: Vec<String>,
+}
+
+/// `a` if it is an IPv6 unicast link-local address (`fe80::/10`).
+fn link_local(a: &IpAddr) -> Option<Ipv6Addr> {
+    match a {
+        IpAddr::V6(v6) if v6.is_unicast_link_local() => Some(*v6),
+        _ => None,
+    }
 }
 
 /// The main table's answer for `dst`: longest prefix among host routes containing it.
@@ -205,15 +225,33 @@ pub fn diff(desired: Option<&DesiredNode>, observed: &ObservedNode) -> Result<Di
             }
         }
     }
+    let mut enslaved: BTreeSet<&str> = BTreeSet::new();
     for (link, vrf) in masters {
         let Some(l) = observed.links.get(link) else {
             continue; // reported below with its routes
         };
         let current = l.master.and_then(|m| observed.link_name(m));
         if current != Some(vrf) {
+            enslaved.insert(link);
             out.ops.push(Op::SetMaster {
                 link: link.to_string(),
                 master: vrf.to_string(),
+            });
+        }
+    }
+    // The link-local sources of IPv6 probe routes are addresses of the pod veths themselves.
+    for nh in d.pod_routes.values() {
+        let Nexthop::DevSrc { dev, src } = nh else {
+            continue;
+        };
+        let Some(l) = observed.links.get(dev) else {
+            continue; // reported below with its routes
+        };
+        let Some(v6) = link_local(src) else { continue };
+        if !observed.addrs.contains(&(*src, l.index)) || enslaved.contains(dev.as_str()) {
+            out.ops.push(Op::AddAddress {
+                link: dev.clone(),
+                addr: IpNet::V6(Ipv6Net::new_assert(v6, POD_GATEWAY_V6_PREFIX)),
             });
         }
     }
@@ -270,8 +308,11 @@ pub fn diff(desired: Option<&DesiredNode>, observed: &ObservedNode) -> Result<Di
         let resolved = match nh {
             Nexthop::Dev(dev) => KernelNexthop::Dev(dev.clone()),
             // The kernel refuses a source the node does not hold (e.g. a Node object whose
-            // InternalIP is not configured here): the route then goes without one.
-            Nexthop::DevSrc { dev, src } if observed.addrs.iter().any(|(a, _)| a == src) => {
+            // InternalIP is not configured here): the route then goes without one. A
+            // link-local source is added to the link above.
+            Nexthop::DevSrc { dev, src }
+                if link_local(src).is_some() || observed.addrs.iter().any(|(a, _)| a == src) =>
+            {
                 KernelNexthop::DevSrc {
                     dev: dev.clone(),
                     src: *src,
@@ -532,7 +573,16 @@ mod tests {
                 Op::LinkUp { name } => o.links.get_mut(name).unwrap().up = true,
                 Op::SetMaster { link, master } => {
                     let m = o.links[master].index;
-                    o.links.get_mut(link).unwrap().master = Some(m);
+                    let l = o.links.get_mut(link).unwrap();
+                    l.master = Some(m);
+                    // Enslaving an up link cycles it: its link-local addresses go.
+                    let (index, up) = (l.index, l.up);
+                    o.addrs
+                        .retain(|(a, i)| !(up && *i == index && link_local(a).is_some()));
+                }
+                Op::AddAddress { link, addr } => {
+                    let index = o.links[link].index;
+                    o.addrs.push((addr.addr(), index));
                 }
                 Op::Sysctl { key, value } => {
                     o.sysctls.insert(key.clone(), Some(value.clone()));
@@ -748,6 +798,83 @@ mod tests {
         let diff = diff(Some(&d), &o).unwrap();
         assert_eq!(diff.skipped.len(), 2, "{:?}", diff.skipped); // VRF table + probe table
         assert!(!diff.ops.iter().any(|op| op.to_string().contains("lp-pb")));
+    }
+
+    #[test]
+    fn ipv6_probe_routes_get_fe80_1_on_the_pod_veth_first() {
+        let mut s = state(false);
+        s.networks.get_mut("a").unwrap().subnets.push(Subnet {
+            cidr: "fd00:1::/48".parse().unwrap(),
+            block_prefix: 64,
+        });
+        s.node_allocations
+            .get_mut("n1")
+            .unwrap()
+            .blocks
+            .get_mut("a")
+            .unwrap()
+            .push("fd00:1:0:1::/64".parse().unwrap());
+        let pod = PodAttachment {
+            pod: ObjectKey::new("ns", "pa"),
+            container_id: "c1".into(),
+            host_ifname: "lp-pa".into(),
+            network: "a".into(),
+            ips: vec![
+                "10.1.1.10/32".parse().unwrap(),
+                "fd00:1:0:1::10/128".parse().unwrap(),
+            ],
+        };
+        let d = plan("n1", &s, &[pod]).unwrap();
+        let probe6 = RouteKey {
+            table: PROBE_TABLE,
+            dst: "fd00:1:0:1::10/128".parse().unwrap(),
+        };
+        let gw = IpAddr::V6(crate::plan::POD_GATEWAY_V6);
+        let add = Op::AddAddress {
+            link: "lp-pa".into(),
+            addr: "fe80::1/64".parse().unwrap(),
+        };
+
+        let mut o = bare_host();
+        let ops = diff(Some(&d), &o).unwrap().ops;
+        let added = first(&ops, |op| *op == add).expect("no fe80::1 on lp-pa");
+        let route = first(
+            &ops,
+            |op| matches!(op, Op::PutRoute { key, .. } if *key == probe6),
+        )
+        .expect("no IPv6 probe route");
+        assert!(added < route, "{ops:#?}");
+        assert_eq!(
+            ops[route],
+            Op::PutRoute {
+                key: probe6,
+                nh: KernelNexthop::DevSrc {
+                    dev: "lp-pa".into(),
+                    src: gw
+                }
+            }
+        );
+        assert_eq!(ops.iter().filter(|op| **op == add).count(), 1);
+        // Only the pod veth of an IPv6 route gets it, not the IPv4-only one.
+        assert!(!ops
+            .iter()
+            .any(|op| matches!(op, Op::AddAddress { link, .. } if link != "lp-pa")));
+
+        model(&mut o, &ops);
+        assert_eq!(diff(Some(&d), &o).unwrap().ops, vec![], "not idempotent");
+
+        // Moved out of its VRF (by hand): re-enslaving drops the address, so it is re-added
+        // although it is observed now.
+        o.links.get_mut("lp-pa").unwrap().master = None;
+        let ops = diff(Some(&d), &o).unwrap().ops;
+        assert!(matches!(ops[0], Op::SetMaster { .. }), "{ops:#?}");
+        assert_eq!(ops[1], add, "{ops:#?}");
+        model(&mut o, &ops);
+        assert_eq!(diff(Some(&d), &o).unwrap().ops, vec![]);
+
+        // Deleted by hand: added again, the route stays as it is.
+        o.addrs.retain(|(a, _)| *a != gw);
+        assert_eq!(diff(Some(&d), &o).unwrap().ops, vec![add]);
     }
 
     #[test]

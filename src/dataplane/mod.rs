@@ -13,7 +13,8 @@
 //!   reply routes), deleted with the protocol set so the kernel never matches a foreign route;
 //! - FIB rules with a priority in [`plan::RULE_PRIORITY_PROBE`]`..=`[`plan::RULE_PRIORITY_L3MDEV`];
 //! - links named [`plan::VRF_PREFIX`]`*` (VRFs). Pod veths (created by the CNI) are only
-//!   enslaved to their VRF, never created or deleted here;
+//!   enslaved to their VRF and given the link-local source of their IPv6 probe route
+//!   ([`plan::POD_GATEWAY_V6`]), never created or deleted here;
 //! - the sysctls the plan lists (set, never reverted: their previous values are unknown);
 //! - the nftables table `inet lace`;
 //! - `ip sr tunsrc` (one value per namespace).
@@ -23,7 +24,8 @@
 //!
 //! ## Order and failure
 //! [`diff::diff`] orders operations so nothing opens or black-holes mid-change: VRFs and pod
-//! enslavement, the nft table (swapped atomically, always before routes that would open a
+//! enslavement, then the pod veths' link-local probe source (enslaving drops it), the nft
+//! table (swapped atomically, always before routes that would open a
 //! path; its `ct` expressions load conntrack, whose sysctl comes next), sysctls, `ip sr
 //! tunsrc`, rules, routes added or replaced, and only then the deletions (routes, rules,
 //! VRFs). When a Network is removed, its VRF's routes go after the new ruleset no longer

@@ -19,8 +19,7 @@
 //!
 //! `tests/vm/datapath.sh` applies the node-1/node-2 golden plans to namespaces on a Debian
 //! 6.1 kernel and checks real traffic: pairs, replies, leaks, egress masquerade, Service
-//! grants through a kube-proxy stand-in, kubelet probes, the SRv6 guard. Known gap: IPv6
-//! kubelet probes (no usable source address for a route out of a VRF slave).
+//! grants through a kube-proxy stand-in, kubelet probes (IPv4 and IPv6), the SRv6 guard.
 //!
 //! For the incremental case, [`Planner`] keeps the pod-independent part (which is almost all
 //! of it: remote blocks grow with nodes × Networks) behind an [`Arc`] and recomputes only the
@@ -69,6 +68,21 @@ pub const PROBE_MARK: u32 = 0x1000;
 /// 0x1000`): only Lace's bit is looked at, so marks other components set in other bits neither
 /// hide nor fake it.
 pub const PROBE_MARK_MASK: u32 = 0x1000;
+/// The pods' IPv6 default gateway (a permanent neighbour in every pod, pointing at the host
+/// end of its veth), and the source of IPv6 kubelet probes.
+///
+/// IPv6 probes need a source the kernel accepts on a route out of a VRF slave: it checks that
+/// a `src` belongs to the device's L3 domain, so no address of the host (outside every VRF)
+/// qualifies, and the veth's own auto-generated link-local address is not known to the plan.
+/// `fe80::1` on the host end of each pod veth (`ip addr add fe80::1/64 dev lp-x nodad`,
+/// added by the reconciler, see [`Nexthop::DevSrc`]) is: the pod already sends everything to
+/// it, so its replies come back on that veth without any neighbour discovery, and the host's
+/// unbound kubelet socket accepts them through `net.ipv4.tcp_l3mdev_accept` (which governs
+/// IPv6 too). The address is link-local, so it never leaves the veth, and pods cannot use it
+/// to reach the host: the ruleset's `input` chain drops what they open towards it.
+pub const POD_GATEWAY_V6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
+/// Prefix length of [`POD_GATEWAY_V6`] on a pod veth's host end (the link-local prefix).
+pub const POD_GATEWAY_V6_PREFIX: u8 = 64;
 /// Prefix of every VRF device Lace creates ("lace VRF").
 pub const VRF_PREFIX: &str = "lv-";
 /// Longest Linux interface name (IFNAMSIZ - 1).
@@ -181,7 +195,10 @@ pub struct RouteKey {
 pub enum Nexthop {
     /// `dev <name>`: a local pod's host-side veth, or another Network's VRF (leaked route).
     Dev(String),
-    /// `dev <name> src <src>`: a kubelet-probe route to a local pod.
+    /// `dev <name> src <src>`: a kubelet-probe route to a local pod. A link-local `src`
+    /// ([`POD_GATEWAY_V6`]) is an address of `dev` itself, which the reconciler adds
+    /// (`/`[`POD_GATEWAY_V6_PREFIX`], `nodad`) before the route; any other `src` is an address
+    /// the node holds already.
     DevSrc { dev: String, src: IpAddr },
     /// `encap seg6 mode encap segs <segs> dev <uplink>`: to a remote node's SID of the target
     /// Network. The outer packet is routed again after encapsulation (in the VRF's IPv6 table,
@@ -285,8 +302,8 @@ pub struct NodeBase {
     pub nft: nft::Ruleset,
     /// Source address of IPv4 kubelet probes (`src` of the IPv4 [`PROBE_TABLE`] routes): the
     /// node's IPv4 InternalIP. Without it the kernel picks 0.0.0.0 (verified in a VM): the pod
-    /// veths carry no address and source selection stays inside their VRF. IPv6 routes get
-    /// none, the kernel rejects a `src` that is not an address of the VRF.
+    /// veths carry no address and source selection stays inside their VRF. IPv6 routes use
+    /// [`POD_GATEWAY_V6`] instead: the kernel rejects a `src` outside the device's VRF.
     pub probe_src_v4: Option<IpAddr>,
     pod_networks: BTreeMap<String, PodNetwork>,
 }
@@ -456,7 +473,7 @@ impl Planner {
                     Nexthop::Dev(att.host_ifname.clone()),
                 );
                 let src = if address.is_ipv6() {
-                    None
+                    Some(IpAddr::V6(POD_GATEWAY_V6))
                 } else {
                     self.base.probe_src_v4
                 };
@@ -909,6 +926,14 @@ fn build_nft(
         false,
         "Lace VRF devices: traffic from local pods enters through them",
     );
+    let mut link_scope = Set::new(
+        "link_scope_v6",
+        "ipv6_addr",
+        true,
+        "IPv6 destinations a pod's packet never leaves its veth for",
+    );
+    link_scope.add("fe80::/10".into(), None, "link-local unicast");
+    link_scope.add("ff00::/8".into(), None, "multicast");
     let mut cluster = [
         Set::new(
             "cluster_v4",
@@ -1076,6 +1101,15 @@ fn build_nft(
         "ip6 daddr @local_sids ip6 saddr != @node_underlays counter drop",
         "SRv6 ingress guard: a SID is a door into a VRF, only nodes may knock",
     );
+    // The VRF driver runs a pod's neighbour discovery frames through prerouting a second time
+    // with the VRF as input device, untracked (vrf_ip6_rcv): from_pods would drop the
+    // advertisements answering the host, which then cannot resolve IPv6 pods (seen in a VM).
+    // Link-local and multicast destinations are never forwarded; the input chain polices what
+    // of them reaches the host.
+    prerouting.rule(
+        "iifname @vrfs ip6 daddr @link_scope_v6 accept",
+        "link-local and multicast from pods: never forwarded, policed in input (pods_to_host)",
+    );
     prerouting.rule(
         "iifname @vrfs jump from_pods",
         "connections opened by local pods",
@@ -1196,6 +1230,40 @@ fn build_nft(
         "host processes other than the kubelet do not open connections to pods",
     );
 
+    let mut input = Chain {
+        name: "input".into(),
+        hook: Some(Hook {
+            kind: "filter",
+            hook: "input",
+            priority: "filter",
+        }),
+        comment: "local pods towards the host's link-local and multicast addresses".into(),
+        rules: Vec::new(),
+    };
+    // Other packets from pods to link-local or multicast addresses get no second prerouting
+    // pass; they arrive here with the VRF as input device and reach even the host's unbound
+    // sockets through the l3mdev_accept sysctls. Neighbour discovery keeps the veth as input
+    // device, so it never comes here.
+    input.rule(
+        "iifname @vrfs ip6 daddr @link_scope_v6 jump pods_to_host",
+        "pods towards the host over their veth",
+    );
+    let mut pods_to_host = Chain {
+        name: "pods_to_host".into(),
+        hook: None,
+        comment: "pods do not open connections to the host; replies to the kubelet do come back"
+            .into(),
+        rules: Vec::new(),
+    };
+    pods_to_host.rule(
+        "ct state established,related accept",
+        "replies to IPv6 kubelet probes (sent from fe80::1)",
+    );
+    pods_to_host.rule(
+        "counter drop",
+        "pods reach no host service through their gateway fe80::1 or the veth's link-local address",
+    );
+
     let mut postrouting = Chain {
         name: "postrouting".into(),
         hook: Some(Hook {
@@ -1231,14 +1299,16 @@ fn build_nft(
     let [b4, b6] = backend_sets;
     nft::Ruleset {
         sets: vec![
-            underlays, sids, vrfs, c4, c6, p4, p6, e4, e6, s4, s6, x4, x6, b4, b6,
+            underlays, sids, vrfs, link_scope, c4, c6, p4, p6, e4, e6, s4, s6, x4, x6, b4, b6,
         ],
         // Jump targets first, so every chain a rule jumps to is already declared.
         chains: vec![
             from_pods,
             to_pods,
             from_host,
+            pods_to_host,
             prerouting,
+            input,
             forward,
             output,
             postrouting,

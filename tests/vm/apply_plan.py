@@ -85,6 +85,11 @@ for table, line in routes:
         cmd = ["ip", fam, "route", "add", dst, *host_route(dst, v6), "table", table]
     else:
         nh = [uplink if w == "@uplink" else w for w in nh]
+        if v6 and "src" in nh and nh[nh.index("src") + 1].startswith("fe80:"):
+            # A link-local source (IPv6 probe routes) is an address of the route's device,
+            # which the reconciler adds first.
+            src, dev = nh[nh.index("src") + 1], nh[nh.index("dev") + 1]
+            run("ip", "-6", "addr", "add", f"{src}/64", "dev", dev, "nodad", ok_exists=True)
         cmd = ["ip", fam, "route", "add", dst, *nh, "table", table]
     run(*cmd)
 print(f"apply_plan: {ns}: {len(routes)} routes applied")

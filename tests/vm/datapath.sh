@@ -37,7 +37,9 @@ ip -n n2 addr add 198.51.100.2/24 dev eth-u
 ip -n n2 route add default via 198.51.100.1
 
 # A pod: its own namespace, a veth whose host end is enslaved to the Network's VRF, static
-# neighbours both ways and a default route via a link-local gateway (the CNI's job later).
+# neighbours for the gateways in the pod (as the CNI writes them) and for IPv4 on the host,
+# and a default route via a link-local gateway. The host resolves IPv6 pods by neighbour
+# discovery, as with the CNI.
 mkpod() { # NODE IFNAME VRF IPV4 [IPV6]
   local node=$1 ifn=$2 vrf=$3 ip4=$4 ip6=${5:-} p=p-$2
   ip netns del $p 2>/dev/null; ip netns add $p; ip -n $p link set lo up
@@ -55,7 +57,6 @@ mkpod() { # NODE IFNAME VRF IPV4 [IPV6]
     ip -n $p -6 addr add $ip6/128 dev eth0 nodad
     ip -n $p -6 neigh add fe80::1 lladdr $hmac dev eth0
     ip -n $p -6 route add default via fe80::1 dev eth0
-    ip -n $node -6 neigh add $ip6 lladdr $pmac dev $ifn
   fi
 }
 export -f mkpod
@@ -120,24 +121,48 @@ kill $srv $api 2>/dev/null
 # Kubelet probes: only marked host sockets reach pods.
 expect ok   "node-1 host -> tenant-a pod with the probe mark" ip netns exec n1 $P -m $((0x1000)) 10.30.1.2
 expect deny "node-1 host -> tenant-a pod without the mark"    ip netns exec n1 $P 10.30.1.2
-# A kubelet-like TCP probe (HTTP GET stand-in) from an unbound, marked host socket.
+# IPv6 probes leave from fe80::1, which the plan puts on the pod veth's host end (in the VRF).
+expect ok   "node-1 host -> tenant-a pod, IPv6, with the probe mark" ip netns exec n1 $P -m $((0x1000)) fd00:30:0:1::2
+expect deny "node-1 host -> tenant-a pod, IPv6, without the mark"    ip netns exec n1 $P fd00:30:0:1::2
+# A kubelet-like TCP probe (HTTP GET stand-in) from an unbound, marked host socket; the pod
+# serves IPv4 and IPv6 on one socket.
 ip netns exec p-lp-api0 python3 -c '
-import socket; s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("0.0.0.0", 8080)); s.listen()
+import socket; s = socket.socket(socket.AF_INET6); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0); s.bind(("::", 8080)); s.listen()
 while True:
     c, _ = s.accept(); c.sendall(b"healthy\n"); c.close()' &
 hz=$!
-listening p-lp-api0 t 8080
-probe() { ip netns exec n1 python3 -c '
-import socket, sys; s = socket.socket(); s.settimeout(3)
+# A host service on node-1 (any address, both families): pods must not reach it.
+ip netns exec n1 python3 -c '
+import socket; s = socket.socket(socket.AF_INET6); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("::", 2222)); s.listen()
+while True:
+    c, _ = s.accept(); c.sendall(b"healthy\n"); c.close()' &
+hs=$!
+listening p-lp-api0 t 8080; listening n1 t 2222
+# tcpget NETNS MARK|none ADDR PORT [IFNAME]: a TCP client (IFNAME: scope of a link-local ADDR).
+tcpget() { ip netns exec $1 python3 -c '
+import socket, sys
+fam = socket.AF_INET6 if ":" in sys.argv[2] else socket.AF_INET
+s = socket.socket(fam); s.settimeout(3)
 if sys.argv[1] == "mark": s.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, 0x1000)
-s.connect(("10.30.1.2", 8080)); sys.exit(0 if s.recv(100) == b"healthy\n" else 1)' $1; }
-expect ok   "kubelet TCP probe (marked socket) -> tenant-a pod" probe mark
-expect deny "unmarked host TCP socket -> tenant-a pod"          probe none
-kill $hz 2>/dev/null
-# Known gap: IPv6 probes. The kernel picks no source (the veth has none in the VRF) and
-# rejects a `src` outside the VRF; reported, not failed.
-if ip netns exec n1 $P -m $((0x1000)) fd00:30:0:1::2 >/dev/null 2>&1; then echo "info - IPv6 probe works"; else echo "info - IPv6 probe does not work yet (known gap)"; fi
+addr = (sys.argv[2], int(sys.argv[3]))
+if len(sys.argv) > 4: addr += (0, socket.if_nametoindex(sys.argv[4]))
+s.connect(addr); sys.exit(0 if s.recv(100) == b"healthy\n" else 1)' "${@:2}"; }
+expect ok   "kubelet TCP probe (marked socket) -> tenant-a pod"        tcpget n1 mark 10.30.1.2 8080
+expect deny "unmarked host TCP socket -> tenant-a pod"                 tcpget n1 none 10.30.1.2 8080
+expect ok   "kubelet TCP probe (marked socket) -> tenant-a pod, IPv6"  tcpget n1 mark fd00:30:0:1::2 8080
+expect deny "unmarked host TCP socket -> tenant-a pod, IPv6"           tcpget n1 none fd00:30:0:1::2 8080
+expect deny "system pod -> tenant-a pod's probe port, IPv6 (no policy)" tcpget p-lp-coredns0 none fd00:30:0:1::2 8080
+# The probe source is the pods' gateway: it must not open the host to them.
+lla=$(ip -n n1 -6 -o addr show dev lp-api0 scope link | awk '{print $4}' | cut -d/ -f1 | grep -vx fe80::1 | head -1)
+expect ok   "node-1 reaches its own service on [::1]:2222 (control)"   tcpget n1 none ::1 2222
+expect deny "tenant-a pod -> host service via its gateway fe80::1"     tcpget p-lp-api0 none fe80::1 2222 eth0
+expect deny "tenant-a pod -> host service via the veth's ${lla:-?}"    tcpget p-lp-api0 none "${lla:-fe80::dead}" 2222 eth0
+[ -n "$lla" ] || bad "lp-api0 has no auto-generated link-local address to test with"
+d=$(ip netns exec n1 nft list chain inet lace pods_to_host | grep -o 'packets [0-9]*' | awk '{print $2}')
+[ "${d:-0}" -gt 0 ] && ok "pods_to_host drop counter on node-1 = $d" || bad "pods_to_host drop counter on node-1 = ${d:-?}"
+kill $hz $hs 2>/dev/null
 
 # SRv6 ingress guard: a non-node sends an encapsulated packet to node-1's system SID.
 ip -n inet -6 route add 2001:db8:100::1:0:0/96 via 2001:db8:ee::1

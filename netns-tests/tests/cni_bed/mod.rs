@@ -96,6 +96,9 @@ pub struct Bed {
     pub metrics_port: u16,
     pub tag: String,
     pub node_name: String,
+    /// Extra arguments of `lace-agent run` (e.g. `--kubelet-cgroup-path`), used from the next
+    /// start on.
+    pub agent_args: Vec<String>,
 }
 
 impl Bed {
@@ -175,6 +178,7 @@ impl Bed {
             metrics_port: port,
             tag,
             node_name: node_name.to_owned(),
+            agent_args: Vec::new(),
         }
     }
 
@@ -231,6 +235,7 @@ impl Bed {
                 "--metrics-addr",
                 &format!("127.0.0.1:{}", self.metrics_port),
             ])
+            .args(&self.agent_args)
             .env("LACE_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log)
