@@ -25,7 +25,7 @@ W=$(mktemp -d /tmp/lace-demo.XXXXXX)
 NODES=(1 2 3)
 BG_PIDS=()
 PODS=()            # "ns/name node network ip"
-declare -A POD_IP POD_IP6 POD_NET POD_NODE
+declare -A POD_IP POD_IP6 POD_IP6X POD_NET POD_NODE   # POD_IP6X: exploded, as socat reports it
 INTERNET_IP=203.0.113.254 INTERNET_IP6=2001:db8:cafe::254
 
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
@@ -88,14 +88,16 @@ nsx ld-internet ip -6 route add fd00:fab::/64 via 2001:db8:cafe::1
 echo_server() {
   local ns=$1 ip=$2 listen
   case $ip in *:*) listen="TCP6-LISTEN:8080,bind=[$ip]";; *) listen="TCP4-LISTEN:8080,bind=$ip";; esac
-  nsx "$ns" socat "$listen,fork,reuseaddr" SYSTEM:'echo $SOCAT_PEERADDR' &
+  # -t: the client half-closes at once; wait for the forked echo (slow under TCG) anyway.
+  nsx "$ns" socat -t5 "$listen,fork,reuseaddr" SYSTEM:'echo $SOCAT_PEERADDR' &
   BG_PIDS+=($!)
 }
 # tcp_peer NS IP: connects from NS to IP:8080, prints what the server saw (empty if no answer).
 tcp_peer() {
   local ns=$1 ip=$2 target
   case $ip in *:*) target="TCP6:[$ip]:8080";; *) target="TCP4:$ip:8080";; esac
-  nsx "$ns" timeout 8 socat -T4 - "$target,connect-timeout=4" </dev/null 2>/dev/null | tr -d '[]' || true
+  # -t: after stdin's EOF, wait for the server's answer (forking the echo is slow under TCG).
+  nsx "$ns" timeout 8 socat -t4 -T4 - "$target,connect-timeout=3" </dev/null 2>/dev/null | tr -d '[]' || true
 }
 echo_server ld-internet $INTERNET_IP
 echo_server ld-internet $INTERNET_IP6
@@ -146,12 +148,14 @@ while read -r kind key node net _; do
   ip netns add "ld-p-${key#*/}"
   nsx "ld-p-${key#*/}" ip link set lo up
   out=$(cni ADD "$key" "$node") || { echo "$out"; echo "demo: ADD $key failed" >&2; exit 1; }
-  read -r ip4 ip6 < <(python3 -c '
-import json, sys
+  read -r ip4 ip6 ip6x < <(python3 -c '
+import ipaddress, json, sys
 r = json.loads(sys.argv[1])
 addr = [i["address"].split("/")[0] for i in r["ips"]]
-print(next(a for a in addr if ":" not in a), next(a for a in addr if ":" in a))' "$out")
-  PODS+=("$key $node $net $ip4"); POD_IP[$key]=$ip4 POD_IP6[$key]=$ip6 POD_NET[$key]=$net POD_NODE[$key]=$node
+v6 = next(a for a in addr if ":" in a)
+print(next(a for a in addr if ":" not in a), v6, ipaddress.ip_address(v6).exploded)' "$out")
+  PODS+=("$key $node $net $ip4"); POD_IP[$key]=$ip4 POD_IP6[$key]=$ip6 POD_IP6X[$key]=$ip6x
+  POD_NET[$key]=$net POD_NODE[$key]=$node
   echo_server "ld-p-${key#*/}" "$ip4"
   echo_server "ld-p-${key#*/}" "$ip6"
   printf '%-26s %-7s %-9s %-14s %s\n' "$key" "$node" "$net" "$ip4" "$ip6"
@@ -166,23 +170,24 @@ targets=("${!POD_IP[@]}"); IFS=$'\n' targets=($(sort <<<"${targets[*]}")); unset
 mkdir -p "$W/obs"
 # Every source pod checks every target in both families, with ping (echo + reply) and a TCP
 # exchange whose answer must be the source's own address (no NAT between pods; for the
-# internet any answer counts). One background job per source pod.
+# internet any answer counts). One background job per source pod and family.
 PING_PIDS=()
 for src in "${targets[@]}"; do
-  ( for dst in "${targets[@]}" internet; do
-      [ "$src" = "$dst" ] && continue
-      for fam in 4 6; do
+  for fam in 4 6; do
+    ( for dst in "${targets[@]}" internet; do
+        [ "$src" = "$dst" ] && continue
         if [ "$fam" = 4 ]; then ip=${POD_IP[$dst]:-$INTERNET_IP} me=${POD_IP[$src]}
-        else ip=${POD_IP6[$dst]:-$INTERNET_IP6} me=${POD_IP6[$src]}; fi
-        if nsx "ld-p-${src#*/}" ping -c1 -W3 -q "$ip" >/dev/null 2>&1; then icmp=ok; else icmp=no; fi
+        else ip=${POD_IP6[$dst]:-$INTERNET_IP6} me=${POD_IP6X[$src]}; fi
+        if nsx "ld-p-${src#*/}" ping -c1 -W2 -q "$ip" >/dev/null 2>&1; then icmp=ok; else icmp=no; fi
         seen=$(tcp_peer "ld-p-${src#*/}" "$ip")
         if [ "$dst" = internet ] && [ -n "$seen" ] || [ "$seen" = "$me" ]; then tcp=ok; else tcp=no; fi
         echo "$dst $fam $icmp $tcp"
-      done
-    done >"$W/obs/${src//\//_}" ) &
-  PING_PIDS+=($!)
+      done >"$W/obs/${src//\//_}.$fam" ) &
+    PING_PIDS+=($!)
+  done
 done
 wait "${PING_PIDS[@]}"
+for src in "${targets[@]}"; do cat "$W/obs/${src//\//_}".[46] >"$W/obs/${src//\//_}"; done
 mismatches=0 checks=0
 for fam in 4 6; do
   echo; echo "IPv$fam:"
@@ -211,9 +216,10 @@ say "masquerade: what the internet host sees"
 for src in "${targets[@]}"; do
   allowed "${POD_NET[$src]}" internet || continue
   for fam in 4 6; do
-    if [ "$fam" = 4 ]; then ip=$INTERNET_IP me=${POD_IP[$src]}; else ip=$INTERNET_IP6 me=${POD_IP6[$src]}; fi
+    if [ "$fam" = 4 ]; then ip=$INTERNET_IP me=${POD_IP[$src]} shown=${POD_IP[$src]}
+    else ip=$INTERNET_IP6 me=${POD_IP6X[$src]} shown=${POD_IP6[$src]}; fi
     seen=$(tcp_peer "ld-p-${src#*/}" "$ip")
-    echo "${src} (${me} on ${POD_NODE[$src]}) appears as ${seen:-(no answer)}"
+    echo "${src} (${shown} on ${POD_NODE[$src]}) appears as ${seen:-(no answer)}"
     checks=$((checks + 1))
     # Masqueraded: the internet sees an address that is not the pod's (its node's).
     if [ -z "$seen" ] || [ "$seen" = "$me" ]; then
