@@ -5,12 +5,15 @@
 #
 #   ld-fabric   a bridge joining the nodes' underlay (IPv6 fd00:fab::/64, IPv4 192.168.0.0/24)
 #   ld-node-N   three nodes, each with one real `lace-agent run` in standalone mode
-#   ld-internet a host beyond node-1 (203.0.113.254) that echoes the address it sees
+#   ld-internet a host beyond node-1 (203.0.113.254, 2001:db8:cafe::254) that echoes the
+#               address it sees
 #   ld-p-NAME   one namespace per pod of examples/cluster, wired by exec'ing the real `lace`
-#               CNI plugin exactly as containerd does
+#               CNI plugin exactly as containerd does; each pod gets an IPv4 and an IPv6
+#               address (the example Networks are dual-stack) and runs a TCP echo server
 #
-# Then it prints the connectivity matrix (expected from the policies vs observed with real
-# pings), masquerade towards the internet, and each node's VRFs, routes and nft table.
+# Then it prints the connectivity matrix per address family (expected from the policies vs
+# observed with ICMP echo and a TCP exchange, so both new connections and their replies),
+# masquerade towards the internet in both families, and each node's VRFs, routes and nft table.
 #
 # env: LACE_AGENT, LACE_CNI  the built lace-agent and lace binaries (scripts/demo.sh sets them)
 #      LACE_DEMO_KEEP=1      leave everything up and wait for Ctrl-C before tearing down
@@ -22,7 +25,8 @@ W=$(mktemp -d /tmp/lace-demo.XXXXXX)
 NODES=(1 2 3)
 BG_PIDS=()
 PODS=()            # "ns/name node network ip"
-declare -A POD_IP POD_NET POD_NODE
+declare -A POD_IP POD_IP6 POD_IP6X POD_NET POD_NODE   # POD_IP6X: exploded, as socat reports it
+INTERNET_IP=203.0.113.254 INTERNET_IP6=2001:db8:cafe::254
 
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 nsx() { local ns=$1; shift; ip netns exec "$ns" "$@"; }
@@ -62,20 +66,41 @@ for i in "${NODES[@]}"; do
   nsx "$n" ip addr add 192.168.0.1$i/24 dev eth0
   nsx "$n" ip addr add fd00:fab::$i/64 dev eth0 nodad
   nsx "$n" ip link set eth0 up
+  # node-1 is the other nodes' way out (IPv4 and IPv6).
   [ "$i" = 1 ] || nsx "$n" ip route add default via 192.168.0.11
+  [ "$i" = 1 ] || nsx "$n" ip -6 route add default via fd00:fab::1
 done
 ip netns add ld-internet
 nsx ld-internet ip link set lo up
 ip link add eth1 netns ld-node-1 type veth peer name eth0 netns ld-internet
 nsx ld-node-1 ip addr add 203.0.113.1/24 dev eth1
+nsx ld-node-1 ip addr add 2001:db8:cafe::1/64 dev eth1 nodad
 nsx ld-node-1 ip link set eth1 up
-nsx ld-node-1 ip route add default via 203.0.113.254
-nsx ld-internet ip addr add 203.0.113.254/24 dev eth0
+nsx ld-node-1 ip route add default via $INTERNET_IP
+nsx ld-node-1 ip -6 route add default via $INTERNET_IP6
+nsx ld-internet ip addr add $INTERNET_IP/24 dev eth0
+nsx ld-internet ip addr add $INTERNET_IP6/64 dev eth0 nodad
 nsx ld-internet ip link set eth0 up
 nsx ld-internet ip route add 192.168.0.0/24 via 203.0.113.1
-# The internet host answers every TCP connection on :8080 with the address it sees.
-nsx ld-internet socat TCP-LISTEN:8080,fork,reuseaddr SYSTEM:'echo $SOCAT_PEERADDR' &
-BG_PIDS+=($!)
+nsx ld-internet ip -6 route add fd00:fab::/64 via 2001:db8:cafe::1
+
+# echo_server NS IP: answers every TCP connection to IP:8080 with the address it sees.
+echo_server() {
+  local ns=$1 ip=$2 listen
+  case $ip in *:*) listen="TCP6-LISTEN:8080,bind=[$ip]";; *) listen="TCP4-LISTEN:8080,bind=$ip";; esac
+  # -t: the client half-closes at once; wait for the forked echo (slow under TCG) anyway.
+  nsx "$ns" socat -t5 "$listen,fork,reuseaddr" SYSTEM:'echo $SOCAT_PEERADDR' &
+  BG_PIDS+=($!)
+}
+# tcp_peer NS IP: connects from NS to IP:8080, prints what the server saw (empty if no answer).
+tcp_peer() {
+  local ns=$1 ip=$2 target
+  case $ip in *:*) target="TCP6:[$ip]:8080";; *) target="TCP4:$ip:8080";; esac
+  # -t: after stdin's EOF, wait for the server's answer (forking the echo is slow under TCG).
+  nsx "$ns" timeout 8 socat -t4 -T4 - "$target,connect-timeout=3" </dev/null 2>/dev/null | tr -d '[]' || true
+}
+echo_server ld-internet $INTERNET_IP
+echo_server ld-internet $INTERNET_IP6
 
 # ---- agents ---------------------------------------------------------------------------------
 say "agents: one lace-agent per node, standalone mode on examples/cluster"
@@ -123,52 +148,84 @@ while read -r kind key node net _; do
   ip netns add "ld-p-${key#*/}"
   nsx "ld-p-${key#*/}" ip link set lo up
   out=$(cni ADD "$key" "$node") || { echo "$out"; echo "demo: ADD $key failed" >&2; exit 1; }
-  ip4=$(python3 -c 'import json,sys; r=json.loads(sys.argv[1]); print(next(i["address"].split("/")[0] for i in r["ips"] if ":" not in i["address"]))' "$out")
-  PODS+=("$key $node $net $ip4"); POD_IP[$key]=$ip4 POD_NET[$key]=$net POD_NODE[$key]=$node
-  printf '%-26s %-7s %-9s %s\n' "$key" "$node" "$net" "$ip4"
+  read -r ip4 ip6 ip6x < <(python3 -c '
+import ipaddress, json, sys
+r = json.loads(sys.argv[1])
+addr = [i["address"].split("/")[0] for i in r["ips"]]
+v6 = next(a for a in addr if ":" in a)
+print(next(a for a in addr if ":" not in a), v6, ipaddress.ip_address(v6).exploded)' "$out")
+  PODS+=("$key $node $net $ip4"); POD_IP[$key]=$ip4 POD_IP6[$key]=$ip6 POD_IP6X[$key]=$ip6x
+  POD_NET[$key]=$net POD_NODE[$key]=$node
+  echo_server "ld-p-${key#*/}" "$ip4"
+  echo_server "ld-p-${key#*/}" "$ip6"
+  printf '%-26s %-7s %-9s %-14s %s\n' "$key" "$node" "$net" "$ip4" "$ip6"
 done <"$W/policy"
 
 # allowed FROM TO: a NetworkRoutingPolicy lets Network FROM open connections to Network TO.
 allowed() { grep -q "^pair $1 $2 " "$W/policy"; }
 
 # ---- matrix ---------------------------------------------------------------------------------
-say "connectivity: expected from the policies (lace-agent policy) vs observed (ping)"
+say "connectivity: expected from the policies (lace-agent policy) vs observed (ICMP echo, TCP)"
 targets=("${!POD_IP[@]}"); IFS=$'\n' targets=($(sort <<<"${targets[*]}")); unset IFS
 mkdir -p "$W/obs"
+# Every source pod checks every target in both families, with ping (echo + reply) and a TCP
+# exchange whose answer must be the source's own address (no NAT between pods; for the
+# internet any answer counts). One background job per source pod and family.
 PING_PIDS=()
 for src in "${targets[@]}"; do
-  ( for dst in "${targets[@]}" internet; do
-      [ "$src" = "$dst" ] && continue
-      ip=${POD_IP[$dst]:-203.0.113.254}
-      if nsx "ld-p-${src#*/}" ping -c1 -W3 -q "$ip" >/dev/null 2>&1; then r=ok; else r=no; fi
-      echo "$dst $r"
-    done >"$W/obs/${src//\//_}" ) &
-  PING_PIDS+=($!)
+  for fam in 4 6; do
+    ( for dst in "${targets[@]}" internet; do
+        [ "$src" = "$dst" ] && continue
+        if [ "$fam" = 4 ]; then ip=${POD_IP[$dst]:-$INTERNET_IP} me=${POD_IP[$src]}
+        else ip=${POD_IP6[$dst]:-$INTERNET_IP6} me=${POD_IP6X[$src]}; fi
+        if nsx "ld-p-${src#*/}" ping -c1 -W2 -q "$ip" >/dev/null 2>&1; then icmp=ok; else icmp=no; fi
+        seen=$(tcp_peer "ld-p-${src#*/}" "$ip")
+        if [ "$dst" = internet ] && [ -n "$seen" ] || [ "$seen" = "$me" ]; then tcp=ok; else tcp=no; fi
+        echo "$dst $fam $icmp $tcp"
+      done >"$W/obs/${src//\//_}.$fam" ) &
+    PING_PIDS+=($!)
+  done
 done
 wait "${PING_PIDS[@]}"
+for src in "${targets[@]}"; do cat "$W/obs/${src//\//_}".[46] >"$W/obs/${src//\//_}"; done
 mismatches=0 checks=0
-printf '%-24s' "from \\ to"; for dst in "${targets[@]}" internet; do printf ' %-9s' "${dst#*/}"; done; echo
-for src in "${targets[@]}"; do
-  printf '%-24s' "${src#*/} (${POD_NET[$src]})"
-  for dst in "${targets[@]}" internet; do
-    if [ "$src" = "$dst" ]; then printf ' %-9s' "·"; continue; fi
-    got=$(awk -v d="$dst" '$1==d{print $2}' "$W/obs/${src//\//_}")
-    to=${POD_NET[$dst]:-internet}
-    if allowed "${POD_NET[$src]}" "$to"; then want=ok; else want=no; fi
-    cell=$([ "$want" = ok ] && echo "✓" || echo "✗")
-    checks=$((checks + 1))
-    if [ "$got" != "$want" ]; then cell="$cell!"; mismatches=$((mismatches + 1)); fi
-    printf ' %-9s' "$cell"
+for fam in 4 6; do
+  echo; echo "IPv$fam:"
+  printf '%-24s' "from \\ to"; for dst in "${targets[@]}" internet; do printf ' %-11s' "${dst#*/}"; done; echo
+  for src in "${targets[@]}"; do
+    printf '%-24s' "${src#*/} (${POD_NET[$src]})"
+    for dst in "${targets[@]}" internet; do
+      if [ "$src" = "$dst" ]; then printf ' %-11s' "·"; continue; fi
+      read -r icmp tcp < <(awk -v d="$dst" -v f="$fam" '$1==d && $2==f {print $3, $4}' "$W/obs/${src//\//_}")
+      to=${POD_NET[$dst]:-internet}
+      if allowed "${POD_NET[$src]}" "$to"; then want=ok; else want=no; fi
+      cell=$([ "$want" = ok ] && echo "✓" || echo "✗") bad=
+      [ "$icmp" = "$want" ] || bad+=I
+      [ "$tcp" = "$want" ] || bad+=T
+      checks=$((checks + 2))
+      if [ -n "$bad" ]; then cell="$cell!$bad"; mismatches=$((mismatches + ${#bad})); fi
+      printf ' %-11s' "$cell"
+    done
+    echo
   done
-  echo
 done
-echo "(✓ allowed, ✗ denied by policy; '!' marks an observation that differs from the policy)"
+echo "(✓ allowed, ✗ denied by policy, checked with ICMP and TCP; '!I' / '!T' mark an ICMP / TCP"
+echo " observation that differs from the policy)"
 
 say "masquerade: what the internet host sees"
 for src in "${targets[@]}"; do
   allowed "${POD_NET[$src]}" internet || continue
-  seen=$(nsx "ld-p-${src#*/}" timeout 5 socat -T3 - TCP:203.0.113.254:8080 </dev/null 2>/dev/null || echo "(no answer)")
-  echo "${src} (${POD_IP[$src]} on ${POD_NODE[$src]}) appears as ${seen}"
+  for fam in 4 6; do
+    if [ "$fam" = 4 ]; then ip=$INTERNET_IP me=${POD_IP[$src]} shown=${POD_IP[$src]}
+    else ip=$INTERNET_IP6 me=${POD_IP6X[$src]} shown=${POD_IP6[$src]}; fi
+    seen=$(tcp_peer "ld-p-${src#*/}" "$ip")
+    echo "${src} (${shown} on ${POD_NODE[$src]}) appears as ${seen:-(no answer)}"
+    checks=$((checks + 1))
+    # Masqueraded: the internet sees an address that is not the pod's (its node's).
+    if [ -z "$seen" ] || [ "$seen" = "$me" ]; then
+      echo "  ! IPv$fam: not masqueraded" >&2; mismatches=$((mismatches + 1))
+    fi
+  done
 done
 
 # ---- inspection -----------------------------------------------------------------------------

@@ -110,6 +110,23 @@ fn lifecycle_add_check_del_del() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+    // And a TCP exchange each way of the conversation, both families: the server in pod b
+    // answers with the address it saw, which must be pod a's (no NAT inside a Network).
+    for (listen, connect, seen) in [
+        (
+            "TCP4-LISTEN:7200,bind=10.244.64.2",
+            "TCP4:10.244.64.2:7200",
+            "10.244.64.1",
+        ),
+        (
+            "TCP6-LISTEN:7200,bind=[fd00:244:0:100::2]",
+            "TCP6:[fd00:244:0:100::2]:7200",
+            "fd00:244:0:100::1",
+        ),
+    ] {
+        let seen: std::net::IpAddr = seen.parse().unwrap();
+        assert_eq!(tcp_peer(&a, &b, listen, connect), seen, "{connect}");
+    }
 
     // CHECK passes on what ADD made...
     let check_conf = bed.netconf(json!({"prevResult": ra}));
@@ -186,6 +203,48 @@ fn lifecycle_add_check_del_del() {
         metrics.contains("lace_cni_requests_total{verb=\"CHECK\",result=\"100\"} 2"),
         "{metrics}"
     );
+}
+
+/// Runs a one-connection socat server (`listen`) in `server` that answers with the peer
+/// address it saw, connects to it from `client` (`connect`, retried while the server starts)
+/// and returns the answer (socat writes IPv6 exploded, in brackets).
+fn tcp_peer(client: &Ns, server: &Ns, listen: &str, connect: &str) -> std::net::IpAddr {
+    let mut srv = Command::new("ip")
+        // -t: the client half-closes at once; wait for the forked echo all the same.
+        .args(["netns", "exec", &server.0, "socat", "-t5", "-T5", listen])
+        .arg("SYSTEM:echo $SOCAT_PEERADDR")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let answer = loop {
+        let out = Command::new("ip")
+            .args([
+                "netns", "exec", &client.0, "socat", "-t5", "-T5", "-", connect,
+            ])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let answer = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        if out.status.success() && !answer.is_empty() || Instant::now() > deadline {
+            break answer;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    if answer.is_empty() {
+        // No connection came through: the listener would wait forever.
+        srv.kill().unwrap();
+    }
+    let srv = srv.wait_with_output().unwrap();
+    assert!(
+        srv.status.success(),
+        "socat server {listen} (client got {answer:?}): {}",
+        String::from_utf8_lossy(&srv.stderr)
+    );
+    let bare = answer.trim_matches(|c| c == '[' || c == ']');
+    bare.parse()
+        .unwrap_or_else(|e| panic!("{connect}: answer {answer:?} is no address: {e}"))
 }
 
 /// Pods added concurrently (`LACE_CNI_PODS`, default 100; the VM run uses fewer because

@@ -4,12 +4,16 @@
 //! only the reconciler programs the nodes. Everything is asserted with real ICMP and TCP.
 //!
 //! Networks: `system` reaches itself; `default` does not reach itself and egresses to the
-//! external `internet`; `tenant-a` reaches itself and `system`.
+//! external `internet`; `tenant-a` reaches itself and `system`. Every Network is dual-stack
+//! (a /24 and a /64 per node), every pod has an IPv4 and an IPv6 address, and every cell of the
+//! matrix is checked in both families, with ICMP and with TCP.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
@@ -20,22 +24,53 @@ use lace::dataplane::{NetnsTarget, Reconciler, ROUTE_PROTOCOL};
 use lace::plan::{plan, DesiredNode};
 use lace::state::{ClusterState, Node, ObjectKey, PodAttachment};
 use lace_netns_tests::bed::number_after;
-use lace_netns_tests::pods::attach_pod;
+use lace_netns_tests::pods::{add_pod_v6, attach_pod};
 use lace_netns_tests::{require_root_and_vrf, Netns, Topology};
 
 const NODES: [u32; 3] = [1, 2, 3];
 /// (Network, second octet, SID function).
 const NETS: [(&str, u8, u16); 3] = [("default", 1, 1), ("system", 2, 2), ("tenant-a", 3, 3)];
 const TCP_PORT: u16 = 7100;
-const TIMEOUT: Duration = Duration::from_secs(4);
+const TIMEOUT: Duration = Duration::from_secs(3);
+/// The internet namespace's address beyond node 1, per family.
+const INTERNET_V4: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 1);
+const INTERNET_V6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xeeee, 0, 0, 0, 0, 1);
+/// Node 1's addresses on its link to the internet (what masquerade must show).
+const NODE1_INET_V4: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
+const NODE1_INET_V6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xee, 0, 0, 0, 0, 1);
 
-/// A test pod: its namespace label, node, Network and address.
+/// A test pod: its namespace label, node, Network and addresses.
 #[derive(Clone, Debug)]
 struct PodSpec {
     label: &'static str,
     node: u32,
     network: &'static str,
     addr: Ipv4Addr,
+    addr6: Ipv6Addr,
+}
+
+impl PodSpec {
+    /// The pod's address in `family`.
+    fn ip(&self, family: Family) -> IpAddr {
+        match family {
+            Family::V4 => IpAddr::V4(self.addr),
+            Family::V6 => IpAddr::V6(self.addr6),
+        }
+    }
+}
+
+/// An address family the matrix is checked in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Family {
+    V4,
+    V6,
+}
+
+const FAMILIES: [Family; 2] = [Family::V4, Family::V6];
+
+/// The Network's IPv6 block on node `node`: `fd00:<second>:0:<node>::/64`.
+const fn block6(second: u8, node: u32) -> Ipv6Addr {
+    Ipv6Addr::new(0xfd00, second as u16, 0, node as u16, 0, 0, 0, 0)
 }
 
 fn octet(network: &str) -> u8 {
@@ -48,11 +83,13 @@ const fn pod(label: &'static str, node: u32, network: &'static str, host: u8) ->
         b's' => 2,
         _ => 3,
     };
+    let b = block6(second, node).segments();
     PodSpec {
         label,
         node,
         network,
         addr: Ipv4Addr::new(10, second, node as u8, host),
+        addr6: Ipv6Addr::new(b[0], b[1], b[2], b[3], 0, 0, 0, host as u16),
     }
 }
 
@@ -101,10 +138,16 @@ fn cluster(with_tenant: bool) -> ClusterState {
         s.networks.insert(
             name.into(),
             NetworkSpec {
-                subnets: vec![Subnet {
-                    cidr: format!("10.{second}.0.0/16").parse().unwrap(),
-                    block_prefix: 24,
-                }],
+                subnets: vec![
+                    Subnet {
+                        cidr: format!("10.{second}.0.0/16").parse().unwrap(),
+                        block_prefix: 24,
+                    },
+                    Subnet {
+                        cidr: format!("fd00:{second:x}::/48").parse().unwrap(),
+                        block_prefix: 64,
+                    },
+                ],
                 external: false,
             },
         );
@@ -151,7 +194,8 @@ fn cluster(with_tenant: bool) -> ClusterState {
                 let b: IpNet = Ipv4Net::new(Ipv4Addr::new(10, octet(name), i as u8, 0), 24)
                     .unwrap()
                     .into();
-                (name.clone(), vec![b])
+                let b6: IpNet = Ipv6Net::new(block6(octet(name), i), 64).unwrap().into();
+                (name.clone(), vec![b, b6])
             })
             .collect();
         s.node_allocations.insert(
@@ -175,7 +219,10 @@ fn attachments(node: u32, with_tenant: bool) -> Vec<PodAttachment> {
             container_id: format!("c-{}", p.label),
             host_ifname: host_if(p),
             network: p.network.into(),
-            ips: vec![IpNet::V4(Ipv4Net::from(p.addr))],
+            ips: vec![
+                IpNet::V4(Ipv4Net::from(p.addr)),
+                IpNet::V6(Ipv6Net::from(p.addr6)),
+            ],
         })
         .collect()
 }
@@ -237,13 +284,18 @@ impl World {
                 w.topo
                     .link(("node1", "inet0"), ("internet", "eth0"))
                     .unwrap();
-                n.ip("addr add 198.51.100.1/24 dev inet0").unwrap();
+                n.ip(&format!("addr add {NODE1_INET_V4}/24 dev inet0"))
+                    .unwrap();
                 n.ip("route add default via 198.51.100.2 dev inet0")
+                    .unwrap();
+                n.ip(&format!("-6 addr add {NODE1_INET_V6}/64 dev inet0 nodad"))
+                    .unwrap();
+                n.ip("-6 route add default via 2001:db8:ee::2 dev inet0")
                     .unwrap();
             } else {
                 n.ip("route add default dev eth0").unwrap();
+                n.ip("-6 route add default dev eth0").unwrap();
             }
-            n.ip("-6 route add default dev eth0").unwrap();
             // An observer that is not Lace's: counts SRv6 packets (IPv6 + routing header)
             // arriving from the fabric.
             n.exec_stdin(
@@ -255,9 +307,16 @@ impl World {
         }
         let inet = w.ns("internet");
         inet.ip("addr add 198.51.100.2/24 dev eth0").unwrap();
-        inet.ip("addr add 203.0.113.1/32 dev lo").unwrap();
+        inet.ip(&format!("addr add {INTERNET_V4}/32 dev lo"))
+            .unwrap();
+        inet.ip("-6 addr add 2001:db8:ee::2/64 dev eth0 nodad")
+            .unwrap();
+        inet.ip(&format!("-6 addr add {INTERNET_V6}/128 dev lo"))
+            .unwrap();
         for p in &PODS {
-            attach_pod(w.node(p.node), &host_if(p), w.ns(p.label), p.addr).unwrap();
+            let (node, pod) = (w.node(p.node), w.ns(p.label));
+            attach_pod(node, &host_if(p), pod, p.addr).unwrap();
+            add_pod_v6(node, &host_if(p), pod, p.addr6).unwrap();
         }
         w
     }
@@ -266,6 +325,41 @@ impl World {
         self.ns(from)
             .exec("ping", &["-c", "1", "-W", "2", &to.to_string()])
             .is_ok()
+    }
+
+    /// Starts a TCP server on every pod's addresses (both families) and on the internet's.
+    fn servers(&self) -> Vec<Server> {
+        let mut all: Vec<Server> = PODS
+            .iter()
+            .flat_map(|p| FAMILIES.map(|f| Server::start(self.ns(p.label), p.ip(f))))
+            .collect();
+        let inet = self.ns("internet");
+        all.push(Server::start(inet, IpAddr::V4(INTERNET_V4)));
+        all.push(Server::start(inet, IpAddr::V6(INTERNET_V6)));
+        all
+    }
+
+    /// Node `i`'s and pod `pod`'s neighbours, addresses, routes and Lace's nft counters, for
+    /// failure messages.
+    fn diagnose(&self, i: u32, pod: &str) -> String {
+        let mut out = String::new();
+        let n = self.node(i);
+        for (ns, args) in [
+            (n, "-6 neigh show"),
+            (n, "-6 addr show"),
+            (n, "-6 route show table all"),
+            (self.ns(pod), "-6 neigh show"),
+            (self.ns(pod), "-6 addr show"),
+            (self.ns(pod), "-6 route show"),
+        ] {
+            let got = ns.ip(args).unwrap_or_else(|e| e.to_string());
+            out.push_str(&format!("--- ip -n {} {args}\n{got}\n", ns.name()));
+        }
+        let nft = n
+            .exec("nft", &["list", "table", "inet", "lace"])
+            .unwrap_or_else(|e| e.to_string());
+        out.push_str(&format!("--- nft list table inet lace (node{i})\n{nft}"));
+        out
     }
 
     /// SRv6 packets node `i` received from the fabric (the foreign observer's counter).
@@ -326,78 +420,136 @@ fn allowed(from: &PodSpec, to: &PodSpec) -> bool {
     )
 }
 
-/// Pings every ordered pair of `pods` (a few at a time) and returns the pairs whose outcome
-/// differs from the policy.
-fn matrix(w: &World, pods: &[&PodSpec]) -> Vec<String> {
+/// Checks every ordered pair of `pods` in `families`, with ICMP (echo and its reply) and
+/// TCP (handshake, request and response), a few pairs at a time; returns every check whose
+/// outcome differs from the policy. [`World::servers`] must be running.
+fn matrix(w: &World, pods: &[&PodSpec], families: &[Family]) -> Vec<String> {
     let pairs: Vec<(&PodSpec, &PodSpec)> = pods
         .iter()
         .flat_map(|a| pods.iter().map(move |b| (*a, *b)))
         .filter(|(a, b)| a.label != b.label)
         .collect();
     let mut wrong = Vec::new();
-    for chunk in pairs.chunks(8) {
-        let results: Vec<(String, bool, bool)> = std::thread::scope(|s| {
+    for chunk in pairs.chunks(14) {
+        let results: Vec<Vec<String>> = std::thread::scope(|s| {
             let hs: Vec<_> = chunk
                 .iter()
                 .map(|(a, b)| {
                     s.spawn(move || {
-                        let got = w.ping(a.label, IpAddr::V4(b.addr));
-                        (format!("{} -> {}", a.label, b.label), allowed(a, b), got)
+                        let want = allowed(a, b);
+                        let mut wrong = Vec::new();
+                        for &f in families {
+                            let pair = format!("{} -> {} ({f:?})", a.label, b.label);
+                            let icmp = w.ping(a.label, b.ip(f));
+                            if icmp != want {
+                                wrong.push(format!("{pair}: policy {want}, ICMP {icmp}"));
+                            }
+                            match (want, tcp(w, a.label, b.ip(f))) {
+                                (true, Ok(seen)) if seen != a.ip(f) => wrong.push(format!(
+                                    "{pair}: TCP server saw {seen}, not the pod (NAT between pods)"
+                                )),
+                                (true, Err(e)) => {
+                                    wrong.push(format!("{pair}: policy true, TCP failed: {e}"))
+                                }
+                                (false, Ok(_)) => {
+                                    wrong.push(format!("{pair}: policy false, TCP connected"))
+                                }
+                                _ => {}
+                            }
+                        }
+                        wrong
                     })
                 })
                 .collect();
             hs.into_iter().map(|h| h.join().unwrap()).collect()
         });
-        for (pair, want, got) in results {
-            if want != got {
-                wrong.push(format!("{pair}: policy {want}, ping {got}"));
-            }
-        }
+        wrong.extend(results.into_iter().flatten());
     }
     wrong
 }
 
-/// Opens a TCP connection from pod `from` to a listener at `to_addr` in namespace `to_ns`;
-/// returns the address the server saw, or the error.
-fn tcp(w: &World, from: &str, to_ns: &str, to_addr: Ipv4Addr) -> Result<IpAddr, String> {
-    let server: SocketAddr = (to_addr, TCP_PORT).into();
-    let listener = w
-        .ns(to_ns)
-        .enter(|| TcpListener::bind(server))
-        .unwrap()
-        .unwrap();
-    listener.set_nonblocking(true).unwrap();
+/// A TCP server on one address in one namespace (port [`TCP_PORT`]): reads one line and
+/// answers with the address it saw the client come from. Stops when dropped.
+struct Server {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Server {
+    fn start(ns: &Netns, addr: IpAddr) -> Server {
+        let bind: SocketAddr = (addr, TCP_PORT).into();
+        let listener = ns
+            .enter(|| TcpListener::bind(bind))
+            .unwrap()
+            .unwrap_or_else(|e| panic!("bind {bind} in {}: {e}", ns.name()));
+        listener.set_nonblocking(true).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            while !stopped.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((conn, peer)) => {
+                        // One thread per connection: a client that never sends must not stall
+                        // the others.
+                        std::thread::spawn(move || {
+                            let _ = serve(conn, peer);
+                        });
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        std::thread::sleep(Duration::from_millis(10))
+                    }
+                    Err(e) => panic!("accept on {bind}: {e}"),
+                }
+            }
+        });
+        Server {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+fn serve(conn: TcpStream, peer: SocketAddr) -> std::io::Result<()> {
+    conn.set_nonblocking(false)?;
+    conn.set_read_timeout(Some(TIMEOUT))?;
+    let mut line = String::new();
+    BufReader::new(&conn).read_line(&mut line)?;
+    if line == "ping\n" {
+        (&conn).write_all(format!("{}\n", peer.ip()).as_bytes())?;
+    }
+    Ok(())
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Opens a TCP connection from pod `from` to a [`Server`] at `to`, sends a request and reads
+/// the answer: the address the server saw (so both directions carried data), or the error.
+fn tcp(w: &World, from: &str, to: IpAddr) -> Result<IpAddr, String> {
+    let server: SocketAddr = (to, TCP_PORT).into();
     let client = w
         .ns(from)
         .enter(|| TcpStream::connect_timeout(&server, TIMEOUT))
         .unwrap();
-    let mut client = client.map_err(|e| e.to_string())?;
+    let client = client.map_err(|e| format!("connect: {e}"))?;
     client.set_read_timeout(Some(TIMEOUT)).unwrap();
-    // The client's handshake can complete before its last ACK reached the server.
-    let deadline = std::time::Instant::now() + TIMEOUT;
-    let (mut conn, peer) = loop {
-        match listener.accept() {
-            Ok(c) => break c,
-            Err(e)
-                if e.kind() == std::io::ErrorKind::WouldBlock
-                    && std::time::Instant::now() < deadline =>
-            {
-                std::thread::sleep(Duration::from_millis(20))
-            }
-            Err(e) => return Err(format!("accept: {e}")),
-        }
-    };
-    conn.set_nonblocking(false).unwrap();
-    client.write_all(b"ping\n").map_err(|e| e.to_string())?;
-    let mut buf = [0u8; 5];
-    conn.read_exact(&mut buf)
-        .map_err(|e| format!("server read: {e}"))?;
-    conn.write_all(b"pong\n").map_err(|e| e.to_string())?;
-    client
-        .read_exact(&mut buf)
-        .map_err(|e| format!("client read: {e}"))?;
-    assert_eq!(&buf, b"pong\n");
-    Ok(peer.ip())
+    (&client)
+        .write_all(b"ping\n")
+        .map_err(|e| format!("send: {e}"))?;
+    let mut answer = String::new();
+    BufReader::new(&client)
+        .read_line(&mut answer)
+        .map_err(|e| format!("receive: {e}"))?;
+    answer
+        .trim()
+        .parse()
+        .map_err(|e| format!("answer {answer:?}: {e}"))
 }
 
 fn pod_by(label: &str) -> &'static PodSpec {
@@ -447,42 +599,54 @@ fn dataplane_three_nodes_policies_srv6_teardown_restart() {
         .unwrap();
 
     // Before Lace: no pod reaches another.
-    assert!(!w.ping("p1-system", IpAddr::V4(pod_by("p2-system").addr)));
+    for f in FAMILIES {
+        assert!(!w.ping("p1-system", pod_by("p2-system").ip(f)));
+    }
 
     let recs = reconcilers(&w);
     let first = apply_all(&recs, &plans(true));
     assert!(first > 0);
+    let servers = w.servers();
 
-    // --- The connectivity matrix: same node and across nodes. ----------------------------
-    let srv6_before = w.srv6_in(2);
+    // --- The connectivity matrix: same node and across nodes, per family. ----------------
     let all: Vec<&PodSpec> = PODS.iter().collect();
-    let wrong = matrix(&w, &all);
-    assert!(
-        wrong.is_empty(),
-        "matrix differs from policy:\n{}",
-        wrong.join("\n")
-    );
-    assert!(
-        w.srv6_in(2) > srv6_before,
-        "cross-node traffic to node 2 must arrive as SRv6"
-    );
+    for f in FAMILIES {
+        let srv6_before = w.srv6_in(2);
+        let wrong = matrix(&w, &all, &[f]);
+        assert!(
+            wrong.is_empty(),
+            "{f:?} matrix differs from policy:\n{}\n{}",
+            wrong.join("\n"),
+            w.diagnose(1, "p1-system")
+        );
+        assert!(
+            w.srv6_in(2) > srv6_before,
+            "cross-node {f:?} traffic to node 2 must arrive as SRv6"
+        );
+    }
 
-    // TCP: allowed both ways of the conversation, disallowed new connections refused.
-    let peer = tcp(&w, "p1-tenant", "p2-system", pod_by("p2-system").addr).unwrap();
-    assert_eq!(
-        peer,
-        IpAddr::V4(pod_by("p1-tenant").addr),
-        "no NAT between pods"
-    );
-    assert!(tcp(&w, "p2-system", "p1-tenant", pod_by("p1-tenant").addr).is_err());
-    assert!(tcp(&w, "p1-system", "p3-system", pod_by("p3-system").addr).is_ok());
-    assert!(tcp(&w, "p1-default", "p2-default", pod_by("p2-default").addr).is_err());
-
-    // `default` egresses to the internet, masqueraded behind node 1.
-    assert!(w.ping("p1-default", "203.0.113.1".parse().unwrap()));
-    let seen = tcp(&w, "p1-default", "internet", "203.0.113.1".parse().unwrap()).unwrap();
-    assert_eq!(seen, "198.51.100.1".parse::<IpAddr>().unwrap());
-    assert!(!w.ping("p1-system", "203.0.113.1".parse().unwrap()));
+    // `default` egresses to the internet, masqueraded behind node 1, in both families; the
+    // other Networks have no way out.
+    for (internet, node1) in [
+        (IpAddr::V4(INTERNET_V4), IpAddr::V4(NODE1_INET_V4)),
+        (IpAddr::V6(INTERNET_V6), IpAddr::V6(NODE1_INET_V6)),
+    ] {
+        let from = "p1-default";
+        assert!(w.ping(from, internet), "{from} -> {internet} (ICMP)");
+        let seen =
+            tcp(&w, from, internet).unwrap_or_else(|e| panic!("{from} -> {internet} (TCP): {e}"));
+        assert_eq!(
+            seen, node1,
+            "{from} -> {internet}: not masqueraded behind node 1"
+        );
+        for from in ["p1-system", "p1-tenant"] {
+            assert!(!w.ping(from, internet), "{from} reached {internet} (ICMP)");
+            assert!(
+                tcp(&w, from, internet).is_err(),
+                "{from} reached {internet} (TCP)"
+            );
+        }
+    }
 
     // A hand-crafted SRv6 packet to node 1's `system` SID from a non-node is dropped.
     let rogue = w.ns("rogue");
@@ -559,7 +723,7 @@ fn dataplane_three_nodes_policies_srv6_teardown_restart() {
         );
     }
     let rest: Vec<&PodSpec> = PODS.iter().filter(|p| p.network != "tenant-a").collect();
-    let wrong = matrix(&w, &rest[..]);
+    let wrong = matrix(&w, &rest[..], &FAMILIES);
     assert!(
         wrong.is_empty(),
         "after removing tenant-a:\n{}",
@@ -568,32 +732,29 @@ fn dataplane_three_nodes_policies_srv6_teardown_restart() {
 
     // --- A restarted reconciler (no memory) converges with zero writes, zero loss. -------
     drop(recs);
-    let ping = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            w.ns("p1-system").name(),
-            "ping",
-            "-c",
-            "15",
-            "-i",
-            "0.2",
-            "-W",
-            "2",
-        ])
-        .arg(pod_by("p2-system").addr.to_string())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let pings: Vec<_> = FAMILIES
+        .iter()
+        .map(|&f| {
+            Command::new("ip")
+                .args(["netns", "exec", w.ns("p1-system").name()])
+                .args(["ping", "-c", "15", "-i", "0.2", "-W", "2"])
+                .arg(pod_by("p2-system").ip(f).to_string())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
     let recs = reconcilers(&w);
     assert_eq!(apply_all(&recs, &plans(false)), 0, "restart must not write");
-    let out = ping.wait_with_output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        text.contains(" 0% packet loss"),
-        "pings lost during restart: {text}"
-    );
+    for ping in pings {
+        let out = ping.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains(" 0% packet loss"),
+            "pings lost during restart: {text}"
+        );
+    }
 
     // --- teardown_all on node 1: Lace's state goes, the host's stays. -------------------
     recs[0].teardown_all().unwrap();
@@ -623,6 +784,9 @@ fn dataplane_three_nodes_policies_srv6_teardown_restart() {
     assert!(!tables.contains("inet lace"), "{tables}");
     assert!(tables.contains("inet observe"), "{tables}");
     // Node 1 without Lace: its pods are cut off again; a second teardown writes nothing.
-    assert!(!w.ping("p1-system", IpAddr::V4(pod_by("p2-system").addr)));
+    for f in FAMILIES {
+        assert!(!w.ping("p1-system", pod_by("p2-system").ip(f)));
+    }
+    drop(servers);
     assert_eq!(recs[0].teardown_all().unwrap().writes, 0);
 }

@@ -1,0 +1,463 @@
+//! Pod-to-pod throughput across two nodes, one TCP stream (Debian's `iperf3`), in network
+//! namespaces (root; run by `netns-tests/bench.sh --throughput`, in the VM when the host kernel
+//! lacks VRF). Prints one table; the ratios compare cases measured in the same run, runs
+//! interleaved (case 1, 2, 3, 4, case 1, 2, ...) so drift of a shared machine hits all alike.
+//!
+//! Every case is its own world of the same shape: two node namespaces joined by one veth pair
+//! (the fabric, MTU 1500, IPv6 and IPv4 addresses), one pod behind each node, wired the way
+//! the CNI wires pods (`/32`, default via `169.254.1.1`). Only the way node A reaches node B's
+//! pod differs:
+//!
+//! - `native`: plain routes over the fabric, no encapsulation (pod MTU 1500);
+//! - `srv6`: Lace's dataplane, programmed by the real reconciler from the real planner's plan
+//!   (VRF, `seg6` encap towards the remote SID, `seg6local End.DT4/DT46` decap, nftables
+//!   policy); pod MTU = 1500 minus Lace's SRv6 overhead (64), as the agent computes it;
+//! - `vxlan4`: a vxlan device per node over the fabric's IPv4 (pod MTU 1500 - 50);
+//! - `vxlan6`: the same over the fabric's IPv6, the underlay SRv6 uses (pod MTU 1500 - 70).
+//!
+//! A run counts only if node B's observer (an nft table that is not Lace's) saw the stream
+//! arrive the way the case says (SRv6 = IPv6 with a routing header, VXLAN = UDP 4789, native =
+//! bare TCP) and no fragment at all: the MTUs are honest or the bench fails.
+//!
+//! env: LACE_BENCH_SECONDS (default 5) per run, LACE_BENCH_REPEATS (default 3) runs per case.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use ipnet::{IpNet, Ipv4Net};
+use lace::agent::SRV6_OVERHEAD;
+use lace::api::{
+    NetworkAllocationSpec, NetworkRoutingPolicySpec, NetworkSpec, NodeAllocationSpec, Subnet,
+};
+use lace::dataplane::{NetnsTarget, Reconciler};
+use lace::plan::plan;
+use lace::state::{ClusterState, Node, ObjectKey, PodAttachment};
+use lace_netns_tests::bed::number_after;
+use lace_netns_tests::pods::{attach_pod, POD_GATEWAY_V4};
+use lace_netns_tests::{require_root_and_vrf, veth, Netns};
+use serde_json::Value;
+
+/// The fabric's MTU (the underlay MTU every case starts from).
+const UNDERLAY_MTU: u32 = 1500;
+const IPERF_PORT: &str = "5201";
+/// The pods' host-side interface, as the CNI would name it.
+const HOST_IF: &str = "lp-bench";
+
+/// How node A reaches node B's pod.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Case {
+    Native,
+    Srv6,
+    Vxlan4,
+    Vxlan6,
+}
+
+impl Case {
+    const ALL: [Case; 4] = [Case::Native, Case::Srv6, Case::Vxlan4, Case::Vxlan6];
+
+    fn name(self) -> &'static str {
+        match self {
+            Case::Native => "native",
+            Case::Srv6 => "srv6",
+            Case::Vxlan4 => "vxlan4",
+            Case::Vxlan6 => "vxlan6",
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            Case::Native => "routed, no encapsulation",
+            Case::Srv6 => "Lace: VRF + seg6 encap, reconciler",
+            Case::Vxlan4 => "vxlan over the fabric's IPv4",
+            Case::Vxlan6 => "vxlan over the fabric's IPv6",
+        }
+    }
+
+    /// The pods' MTU: the underlay MTU minus what the encapsulation adds.
+    fn pod_mtu(self) -> u32 {
+        UNDERLAY_MTU
+            - match self {
+                Case::Native => 0,
+                Case::Srv6 => SRV6_OVERHEAD,
+                // Outer Ethernet 14 + IP + UDP 8 + VXLAN 8.
+                Case::Vxlan4 => 14 + 20 + 8 + 8,
+                Case::Vxlan6 => 14 + 40 + 8 + 8,
+            }
+    }
+
+    /// The node-B observer counter the stream must show up in.
+    fn counter(self) -> &'static str {
+        match self {
+            Case::Native => "plain_tcp",
+            Case::Srv6 => "srv6",
+            Case::Vxlan4 | Case::Vxlan6 => "vxlan",
+        }
+    }
+}
+
+/// Node B's observer: how packets arrive from the fabric. Not Lace's table (Lace owns only
+/// `inet lace`), so the reconciler leaves it alone.
+const OBSERVER: &str = r#"
+table inet observe {
+  counter srv6 { }
+  counter vxlan { }
+  counter plain_tcp { }
+  counter fragments { }
+  chain pre {
+    type filter hook prerouting priority -300; policy accept;
+    iifname "eth0" ip6 nexthdr 43 counter name "srv6"
+    iifname "eth0" udp dport 4789 counter name "vxlan"
+    iifname "eth0" ip protocol tcp counter name "plain_tcp"
+    iifname "eth0" ip6 nexthdr 44 counter name "fragments"
+    iifname "eth0" ip frag-off & 0x3fff != 0 counter name "fragments"
+  }
+}
+"#;
+
+fn underlay6(i: u8) -> Ipv6Addr {
+    Ipv6Addr::new(0x2001, 0xdb8, 0xff, 0, 0, 0, 0, u16::from(i))
+}
+
+fn underlay4(i: u8) -> Ipv4Addr {
+    Ipv4Addr::new(192, 168, 255, i)
+}
+
+fn pod_addr(i: u8) -> Ipv4Addr {
+    Ipv4Addr::new(10, 0, i, 10)
+}
+
+/// One case's world: node A and B, a pod behind each.
+struct World {
+    case: Case,
+    nodes: [Netns; 2],
+    pods: [Netns; 2],
+    /// Keeps the SRv6 case's reconcilers (and their namespace threads) alive while it runs.
+    _reconcilers: Vec<Reconciler>,
+    /// `iperf3 -s` in pod B for the world's lifetime (a one-off server, `-1`, sometimes
+    /// never exits under TCG although its test completed).
+    server: Child,
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+    }
+}
+
+impl World {
+    fn build(case: Case) -> World {
+        let nodes = [1, 2].map(|i| Netns::new(&format!("{}-node{i}", case.name())).unwrap());
+        let pods = [1, 2].map(|i| Netns::new(&format!("{}-pod{i}", case.name())).unwrap());
+        veth(&nodes[0], "eth0", &nodes[1], "eth0").unwrap();
+        for (n, i) in nodes.iter().zip([1u8, 2]) {
+            n.ip(&format!("link set eth0 mtu {UNDERLAY_MTU}")).unwrap();
+            n.ip(&format!("-6 addr add {}/64 dev eth0 nodad", underlay6(i)))
+                .unwrap();
+            n.ip(&format!("addr add {}/24 dev eth0", underlay4(i)))
+                .unwrap();
+            n.sysctl("net.ipv4.ip_forward", "1").unwrap();
+            n.sysctl("net.ipv6.conf.all.forwarding", "1").unwrap();
+        }
+        nodes[1].exec_stdin("nft", &["-f", "-"], OBSERVER).unwrap();
+        for (i, (n, p)) in nodes.iter().zip(&pods).enumerate() {
+            let idx = i as u8 + 1;
+            attach_pod(n, HOST_IF, p, pod_addr(idx)).unwrap();
+            let mtu = case.pod_mtu();
+            n.ip(&format!("link set {HOST_IF} mtu {mtu}")).unwrap();
+            p.ip(&format!("link set eth0 mtu {mtu}")).unwrap();
+        }
+        let mut reconcilers = Vec::new();
+        match case {
+            Case::Native => {
+                route_natively(&nodes, |peer| format!("via {} dev eth0", underlay4(peer)))
+            }
+            Case::Vxlan4 | Case::Vxlan6 => {
+                for (n, (me, peer)) in nodes.iter().zip([(1u8, 2u8), (2, 1)]) {
+                    let (local, remote) = if case == Case::Vxlan4 {
+                        (underlay4(me).to_string(), underlay4(peer).to_string())
+                    } else {
+                        (underlay6(me).to_string(), underlay6(peer).to_string())
+                    };
+                    n.ip(&format!(
+                        "link add vx0 type vxlan id 42 local {local} remote {remote} dstport 4789 dev eth0"
+                    ))
+                    .unwrap();
+                    // The kernel derives vx0's MTU from eth0 and the outer family; the pods'
+                    // MTU above must match it exactly.
+                    let shown = n.ip("link show dev vx0").unwrap();
+                    assert!(
+                        shown.contains(&format!("mtu {} ", case.pod_mtu())),
+                        "{}: vx0 MTU differs from the pod MTU {}: {shown}",
+                        case.name(),
+                        case.pod_mtu()
+                    );
+                    n.ip(&format!("addr add 10.99.0.{me}/24 dev vx0")).unwrap();
+                    n.ip("link set vx0 up").unwrap();
+                }
+                route_natively(&nodes, |peer| format!("via 10.99.0.{peer} dev vx0"));
+            }
+            Case::Srv6 => {
+                let state = srv6_cluster();
+                for (i, n) in nodes.iter().enumerate() {
+                    let name = format!("node{}", i + 1);
+                    let p = plan(&name, &state, &[attachment(i as u8 + 1)]).unwrap();
+                    let rec = Reconciler::new(NetnsTarget::Path(n.path())).unwrap();
+                    let report = rec
+                        .reconcile(&p)
+                        .unwrap_or_else(|e| panic!("reconcile {name}: {e}"));
+                    assert!(report.skipped.is_empty(), "{name}: {:?}", report.skipped);
+                    reconcilers.push(rec);
+                }
+            }
+        }
+        // `ip netns exec` execs iperf3 itself, so the child is the server.
+        let server = Command::new("ip")
+            .args(["netns", "exec", pods[1].name()])
+            .args(["iperf3", "-s", "-p", IPERF_PORT])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        World {
+            case,
+            nodes,
+            pods,
+            _reconcilers: reconcilers,
+            server,
+        }
+    }
+
+    fn counter(&self, name: &str) -> u64 {
+        let out = self.nodes[1]
+            .exec("nft", &["list", "counter", "inet", "observe", name])
+            .unwrap();
+        number_after(&out, "packets").unwrap()
+    }
+
+    /// One iperf3 run from pod A to pod B; returns received bits/s and the sender's
+    /// retransmits, after checking the stream took this case's path without fragments.
+    fn run(&self, seconds: u32) -> (f64, u64) {
+        let before = self.counter(self.case.counter());
+        let target = pod_addr(2).to_string();
+        // A stalled path must fail the bench, not hang it: iperf3 waits forever on a stream
+        // that no longer moves.
+        let limit = (seconds + 60).to_string();
+        let secs = seconds.to_string();
+        let args = [
+            &limit,
+            "iperf3",
+            "-c",
+            &target,
+            "-p",
+            IPERF_PORT,
+            "-t",
+            &secs,
+            "-O",
+            "1",
+            "-J",
+            "--connect-timeout",
+            "5000",
+        ];
+        // The server needs a moment to listen after start (slow under TCG): retry refused
+        // connects.
+        let mut attempt = 0;
+        let out = loop {
+            match self.pods[0].exec("timeout", &args) {
+                Ok(out) => break out,
+                Err(e) if attempt < 50 && e.to_string().contains("refused") => {
+                    attempt += 1;
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err(e) => panic!(
+                    "{}: iperf3 client: {e}\nnode B's observer:\n{}",
+                    self.case.name(),
+                    self.nodes[1]
+                        .exec("nft", &["list", "table", "inet", "observe"])
+                        .unwrap_or_default()
+                ),
+            }
+        };
+        let json: Value = serde_json::from_str(&out).unwrap();
+        let bps = json["end"]["sum_received"]["bits_per_second"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{}: no sum_received in {out}", self.case.name()));
+        let retransmits = json["end"]["sum_sent"]["retransmits"].as_u64().unwrap_or(0);
+        let seen = self.counter(self.case.counter()) - before;
+        assert!(
+            seen > 1000,
+            "{}: only {seen} packets arrived on node B as {}",
+            self.case.name(),
+            self.case.counter()
+        );
+        for other in ["srv6", "vxlan", "plain_tcp"] {
+            if other != self.case.counter() {
+                assert_eq!(
+                    self.counter(other),
+                    0,
+                    "{}: traffic arrived as {other}",
+                    self.case.name()
+                );
+            }
+        }
+        assert_eq!(
+            self.counter("fragments"),
+            0,
+            "{}: fragments on the fabric (MTU {} too large)",
+            self.case.name(),
+            self.case.pod_mtu()
+        );
+        (bps, retransmits)
+    }
+}
+
+/// Node `i` routes its own pod on the host veth and the peer's pod block via `via(peer)`.
+fn route_natively(nodes: &[Netns; 2], via: impl Fn(u8) -> String) {
+    for (n, (me, peer)) in nodes.iter().zip([(1u8, 2u8), (2, 1)]) {
+        n.ip(&format!("route add {}/32 dev {HOST_IF}", pod_addr(me)))
+            .unwrap();
+        n.ip(&format!("route add 10.0.{peer}.0/24 {}", via(peer)))
+            .unwrap();
+    }
+}
+
+/// The SRv6 case's cluster: one Network `bench` (10.0.0.0/16, a /24 per node) that reaches
+/// itself, two nodes on the fabric.
+fn srv6_cluster() -> ClusterState {
+    let mut s = ClusterState::default();
+    s.networks.insert(
+        "bench".into(),
+        NetworkSpec {
+            subnets: vec![Subnet {
+                cidr: "10.0.0.0/16".parse().unwrap(),
+                block_prefix: 24,
+            }],
+            external: false,
+        },
+    );
+    s.network_allocations
+        .insert("bench".into(), NetworkAllocationSpec { function: 1 });
+    s.network_routes.insert(
+        "self".into(),
+        NetworkRoutingPolicySpec {
+            from: "bench".into(),
+            to: "bench".into(),
+        },
+    );
+    for i in 1..=2u8 {
+        let name = format!("node{i}");
+        s.nodes.insert(
+            name.clone(),
+            Node {
+                labels: BTreeMap::new(),
+                internal_ips: vec![IpAddr::V6(underlay6(i))],
+            },
+        );
+        let block: IpNet = Ipv4Net::new(Ipv4Addr::new(10, 0, i, 0), 24).unwrap().into();
+        s.node_allocations.insert(
+            name,
+            NodeAllocationSpec {
+                index: u32::from(i),
+                locator: format!("2001:db8:100::{i}:0:0/96").parse().unwrap(),
+                underlay: underlay6(i),
+                blocks: [("bench".to_string(), vec![block])].into(),
+            },
+        );
+    }
+    s
+}
+
+fn attachment(i: u8) -> PodAttachment {
+    PodAttachment {
+        pod: ObjectKey::new("bench", format!("pod{i}")),
+        container_id: format!("c-pod{i}"),
+        host_ifname: HOST_IF.into(),
+        network: "bench".into(),
+        ips: vec![IpNet::V4(Ipv4Net::from(pod_addr(i)))],
+    }
+}
+
+fn median(xs: &[f64]) -> f64 {
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+fn env_u32(key: &str, default: u32) -> u32 {
+    std::env::var(key)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&v| v > 0)
+        .unwrap_or(default)
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; a plain run (e.g. `cargo test --benches`) is a no-op.
+    if !std::env::args().any(|a| a == "--bench") {
+        return;
+    }
+    require_root_and_vrf();
+    let seconds = env_u32("LACE_BENCH_SECONDS", 5);
+    let repeats = env_u32("LACE_BENCH_REPEATS", 3);
+    let worlds: Vec<World> = Case::ALL.iter().map(|&c| World::build(c)).collect();
+    // Every pod reaches its peer before anything is measured (also warms ARP/ND caches).
+    for w in &worlds {
+        w.pods[0]
+            .exec("ping", &["-c", "2", "-W", "3", &pod_addr(2).to_string()])
+            .unwrap_or_else(|e| panic!("{}: pods do not reach each other: {e}", w.case.name()));
+    }
+    let mut results: BTreeMap<&str, (Vec<f64>, u64)> = BTreeMap::new();
+    for rep in 0..repeats {
+        for w in &worlds {
+            eprintln!("run {}/{repeats} {:<7} ...", rep + 1, w.case.name());
+            let (bps, retr) = w.run(seconds);
+            eprintln!(
+                "run {}/{repeats} {:<7} {:>9.1} Mbit/s, {retr} retransmits",
+                rep + 1,
+                w.case.name(),
+                bps / 1e6
+            );
+            let e = results.entry(w.case.name()).or_default();
+            e.0.push(bps);
+            e.1 += retr;
+        }
+    }
+    println!(
+        "kernel {}, {} CPUs, one TCP stream pod to pod across nodes, iperf3 {repeats} x {seconds} s \
+         (first second omitted), fabric MTU {UNDERLAY_MTU}, gateway {POD_GATEWAY_V4}",
+        std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .unwrap_or_default()
+            .trim(),
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+    );
+    println!(
+        "| {:<7} | {:<36} | {:>7} | {:<26} | {:>13} | {:>9} | {:>7} |",
+        "case", "path", "pod MTU", "runs Mbit/s", "median Mbit/s", "vs native", "retrans"
+    );
+    println!("|{}|", "-".repeat(132));
+    let native = median(&results["native"].0);
+    for case in Case::ALL {
+        let (runs, retr) = &results[case.name()];
+        let m = median(runs);
+        let list = runs
+            .iter()
+            .map(|b| format!("{:.0}", b / 1e6))
+            .collect::<Vec<_>>()
+            .join(" ");
+        println!(
+            "| {:<7} | {:<36} | {:>7} | {list:<26} | {:>13.1} | {:>8.2}x | {retr:>7} |",
+            case.name(),
+            case.describe(),
+            case.pod_mtu(),
+            m / 1e6,
+            m / native
+        );
+    }
+}
