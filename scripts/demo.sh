@@ -4,7 +4,7 @@
 # on a kernel with VRF + SRv6: the host's if it has them, else a throw-away VM booting Debian's
 # stock kernel (netns-tests/vm/with-kernel.sh).
 #
-# usage: scripts/demo.sh [--kernel 6.1|6.12] [--host | --vm]
+# usage: scripts/demo.sh [--kernel 6.1|6.12] [--host | --vm] [-t SECS (VM limit, default 1500)]
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -16,4 +16,4 @@ cargo build -q -p lace -p lace-cni --bins
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 export LACE_AGENT=$TARGET_DIR/debug/lace-agent LACE_CNI=$TARGET_DIR/debug/lace
 LACE_VM_PASSENV="${LACE_VM_PASSENV:-} LACE_AGENT LACE_CNI LACE_DEMO_KEEP LACE_LOG" \
-  exec netns-tests/vm/with-kernel.sh "$@" -- scripts/demo-body.sh
+  exec netns-tests/vm/with-kernel.sh -t 1500 "$@" -- scripts/demo-body.sh
