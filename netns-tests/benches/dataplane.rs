@@ -19,57 +19,25 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ipnet::{IpNet, Ipv4Net};
-use lace::api::{
-    NetworkAllocationSpec, NetworkRoutingPolicySpec, NetworkSpec, NodeAllocationSpec, Subnet,
-};
 use lace::dataplane::{NetnsTarget, Reconciler, ROUTE_PROTOCOL};
 use lace::plan::{plan, DesiredNode, Nexthop, RouteKey};
-use lace::state::ClusterState;
+use lace_netns_tests::cluster::{ipv4_cluster, underlay, TestNetwork};
 use lace_netns_tests::{require_root_and_vrf, Netns};
 
 const VRF_TABLE: u32 = 1_000_001;
 
-fn underlay(i: u16) -> Ipv6Addr {
-    Ipv6Addr::new(0x2001, 0xdb8, 0xff, 0, 0, 0, 0, i)
-}
-
 /// Two nodes, one Network `bench` (function 1) that reaches itself.
 fn small_plan() -> DesiredNode {
-    let mut s = ClusterState::default();
-    s.networks.insert(
-        "bench".into(),
-        NetworkSpec {
-            subnets: vec![Subnet {
-                cidr: "10.0.0.0/8".parse().unwrap(),
-                block_prefix: 24,
-            }],
-            external: false,
-        },
+    let s = ipv4_cluster(
+        "n",
+        2,
+        &[TestNetwork {
+            name: "bench",
+            second: 0,
+            function: 1,
+            reaches_itself: true,
+        }],
     );
-    s.network_allocations
-        .insert("bench".into(), NetworkAllocationSpec { function: 1 });
-    s.network_routes.insert(
-        "self".into(),
-        NetworkRoutingPolicySpec {
-            from: "bench".into(),
-            to: "bench".into(),
-        },
-    );
-    for i in 1..=2u16 {
-        s.node_allocations.insert(
-            format!("n{i}"),
-            NodeAllocationSpec {
-                index: u32::from(i),
-                locator: format!("2001:db8:100::{i}:0:0/96").parse().unwrap(),
-                underlay: underlay(i),
-                blocks: [(
-                    "bench".to_string(),
-                    vec![format!("10.0.{i}.0/24").parse().unwrap()],
-                )]
-                .into(),
-            },
-        );
-    }
     plan("n1", &s, &[]).unwrap()
 }
 

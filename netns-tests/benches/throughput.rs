@@ -22,19 +22,17 @@
 //! env: LACE_BENCH_SECONDS (default 5) per run, LACE_BENCH_REPEATS (default 3) runs per case.
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use ipnet::{IpNet, Ipv4Net};
 use lace::agent::SRV6_OVERHEAD;
-use lace::api::{
-    NetworkAllocationSpec, NetworkRoutingPolicySpec, NetworkSpec, NodeAllocationSpec, Subnet,
-};
 use lace::dataplane::{NetnsTarget, Reconciler};
 use lace::plan::plan;
-use lace::state::{ClusterState, Node, ObjectKey, PodAttachment};
+use lace::state::{ClusterState, ObjectKey, PodAttachment};
 use lace_netns_tests::bed::number_after;
+use lace_netns_tests::cluster::{ipv4_cluster, underlay, TestNetwork};
 use lace_netns_tests::pods::{attach_pod, POD_GATEWAY_V4};
 use lace_netns_tests::{require_root_and_vrf, veth, Netns};
 use serde_json::Value;
@@ -117,7 +115,7 @@ table inet observe {
 "#;
 
 fn underlay6(i: u8) -> Ipv6Addr {
-    Ipv6Addr::new(0x2001, 0xdb8, 0xff, 0, 0, 0, 0, u16::from(i))
+    underlay(u16::from(i))
 }
 
 fn underlay4(i: u8) -> Ipv4Addr {
@@ -326,47 +324,16 @@ fn route_natively(nodes: &[Netns; 2], via: impl Fn(u8) -> String) {
 /// The SRv6 case's cluster: one Network `bench` (10.0.0.0/16, a /24 per node) that reaches
 /// itself, two nodes on the fabric.
 fn srv6_cluster() -> ClusterState {
-    let mut s = ClusterState::default();
-    s.networks.insert(
-        "bench".into(),
-        NetworkSpec {
-            subnets: vec![Subnet {
-                cidr: "10.0.0.0/16".parse().unwrap(),
-                block_prefix: 24,
-            }],
-            external: false,
-        },
-    );
-    s.network_allocations
-        .insert("bench".into(), NetworkAllocationSpec { function: 1 });
-    s.network_routes.insert(
-        "self".into(),
-        NetworkRoutingPolicySpec {
-            from: "bench".into(),
-            to: "bench".into(),
-        },
-    );
-    for i in 1..=2u8 {
-        let name = format!("node{i}");
-        s.nodes.insert(
-            name.clone(),
-            Node {
-                labels: BTreeMap::new(),
-                internal_ips: vec![IpAddr::V6(underlay6(i))],
-            },
-        );
-        let block: IpNet = Ipv4Net::new(Ipv4Addr::new(10, 0, i, 0), 24).unwrap().into();
-        s.node_allocations.insert(
-            name,
-            NodeAllocationSpec {
-                index: u32::from(i),
-                locator: format!("2001:db8:100::{i}:0:0/96").parse().unwrap(),
-                underlay: underlay6(i),
-                blocks: [("bench".to_string(), vec![block])].into(),
-            },
-        );
-    }
-    s
+    ipv4_cluster(
+        "node",
+        2,
+        &[TestNetwork {
+            name: "bench",
+            second: 0,
+            function: 1,
+            reaches_itself: true,
+        }],
+    )
 }
 
 fn attachment(i: u8) -> PodAttachment {

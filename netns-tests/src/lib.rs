@@ -11,6 +11,7 @@
 //! host when its kernel is capable, else in a VM booting a stock Debian kernel.
 
 pub mod bed;
+pub mod cluster;
 pub mod pods;
 
 use std::collections::BTreeMap;

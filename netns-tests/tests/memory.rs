@@ -7,18 +7,15 @@
 //! CNI wires them, in Networks `a` and `b`; the plan comes from the real planner. After every
 //! reconcile the reconciler's memory is compared with a fresh dump ([`Reconciler::drift`]).
 
-use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::Ipv4Addr;
 
 use ipnet::{IpNet, Ipv4Net};
-use lace::api::{
-    NetworkAllocationSpec, NetworkRoutingPolicySpec, NetworkSpec, NodeAllocationSpec, Subnet,
-};
 use lace::dataplane::{
     ApplyReport, KernelNexthop, NetnsTarget, Reconciler, ReconcilerOptions, ROUTE_PROTOCOL,
 };
 use lace::plan::{plan, DesiredNode, RouteKey};
-use lace::state::{ClusterState, Node, ObjectKey, PodAttachment};
+use lace::state::{ObjectKey, PodAttachment};
+use lace_netns_tests::cluster::{ipv4_cluster, underlay, TestNetwork};
 use lace_netns_tests::pods::attach_pod;
 use lace_netns_tests::{require_root_and_vrf, Netns};
 
@@ -27,10 +24,6 @@ const NETS: [(&str, u8, u16, &str); 2] = [("a", 1, 1, "lp-a"), ("b", 2, 2, "lp-b
 const TABLE_A: u32 = 1_000_001;
 const TABLE_B: u32 = 1_000_002;
 
-fn underlay(i: u16) -> Ipv6Addr {
-    Ipv6Addr::new(0x2001, 0xdb8, 0xff, 0, 0, 0, 0, i)
-}
-
 fn pod_addr(second: u8) -> Ipv4Addr {
     Ipv4Addr::new(10, second, 1, 10)
 }
@@ -38,54 +31,16 @@ fn pod_addr(second: u8) -> Ipv4Addr {
 /// Two nodes (only `n1` is programmed), Networks `a` and `b` reaching themselves; `pods`
 /// names the Networks whose pod on `n1` is attached.
 fn desired(pods: &[&str]) -> DesiredNode {
-    let mut s = ClusterState::default();
-    for (name, second, function, _) in NETS {
-        s.networks.insert(
-            name.into(),
-            NetworkSpec {
-                subnets: vec![Subnet {
-                    cidr: format!("10.{second}.0.0/16").parse().unwrap(),
-                    block_prefix: 24,
-                }],
-                external: false,
-            },
-        );
-        s.network_allocations
-            .insert(name.into(), NetworkAllocationSpec { function });
-        s.network_routes.insert(
-            format!("{name}-self"),
-            NetworkRoutingPolicySpec {
-                from: name.into(),
-                to: name.into(),
-            },
-        );
-    }
-    for i in 1..=2u16 {
-        s.nodes.insert(
-            format!("n{i}"),
-            Node {
-                labels: BTreeMap::new(),
-                internal_ips: vec![IpAddr::V6(underlay(i))],
-            },
-        );
-        s.node_allocations.insert(
-            format!("n{i}"),
-            NodeAllocationSpec {
-                index: u32::from(i),
-                locator: format!("2001:db8:100::{i}:0:0/96").parse().unwrap(),
-                underlay: underlay(i),
-                blocks: NETS
-                    .iter()
-                    .map(|(name, second, ..)| {
-                        (
-                            name.to_string(),
-                            vec![format!("10.{second}.{i}.0/24").parse().unwrap()],
-                        )
-                    })
-                    .collect(),
-            },
-        );
-    }
+    let networks: Vec<TestNetwork> = NETS
+        .iter()
+        .map(|&(name, second, function, _)| TestNetwork {
+            name,
+            second,
+            function,
+            reaches_itself: true,
+        })
+        .collect();
+    let s = ipv4_cluster("n", 2, &networks);
     let attached: Vec<PodAttachment> = NETS
         .iter()
         .filter(|(name, ..)| pods.contains(name))

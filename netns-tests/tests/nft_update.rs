@@ -7,16 +7,13 @@
 //! the pods follows the policy, the next reconcile writes nothing, and a restarted reconciler
 //! (no memory) writes nothing either and then applies the next change as an element update too.
 
-use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::Ipv4Addr;
 
 use ipnet::{IpNet, Ipv4Net};
-use lace::api::{
-    NetworkAllocationSpec, NetworkRoutingPolicySpec, NetworkSpec, NodeAllocationSpec, Subnet,
-};
 use lace::dataplane::{ApplyReport, NetnsTarget, Reconciler, SAMPLE_OPS};
 use lace::plan::{plan, DesiredNode};
-use lace::state::{ClusterState, Node, ObjectKey, PodAttachment};
+use lace::state::{ObjectKey, PodAttachment};
+use lace_netns_tests::cluster::{ipv4_cluster, underlay, TestNetwork};
 use lace_netns_tests::pods::attach_pod;
 use lace_netns_tests::{require_root_and_vrf, Netns, Topology};
 
@@ -26,58 +23,19 @@ const PODS: [(&str, &str, Ipv4Addr); 2] = [
     ("pod-b", "lp-b", Ipv4Addr::new(10, 1, 1, 11)),
 ];
 
-fn underlay(i: u16) -> Ipv6Addr {
-    Ipv6Addr::new(0x2001, 0xdb8, 0xff, 0, 0, 0, 0, i)
-}
-
 /// Network `default` on two nodes (node 2 exists only in the plan); with `self_policy`, it
 /// reaches itself.
 fn desired(self_policy: bool) -> DesiredNode {
-    let mut s = ClusterState::default();
-    s.networks.insert(
-        "default".into(),
-        NetworkSpec {
-            subnets: vec![Subnet {
-                cidr: "10.1.0.0/16".parse().unwrap(),
-                block_prefix: 24,
-            }],
-            external: false,
-        },
+    let s = ipv4_cluster(
+        "node",
+        2,
+        &[TestNetwork {
+            name: "default",
+            second: 1,
+            function: 1,
+            reaches_itself: self_policy,
+        }],
     );
-    s.network_allocations
-        .insert("default".into(), NetworkAllocationSpec { function: 1 });
-    if self_policy {
-        s.network_routes.insert(
-            "default-self".into(),
-            NetworkRoutingPolicySpec {
-                from: "default".into(),
-                to: "default".into(),
-            },
-        );
-    }
-    for i in 1..=2u16 {
-        let node = format!("node{i}");
-        s.nodes.insert(
-            node.clone(),
-            Node {
-                labels: BTreeMap::new(),
-                internal_ips: vec![IpAddr::V6(underlay(i))],
-            },
-        );
-        s.node_allocations.insert(
-            node,
-            NodeAllocationSpec {
-                index: u32::from(i),
-                locator: format!("2001:db8:100::{i}:0:0/96").parse().unwrap(),
-                underlay: underlay(i),
-                blocks: [(
-                    "default".to_string(),
-                    vec![format!("10.1.{i}.0/24").parse().unwrap()],
-                )]
-                .into(),
-            },
-        );
-    }
     let pods: Vec<PodAttachment> = PODS
         .iter()
         .map(|(label, host_if, addr)| PodAttachment {

@@ -1,0 +1,86 @@
+//! Small hand-allocated clusters for the reconciler's netns tests and benches: the
+//! [`ClusterState`] the planner takes, with readable addresses instead of the allocator's.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv6Addr};
+
+use lace::api::{
+    NetworkAllocationSpec, NetworkRoutingPolicySpec, NetworkSpec, NodeAllocationSpec, Subnet,
+};
+use lace::state::{ClusterState, Node};
+
+/// Node `i`'s address on the test fabric: `2001:db8:ff::<i>`.
+pub fn underlay(i: u16) -> Ipv6Addr {
+    Ipv6Addr::new(0x2001, 0xdb8, 0xff, 0, 0, 0, 0, i)
+}
+
+/// An IPv4 Network of a test cluster: `10.<second>.0.0/16`, node `i`'s block
+/// `10.<second>.<i>.0/24`.
+#[derive(Clone, Copy, Debug)]
+pub struct TestNetwork<'a> {
+    pub name: &'a str,
+    pub second: u8,
+    /// Its SID function (`NetworkAllocation`).
+    pub function: u16,
+    /// Whether a NetworkRoutingPolicy `<name>-self` lets it reach itself.
+    pub reaches_itself: bool,
+}
+
+/// Nodes `<node_prefix>1..=<nodes>` on [`underlay`] addresses with locators
+/// `2001:db8:100::<i>:0:0/96`, each holding a block of every one of `networks`.
+pub fn ipv4_cluster(node_prefix: &str, nodes: u16, networks: &[TestNetwork]) -> ClusterState {
+    let mut s = ClusterState::default();
+    for n in networks {
+        s.networks.insert(
+            n.name.into(),
+            NetworkSpec {
+                subnets: vec![Subnet {
+                    cidr: format!("10.{}.0.0/16", n.second).parse().unwrap(),
+                    block_prefix: 24,
+                }],
+                external: false,
+            },
+        );
+        s.network_allocations.insert(
+            n.name.into(),
+            NetworkAllocationSpec {
+                function: n.function,
+            },
+        );
+        if n.reaches_itself {
+            s.network_routes.insert(
+                format!("{}-self", n.name),
+                NetworkRoutingPolicySpec {
+                    from: n.name.into(),
+                    to: n.name.into(),
+                },
+            );
+        }
+    }
+    for i in 1..=nodes {
+        let node = format!("{node_prefix}{i}");
+        s.nodes.insert(
+            node.clone(),
+            Node {
+                labels: BTreeMap::new(),
+                internal_ips: vec![IpAddr::V6(underlay(i))],
+            },
+        );
+        s.node_allocations.insert(
+            node,
+            NodeAllocationSpec {
+                index: u32::from(i),
+                locator: format!("2001:db8:100::{i}:0:0/96").parse().unwrap(),
+                underlay: underlay(i),
+                blocks: networks
+                    .iter()
+                    .map(|n| {
+                        let block = format!("10.{}.{i}.0/24", n.second).parse().unwrap();
+                        (n.name.to_string(), vec![block])
+                    })
+                    .collect(),
+            },
+        );
+    }
+    s
+}
