@@ -7,6 +7,7 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
+use crate::api::{LabelSelector, ServiceRef};
 use crate::state::{ClusterState, ObjectKey, Pod, Service};
 
 /// The label every namespace implicitly carries, even if the object we were handed lacks it
@@ -91,26 +92,20 @@ pub fn service_network<'a>(
     key: &ObjectKey,
     svc: &Service,
 ) -> Option<Binding<'a>> {
-    let mut ns_labels = None;
     winner(
         state
             .service_bindings
             .iter()
             .filter(|(_, policy)| {
-                if !state.networks.contains_key(&policy.network) {
-                    return false;
-                }
-                if policy.services.is_empty() {
-                    let ns =
-                        ns_labels.get_or_insert_with(|| namespace_labels(state, &key.namespace));
-                    policy.namespace_selector.matches(ns)
-                        && policy.service_selector.matches(&svc.labels)
-                } else {
-                    policy
-                        .services
-                        .iter()
-                        .any(|r| r.namespace == key.namespace && r.name == key.name)
-                }
+                state.networks.contains_key(&policy.network)
+                    && selects_service(
+                        state,
+                        &policy.services,
+                        &policy.namespace_selector,
+                        &policy.service_selector,
+                        key,
+                        svc,
+                    )
             })
             .map(|(name, policy)| Binding {
                 network: &policy.network,
@@ -118,6 +113,27 @@ pub fn service_network<'a>(
                 priority: policy.priority,
             }),
     )
+}
+
+/// Whether a Service policy selects Service `key`: a policy listing `services` by name
+/// selects exactly those (its selectors are ignored), otherwise its namespace and service
+/// selectors decide.
+pub(crate) fn selects_service(
+    state: &ClusterState,
+    services: &[ServiceRef],
+    namespace_selector: &LabelSelector,
+    service_selector: &LabelSelector,
+    key: &ObjectKey,
+    svc: &Service,
+) -> bool {
+    if services.is_empty() {
+        namespace_selector.matches(&namespace_labels(state, &key.namespace))
+            && service_selector.matches(&svc.labels)
+    } else {
+        services
+            .iter()
+            .any(|r| r.namespace == key.namespace && r.name == key.name)
+    }
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 
 use crate::api::ServiceRoutingPolicySpec;
-use crate::binding::{namespace_labels, service_network};
+use crate::binding::{selects_service, service_network};
 use crate::state::{ClusterState, Endpoints, ObjectKey, Service, ServicePort};
 
 /// An ordered (source Network, destination Network) pair.
@@ -70,17 +70,14 @@ fn policy_selects(
     key: &ObjectKey,
     svc: &Service,
 ) -> bool {
-    if policy.services.is_empty() {
-        policy
-            .namespace_selector
-            .matches(&namespace_labels(state, &key.namespace))
-            && policy.service_selector.matches(&svc.labels)
-    } else {
-        policy
-            .services
-            .iter()
-            .any(|r| r.namespace == key.namespace && r.name == key.name)
-    }
+    selects_service(
+        state,
+        &policy.services,
+        &policy.namespace_selector,
+        &policy.service_selector,
+        key,
+        svc,
+    )
 }
 
 /// All (source Network → Service) grants, sorted by (from, service, policy). A grant needs the
