@@ -1230,17 +1230,23 @@ fn real_agent_restarts_keep_kubelet_probes_working_over_both_families() {
     bed.agent_args = with_cgroup(&moved, false);
     let log = restart_agent(&mut bed);
     assert!(log.contains("kubelet cgroup changed"), "{log}");
-    for a in &addrs {
-        assert_eq!(
-            get(&moved, a).as_deref(),
-            Ok("HTTP/1.0 200 OK"),
-            "the kubelet in its new cgroup does not reach the pod at {a}"
-        );
-        assert!(
-            get(&kubelet, a).is_err(),
-            "the old kubelet cgroup still reaches the pod at {a}"
-        );
-    }
+    // Only `now` (the configured cgroup) reaches the pod, `before` no longer does.
+    let only_reaches = |now: &Cgroup, before: &Cgroup| {
+        for a in &addrs {
+            assert_eq!(
+                get(now, a).as_deref(),
+                Ok("HTTP/1.0 200 OK"),
+                "the kubelet in {} does not reach the pod at {a}",
+                now.0.display()
+            );
+            assert!(
+                get(before, a).is_err(),
+                "the previous kubelet cgroup {} still reaches the pod at {a}",
+                before.0.display()
+            );
+        }
+    };
+    only_reaches(&moved, &kubelet);
 
     // A kubeletCgroupPath that does not exist yet (the kubelet starts after the agent): the
     // agent serves pods, says what it waits for, and attaches once the cgroup appears.
@@ -1251,8 +1257,7 @@ fn real_agent_restarts_keep_kubelet_probes_working_over_both_families() {
         late_path.display().to_string(),
     ];
     let from = bed.log().len();
-    bed.start_agent();
-    let log = log_since(&bed, from);
+    let log = restart_agent(&mut bed);
     assert!(
         log.contains("waits for the kubelet's cgroup") && log.contains("serving"),
         "{log}"
@@ -1268,16 +1273,6 @@ fn real_agent_restarts_keep_kubelet_probes_working_over_both_families() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
-    for a in &addrs {
-        assert_eq!(
-            get(&late, a).as_deref(),
-            Ok("HTTP/1.0 200 OK"),
-            "the kubelet in its late cgroup does not reach the pod at {a}"
-        );
-        assert!(
-            get(&moved, a).is_err(),
-            "the previous kubelet cgroup still reaches the pod at {a}"
-        );
-    }
+    only_reaches(&late, &moved);
     bed.kill_agent();
 }
