@@ -14,6 +14,29 @@ pub fn underlay(i: u16) -> Ipv6Addr {
     Ipv6Addr::new(0x2001, 0xdb8, 0xff, 0, 0, 0, 0, i)
 }
 
+/// Adds dual-stack Network `name` (allocated SID function `function`): `10.<second>.0.0/16`
+/// with /24 blocks and `fd00:<second as hex>::/48` with /64 blocks.
+pub fn add_dual_stack_network(s: &mut ClusterState, name: &str, second: u8, function: u16) {
+    s.networks.insert(
+        name.into(),
+        NetworkSpec {
+            subnets: vec![
+                Subnet {
+                    cidr: format!("10.{second}.0.0/16").parse().unwrap(),
+                    block_prefix: 24,
+                },
+                Subnet {
+                    cidr: format!("fd00:{second:x}::/48").parse().unwrap(),
+                    block_prefix: 64,
+                },
+            ],
+            external: false,
+        },
+    );
+    s.network_allocations
+        .insert(name.into(), NetworkAllocationSpec { function });
+}
+
 /// An IPv4 Network of a test cluster: `10.<second>.0.0/16`, node `i`'s block
 /// `10.<second>.<i>.0/24`.
 #[derive(Clone, Copy, Debug)]

@@ -17,13 +17,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
-use lace::api::{
-    NetworkAllocationSpec, NetworkRoutingPolicySpec, NetworkSpec, NodeAllocationSpec, Subnet,
-};
+use lace::api::{NetworkRoutingPolicySpec, NetworkSpec, NodeAllocationSpec};
 use lace::dataplane::{NetnsTarget, Reconciler, ROUTE_PROTOCOL};
 use lace::plan::{plan, DesiredNode};
 use lace::state::{ClusterState, Node, ObjectKey, PodAttachment};
 use lace_netns_tests::bed::number_after;
+use lace_netns_tests::cluster::add_dual_stack_network;
 use lace_netns_tests::pods::{add_pod_v6, attach_pod};
 use lace_netns_tests::{require_root_and_vrf, Netns, Topology};
 
@@ -135,24 +134,7 @@ fn cluster(with_tenant: bool) -> ClusterState {
         if name == "tenant-a" && !with_tenant {
             continue;
         }
-        s.networks.insert(
-            name.into(),
-            NetworkSpec {
-                subnets: vec![
-                    Subnet {
-                        cidr: format!("10.{second}.0.0/16").parse().unwrap(),
-                        block_prefix: 24,
-                    },
-                    Subnet {
-                        cidr: format!("fd00:{second:x}::/48").parse().unwrap(),
-                        block_prefix: 64,
-                    },
-                ],
-                external: false,
-            },
-        );
-        s.network_allocations
-            .insert(name.into(), NetworkAllocationSpec { function });
+        add_dual_stack_network(&mut s, name, second, function);
     }
     s.networks.insert(
         "internet".into(),

@@ -144,6 +144,25 @@ fn in_cgroup(cgroup: Option<&Cgroup>, program: &str, args: &[&str]) -> Command {
     cmd
 }
 
+/// `GET /` of `target` from a process in `cgroup` (None: the root cgroup) inside namespace
+/// `netns` (the node's).
+fn http_get_in(cgroup: Option<&Cgroup>, netns: &str, target: &str) -> Command {
+    in_cgroup(
+        cgroup,
+        "ip",
+        &[
+            "netns",
+            "exec",
+            netns,
+            python(),
+            "-c",
+            HTTP_GET,
+            target,
+            POD_PORT,
+        ],
+    )
+}
+
 const SOCKET_MARKS: &str = r#"
 import socket
 for fam in (socket.AF_INET, socket.AF_INET6):
@@ -763,10 +782,9 @@ mod planned {
     use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
     use ipnet::{IpNet, Ipv4Net, Ipv6Net};
-    use lace::api::{
-        NetworkAllocationSpec, NetworkRoutingPolicySpec, NetworkSpec, NodeAllocationSpec, Subnet,
-    };
+    use lace::api::{NetworkRoutingPolicySpec, NodeAllocationSpec};
     use lace::state::{ClusterState, Node, ObjectKey, PodAttachment};
+    use lace_netns_tests::cluster::add_dual_stack_network;
 
     pub const NODE: &str = "node1";
     pub const NODE_V4: Ipv4Addr = Ipv4Addr::new(192, 168, 77, 1);
@@ -789,24 +807,7 @@ mod planned {
         let mut s = ClusterState::default();
         let mut blocks = BTreeMap::new();
         for (name, second, function, _) in NETS {
-            s.networks.insert(
-                name.into(),
-                NetworkSpec {
-                    subnets: vec![
-                        Subnet {
-                            cidr: format!("10.{second}.0.0/16").parse().unwrap(),
-                            block_prefix: 24,
-                        },
-                        Subnet {
-                            cidr: format!("fd00:{second}::/48").parse().unwrap(),
-                            block_prefix: 64,
-                        },
-                    ],
-                    external: false,
-                },
-            );
-            s.network_allocations
-                .insert(name.into(), NetworkAllocationSpec { function });
+            add_dual_stack_network(&mut s, name, second, function);
             let block: IpNet = Ipv4Net::new(Ipv4Addr::new(10, second, 1, 0), 24)
                 .unwrap()
                 .into();
@@ -955,22 +956,8 @@ fn probes_use_lace_planned_routes_and_nft_only_the_kubelet_gets_in() {
         );
 
         // A client process in `cgroup` (None: the root cgroup) inside the node's namespace.
-        let from_node = |cgroup: Option<&Cgroup>| {
-            http_get_from(in_cgroup(
-                cgroup,
-                "ip",
-                &[
-                    "netns",
-                    "exec",
-                    node.name(),
-                    python(),
-                    "-c",
-                    HTTP_GET,
-                    target,
-                    POD_PORT,
-                ],
-            ))
-        };
+        let from_node =
+            |cgroup: Option<&Cgroup>| http_get_from(http_get_in(cgroup, node.name(), target));
 
         let drops = from_host_drops(&node);
         let reached = from_node(Some(&kubelet));
@@ -1039,20 +1026,7 @@ fn probes_use_lace_planned_routes_and_nft_only_the_kubelet_gets_in() {
     // The probe source is the isolated pod's gateway: the pod must not reach a host service
     // through it (nor through the veth's own link-local address), while the host reaches it.
     let _host_service = serve_http(node.name(), "::");
-    let local = in_cgroup(
-        None,
-        "ip",
-        &[
-            "netns",
-            "exec",
-            node.name(),
-            python(),
-            "-c",
-            HTTP_GET,
-            "::1",
-            POD_PORT,
-        ],
-    );
+    let local = http_get_in(None, node.name(), "::1");
     assert_eq!(
         http_get_from(local).as_deref(),
         Ok("HTTP/1.0 200 OK"),
@@ -1165,22 +1139,8 @@ fn real_agent_restarts_keep_kubelet_probes_working_over_both_families() {
         std::thread::sleep(Duration::from_millis(200));
     }
     let _server = serve_http(&pod.0, "::");
-    let get = |cgroup: &Cgroup, target: &str| {
-        http_get_from(in_cgroup(
-            Some(cgroup),
-            "ip",
-            &[
-                "netns",
-                "exec",
-                &node,
-                python(),
-                "-c",
-                HTTP_GET,
-                target,
-                POD_PORT,
-            ],
-        ))
-    };
+    let get =
+        |cgroup: &Cgroup, target: &str| http_get_from(http_get_in(Some(cgroup), &node, target));
     for a in &addrs {
         assert_eq!(
             get(&kubelet, a).as_deref(),
