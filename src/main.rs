@@ -102,6 +102,10 @@ struct RunArgs {
     /// Prometheus `/metrics` and `/healthz`.
     #[arg(long, default_value = "127.0.0.1:9964")]
     metrics_addr: std::net::SocketAddr,
+    /// Seconds between full resyncs of the dataplane (besides reconciles on every change and
+    /// on drift the kernel notifies): the backstop for what no notification reports.
+    #[arg(long, default_value_t = lace::agent::reconcile::DEFAULT_RESYNC.as_secs(), value_parser = clap::value_parser!(u64).range(1..))]
+    resync_interval: u64,
 }
 
 fn main() -> Result<()> {
@@ -194,6 +198,7 @@ fn run(args: RunArgs) -> Result<()> {
         metrics_addr: args.metrics_addr,
         kubelet_cgroup: args.kubelet_cgroup_path,
         release_pinned: args.release_pinned_maps,
+        resync_interval: std::time::Duration::from_secs(args.resync_interval),
     };
     lace::agent::run_standalone(config, dataplane)?;
     Ok(())

@@ -476,47 +476,74 @@ fn unallocated_node_is_not_ready_until_allocated() {
 }
 
 /// Without `--netns` the agent programs its own namespace: the host end of a pod's veth must
-/// land there, although the pair is created by a worker that has entered the pod's
-/// namespace. A worker living in a "node" namespace stands in for the agent's main thread.
-/// Needs no VRF.
+/// land there, although the pair is created by a thread that has entered the pod's
+/// namespace. A thread living in a "node" namespace stands in for the agent's main thread.
+/// The pod end is configured in the same go (addresses, routes, gateway neighbours). Needs
+/// no VRF.
 #[test]
 fn veth_host_end_lands_in_the_agents_own_namespace() {
-    use lace::agent::netns::{create_veth, Netns};
+    use lace::dataplane::{NetnsTarget, PodInterface, Reconciler};
     let tag = std::process::id() % 100_000;
     let node = Ns::new(format!("lace-ct-own-{tag}"));
     let pod = Ns::new(format!("lace-ct-ownp-{tag}"));
-    let pod_ns = Netns::open(std::path::Path::new(&pod.path())).unwrap();
-    let node_ns = Netns::open(std::path::Path::new(&node.path())).unwrap();
-    let created = futures::executor::block_on(node_ns.run(move |_| async move {
-        let agent_ns = Netns::current()?;
-        pod_ns
-            .run(move |h| async move {
-                create_veth(
-                    &h,
-                    "eth0",
-                    "lp-owntest",
-                    1400,
-                    [2, 0, 0, 0, 0, 1],
-                    &agent_ns,
-                )
-                .await
-            })
-            .await
-    }))
+    let (node_path, pod_path) = (node.path(), pod.path());
+    let created = std::thread::spawn(move || {
+        let f = std::fs::File::open(&node_path).unwrap();
+        nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        let rec = Reconciler::new(NetnsTarget::Current).unwrap();
+        rec.create_pod_interface(
+            std::path::Path::new(&pod_path),
+            &PodInterface {
+                ifname: "eth0".into(),
+                host_ifname: "lp-owntest".into(),
+                mtu: 1400,
+                host_mac: [2, 0, 0, 0, 0, 1],
+                ips: vec![
+                    "10.9.0.5/32".parse().unwrap(),
+                    "fd00:9::5/128".parse().unwrap(),
+                ],
+            },
+        )
+    })
+    .join()
+    .unwrap()
     .unwrap();
     assert!(
-        created,
-        "create_veth reported a name clash in fresh namespaces"
+        created.is_some(),
+        "create_pod_interface reported a name clash in fresh namespaces"
     );
     let host = ip(&["-n", &node.0, "link", "show", "dev", "lp-owntest"]);
     assert!(
         host.contains("mtu 1400") && host.contains("02:00:00:00:00:01"),
         "{host}"
     );
-    assert!(ip_ok(&["-n", &pod.0, "link", "show", "dev", "eth0"]));
     assert!(
         !ip_ok(&["link", "show", "dev", "lp-owntest"]),
         "landed in the test's namespace"
+    );
+    let pod_if = ip(&["-n", &pod.0, "addr", "show", "dev", "eth0"]);
+    assert!(
+        pod_if.contains("inet 10.9.0.5/32")
+            && pod_if.contains("inet6 fd00:9::5/128")
+            && pod_if.contains("mtu 1400")
+            && pod_if.contains(",UP"),
+        "{pod_if}"
+    );
+    let routes = ip(&["-n", &pod.0, "route", "show"]);
+    assert!(
+        routes.contains("default via 169.254.1.1 dev eth0")
+            && routes.contains("169.254.1.1 dev eth0"),
+        "{routes}"
+    );
+    let routes6 = ip(&["-n", &pod.0, "-6", "route", "show"]);
+    assert!(
+        routes6.contains("default via fe80::1 dev eth0"),
+        "{routes6}"
+    );
+    let neigh = ip(&["-n", &pod.0, "neigh", "show", "dev", "eth0"]);
+    assert!(
+        neigh.contains("169.254.1.1 lladdr 02:00:00:00:00:01 PERMANENT"),
+        "{neigh}"
     );
 }
 

@@ -5,7 +5,7 @@
 //!
 //! One node namespace with an uplink (`eth0`, the underlay address) and two pods wired as the
 //! CNI wires them, in Networks `a` and `b`; the plan comes from the real planner. After every
-//! reconcile the reconciler's memory is compared with a fresh dump ([`Reconciler::drift`]).
+//! reconcile the reconciler's memory is compared with a fresh dump ([`Reconciler::memory_drift`]).
 
 use std::net::Ipv4Addr;
 
@@ -128,7 +128,7 @@ fn lace_state(ns: &Netns) -> Vec<String> {
 fn reconcile(rec: &Reconciler, plan: &DesiredNode) -> ApplyReport {
     let r = rec.reconcile(plan).unwrap();
     assert!(r.skipped.is_empty(), "skipped {:?}", r.skipped);
-    let drift = rec.drift().unwrap();
+    let drift = rec.memory_drift().unwrap();
     assert!(
         drift.is_empty(),
         "the reconciler's memory differs from the kernel after {r:#?}:\n{}",

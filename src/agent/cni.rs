@@ -24,10 +24,10 @@ use std::time::{Duration, Instant};
 use ipnet::IpNet;
 
 use super::ipam::{AttachmentKey, IpamError, Record};
-use super::netns::{self, Netns, GATEWAY_V4, GATEWAY_V6};
-use super::Agent;
+use super::{Agent, Dataplane};
 use crate::binding;
-use crate::plan::{vrf_name, vrf_table, MAIN_TABLE};
+use crate::dataplane::{gateway, DataplaneError, PodInterface, POD_LINK_PREFIX};
+use crate::plan::{vrf_name, vrf_table, RouteKey};
 use crate::state::{ObjectKey, Pod};
 use crate::wire::{CniError, CniResult, Command, ErrorCode, Interface, IpConfig, Request, Route};
 
@@ -39,7 +39,7 @@ pub const KERNEL: ErrorCode = ErrorCode(101);
 pub const IPAM: ErrorCode = ErrorCode(102);
 
 /// Prefix of the host side of every pod veth ("lace pod").
-pub const HOST_IFNAME_PREFIX: &str = "lp-";
+pub const HOST_IFNAME_PREFIX: &str = POD_LINK_PREFIX;
 
 /// The host-side veth name of attachment (`container_id`, `ifname`): `lp-` and 11 hex digits
 /// (44 bits) of the 64-bit FNV-1a hash of `container_id`, a NUL and `ifname`. Deterministic,
@@ -100,6 +100,26 @@ fn key_of(req: &Request) -> Result<AttachmentKey, CniError> {
             .clone()
             .ok_or_else(|| missing("CNI_IFNAME", req.command))?,
     })
+}
+
+/// Formats a MAC for CNI results (`aa:bb:cc:dd:ee:ff`).
+fn format_mac(mac: &[u8]) -> String {
+    mac.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// Runs a dataplane call off the async workers (it waits for netlink round trips).
+async fn kernel_op<T: Send + 'static>(
+    agent: &Agent,
+    f: impl FnOnce(&dyn Dataplane) -> Result<T, DataplaneError> + Send + 'static,
+) -> Result<T, CniError> {
+    let dataplane = Arc::clone(&agent.dataplane);
+    tokio::task::spawn_blocking(move || f(dataplane.as_ref()))
+        .await
+        .map_err(|e| kernel(format!("kernel task failed: {e}")))?
+        .map_err(kernel)
 }
 
 /// Runs a blocking IPAM operation off the async workers (it fsyncs).
@@ -197,7 +217,13 @@ async fn add(agent: &Arc<Agent>, req: &Request) -> Result<CniResult, CniError> {
     let pod = ObjectKey::new(ns.clone(), name.clone());
     let placement = place(agent, &pod)?;
     let host = host_ifname(&key.container_id, &key.ifname);
-    let pod_ns = Netns::open(&netns_path).map_err(kernel)?;
+    // Before allocating: a runtime's namespace that is not there fails the ADD at once.
+    std::fs::File::open(&netns_path).map_err(|e| {
+        kernel(format!(
+            "cannot open network namespace {}: {e}",
+            netns_path.display()
+        ))
+    })?;
     let _in_flight = agent.in_flight(&key);
 
     let started = Instant::now();
@@ -220,7 +246,7 @@ async fn add(agent: &Arc<Agent>, req: &Request) -> Result<CniResult, CniError> {
     };
     let ipam_took = started.elapsed();
 
-    match plumb(agent, &key, &host, &pod_ns, &placement, &record.ips).await {
+    match plumb(agent, &key, &host, &netns_path, &record).await {
         Ok(Plumbed {
             host_mac,
             pod_mac,
@@ -232,7 +258,8 @@ async fn add(agent: &Arc<Agent>, req: &Request) -> Result<CniResult, CniError> {
             agent.metrics.add_phase("host", host_took);
             tracing::info!(
                 pod = %pod, container = %key.container_id, ifname = %key.ifname, host = %host,
-                network = %placement.network, ips = ?record.ips, "ADD"
+                network = %placement.network, vrf = %placement.vrf, table = placement.table,
+                ips = ?record.ips, "ADD"
             );
             Ok(result(
                 &key.ifname,
@@ -246,7 +273,7 @@ async fn add(agent: &Arc<Agent>, req: &Request) -> Result<CniResult, CniError> {
         }
         Err(e) => {
             // Leave nothing behind: the runtime will retry ADD (or DEL) from scratch.
-            remove_interfaces(agent, &host, &key.ifname, Some(&pod_ns)).await;
+            remove_interfaces(agent, &host, &key.ifname, Some(&netns_path)).await;
             let agent2 = Arc::clone(agent);
             let k = key.clone();
             if let Err(re) = blocking(move || agent2.ipam.release(&k)).await {
@@ -266,24 +293,30 @@ struct Plumbed {
     host_took: Duration,
 }
 
-/// Creates and configures the veth pair.
+/// Creates and configures the veth pair, then gives the pod its part of the plan on the node.
 async fn plumb(
     agent: &Arc<Agent>,
     key: &AttachmentKey,
     host: &str,
-    pod_ns: &Netns,
-    placement: &Placement,
-    ips: &[IpNet],
+    pod_ns: &Path,
+    record: &Record,
 ) -> Result<Plumbed, CniError> {
     let started = Instant::now();
+    let pod = PodInterface {
+        ifname: key.ifname.clone(),
+        host_ifname: host.to_owned(),
+        mtu: agent.pod_mtu(),
+        host_mac: host_mac(&key.container_id, &key.ifname),
+        ips: record.ips.clone(),
+    };
     // The common case creates the pair straight away. A retried ADD finds the previous
     // attempt's interfaces (the create fails with EEXIST): only then are they looked for
     // and removed in both namespaces, and the pair created again.
-    let pod_mac = match pod_side(agent, key, host, pod_ns, ips).await? {
+    let pod_mac = match create_pod_interface(agent, pod_ns, &pod).await? {
         Some(mac) => mac,
         None => {
             remove_interfaces(agent, host, &key.ifname, Some(pod_ns)).await;
-            pod_side(agent, key, host, pod_ns, ips)
+            create_pod_interface(agent, pod_ns, &pod)
                 .await?
                 .ok_or_else(|| {
                     kernel(format!(
@@ -296,26 +329,24 @@ async fn plumb(
     };
     let pod_took = started.elapsed();
 
-    // No lock around the VRF creation: `ensure_vrf` treats losing the creation race to a
-    // concurrent ADD (EEXIST) as success.
+    // On the node, exactly what the plan holds for this pod (the Network's VRF if it is
+    // missing, enslavement, the routes), planned as the reconcile plans it: the reconcile
+    // this ADD triggers then finds it all in place.
     let started = Instant::now();
-    let (vrf, table, h, ips_v) = (
-        placement.vrf.clone(),
-        placement.table,
-        host.to_owned(),
-        ips.to_vec(),
-    );
-    agent
-        .node_ns
-        .run(move |nl| async move {
-            let vrf_index = netns::ensure_vrf(&nl, &vrf, table).await?;
-            netns::configure_host_side(&nl, &h, vrf_index, table, &ips_v).await
-        })
-        .await
+    let loaded = agent.loaded().map_err(|why| {
+        CniError::new(
+            ErrorCode::TRY_AGAIN_LATER,
+            format!("lace agent on node {:?} is not ready: {why}", agent.node),
+        )
+    })?;
+    let pods = loaded
+        .planner
+        .plan(&[record.to_pod_attachment(key)])
         .map_err(kernel)?;
+    kernel_op(agent, move |dp| dp.attach(pods)).await?;
     Ok(Plumbed {
-        host_mac: netns::format_mac(&host_mac(&key.container_id, &key.ifname)),
-        pod_mac,
+        host_mac: format_mac(&pod.host_mac),
+        pod_mac: format_mac(&pod_mac),
         pod_took,
         host_took: started.elapsed(),
     })
@@ -324,33 +355,13 @@ async fn plumb(
 /// In the pod's namespace: creates the pair (host side straight into the node's namespace)
 /// and configures the pod side; returns the pod side's MAC, or `None` if a link of either
 /// name exists already (nothing was created).
-async fn pod_side(
+async fn create_pod_interface(
     agent: &Agent,
-    key: &AttachmentKey,
-    host: &str,
-    pod_ns: &Netns,
-    ips: &[IpNet],
-) -> Result<Option<String>, CniError> {
-    let mtu = agent.pod_mtu();
-    let mac = host_mac(&key.container_id, &key.ifname);
-    let (ifname, h, ips, node_ns) = (
-        key.ifname.clone(),
-        host.to_owned(),
-        ips.to_vec(),
-        agent.node_ns.clone(),
-    );
-    pod_ns
-        .run(move |nl| async move {
-            if !netns::create_veth(&nl, &ifname, &h, mtu, mac, &node_ns).await? {
-                return Ok(None);
-            }
-            let pod_link = netns::configure_pod_side(&nl, &ifname, &ips, &mac).await?;
-            Ok(Some(netns::format_mac(
-                netns::link_mac(&pod_link).unwrap_or_default(),
-            )))
-        })
-        .await
-        .map_err(kernel)
+    pod_ns: &Path,
+    pod: &PodInterface,
+) -> Result<Option<Vec<u8>>, CniError> {
+    let (pod_ns, pod) = (pod_ns.to_owned(), pod.clone());
+    kernel_op(agent, move |dp| dp.create_pod_interface(&pod_ns, &pod)).await
 }
 
 fn result(
@@ -362,10 +373,7 @@ fn result(
     netns_path: &Path,
     ips: &[IpNet],
 ) -> CniResult {
-    let gateway = |ip: &IpNet| match ip.addr() {
-        IpAddr::V4(_) => IpAddr::V4(GATEWAY_V4),
-        IpAddr::V6(_) => IpAddr::V6(GATEWAY_V6),
-    };
+    let gateway = |ip: &IpNet| gateway(ip.addr());
     CniResult {
         cni_version: None,
         interfaces: vec![
@@ -416,36 +424,26 @@ fn default_route(of: IpAddr) -> IpNet {
 
 /// Deletes the host veth in the node namespace; deleting one end of a veth deletes its
 /// peer, so that also removes the pod side. Only if there was no host veth, and the pod
-/// namespace is known, are both names deleted there (a pair never moved out of it by a
-/// crashed ADD). Logs, never fails: the start-up check and GC catch what is left.
-async fn remove_interfaces(agent: &Agent, host: &str, ifname: &str, pod_ns: Option<&Netns>) {
-    let h = host.to_owned();
-    match agent
-        .node_ns
-        .run(move |nl| async move { netns::delete_link(&nl, &h).await })
-        .await
-    {
-        Ok(true) => return,
-        Ok(false) => {}
-        Err(e) => tracing::warn!(host, error = %e, "deleting host veth"),
+/// namespace is known, are both names deleted there (a pair left there by a crashed ADD).
+/// Logs, never fails: the start-up check and GC catch what is left.
+async fn remove_interfaces(agent: &Agent, host: &str, ifname: &str, pod_ns: Option<&Path>) {
+    let h = vec![host.to_owned()];
+    match kernel_op(agent, move |dp| dp.delete_links(h)).await {
+        Ok(deleted) if !deleted.is_empty() => return,
+        Ok(_) => {}
+        Err(e) => tracing::warn!(host, error = %e.msg, "deleting host veth"),
     }
     if let Some(ns) = pod_ns {
-        let (h, i) = (host.to_owned(), ifname.to_owned());
-        if let Err(e) = ns
-            .run(move |nl| async move {
-                netns::delete_link(&nl, &h).await?;
-                netns::delete_link(&nl, &i).await
-            })
-            .await
-        {
-            tracing::warn!(ifname, error = %e, "deleting pod interface");
+        let (ns, names) = (ns.to_owned(), vec![host.to_owned(), ifname.to_owned()]);
+        if let Err(e) = kernel_op(agent, move |dp| dp.delete_pod_links(&ns, &names)).await {
+            tracing::warn!(ifname, error = %e.msg, "deleting pod interface");
         }
     }
 }
 
-/// Opens `path` as a namespace only if it still exists (DEL after the pod died).
-fn existing_ns(path: Option<&PathBuf>) -> Option<Netns> {
-    path.and_then(|p| Netns::open(p).ok())
+/// `path` if it still exists (DEL after the pod died).
+fn existing_ns(path: Option<&PathBuf>) -> Option<&Path> {
+    path.map(PathBuf::as_path).filter(|p| p.exists())
 }
 
 /// DEL of one attachment: interfaces first, then the addresses (so an address is never
@@ -454,7 +452,7 @@ async fn del_attachment(agent: &Arc<Agent>, key: &AttachmentKey, netns: Option<&
     let host = host_ifname(&key.container_id, &key.ifname);
     let record = agent.ipam.get(key).ok().flatten();
     let pod_ns = existing_ns(netns.or(record.as_ref().and_then(|r| r.netns.as_ref())));
-    remove_interfaces(agent, &host, &key.ifname, pod_ns.as_ref()).await;
+    remove_interfaces(agent, &host, &key.ifname, pod_ns).await;
 }
 
 async fn del(agent: &Arc<Agent>, req: &Request) -> Result<(), CniError> {
@@ -496,12 +494,9 @@ async fn check(agent: &Arc<Agent>, req: &Request) -> Result<(), CniError> {
     }
     let placement = network_table(agent, &rec)?;
     // Pod side.
-    let pod_ns = Netns::open(&netns_path).map_err(kernel)?;
-    let ifname = key.ifname.clone();
-    let pod_side = pod_ns
-        .run(move |nl| async move { netns::link_state(&nl, &ifname, MAIN_TABLE).await })
-        .await
-        .map_err(kernel)?
+    let (ns, ifname) = (netns_path.clone(), key.ifname.clone());
+    let pod_side = kernel_op(agent, move |dp| dp.inspect_pod_link(&ns, &ifname))
+        .await?
         .ok_or_else(|| {
             fail(format!(
                 "interface {:?} is missing in {}",
@@ -519,60 +514,48 @@ async fn check(agent: &Arc<Agent>, req: &Request) -> Result<(), CniError> {
                 key.ifname, pod_side.addresses
             )));
         }
-        let want = (
-            default_route(ip.addr()),
-            Some(match ip.addr() {
-                IpAddr::V4(_) => IpAddr::V4(GATEWAY_V4),
-                IpAddr::V6(_) => IpAddr::V6(GATEWAY_V6),
-            }),
-        );
+        let want = (default_route(ip.addr()), Some(gateway(ip.addr())));
         if !pod_side.routes.contains(&want) {
             return Err(fail(format!(
                 "no default route via {} on {:?}",
-                want.1.map(|g| g.to_string()).unwrap_or_default(),
+                gateway(ip.addr()),
                 key.ifname
             )));
         }
     }
-    // Host side.
-    let (host, table) = (rec.host_ifname.clone(), placement.1);
-    let host_side = agent
-        .node_ns
-        .run(move |nl| async move {
-            let Some(state) = netns::link_state(&nl, &host, table).await? else {
-                return Ok(None);
-            };
-            let vrf = match state.controller {
-                Some(c) => netns::vrf_table(&nl, c).await?,
-                None => None,
-            };
-            Ok(Some((state, vrf)))
-        })
-        .await
-        .map_err(kernel)?;
-    let Some((host_state, vrf)) = host_side else {
+    // Host side, as the dataplane knows the node.
+    let node = kernel_op(agent, |dp| dp.snapshot()).await?;
+    let Some(host) = node.links.get(&rec.host_ifname) else {
         return Err(fail(format!(
             "host interface {:?} is missing",
             rec.host_ifname
         )));
     };
-    if !host_state.up {
+    if !host.up {
         return Err(fail(format!(
             "host interface {:?} is down",
             rec.host_ifname
         )));
     }
-    match vrf {
-        Some((name, t)) if name == placement.0 && t == placement.1 => {}
-        other => {
-            return Err(fail(format!(
-            "host interface {:?} is not enslaved to VRF {:?} (table {}): controller is {other:?}",
+    let master = host.master.and_then(|m| {
+        let name = node.link_name(m)?;
+        Some((name, node.links[name].vrf_table))
+    });
+    if master != Some((placement.0.as_str(), Some(placement.1))) {
+        return Err(fail(format!(
+            "host interface {:?} is not enslaved to VRF {:?} (table {}): controller is {master:?}",
             rec.host_ifname, placement.0, placement.1
-        )))
-        }
+        )));
     }
     for ip in &rec.ips {
-        if !host_state.routes.iter().any(|(dst, _)| dst == ip) {
+        let key = RouteKey {
+            table: placement.1,
+            dst: IpNet::from(ip.addr()),
+        };
+        let through_host = node.routes.get(&key).is_some_and(
+            |nh| matches!(nh, crate::dataplane::KernelNexthop::Dev(d) if *d == rec.host_ifname),
+        );
+        if !through_host {
             return Err(fail(format!(
                 "no route {ip} dev {} in table {}",
                 rec.host_ifname, placement.1
@@ -626,7 +609,7 @@ async fn gc(agent: &Arc<Agent>, req: &Request) -> Result<(), CniError> {
     .await?;
     for (key, rec) in &released {
         let pod_ns = existing_ns(rec.netns.as_ref());
-        remove_interfaces(agent, &rec.host_ifname, &key.ifname, pod_ns.as_ref()).await;
+        remove_interfaces(agent, &rec.host_ifname, &key.ifname, pod_ns).await;
         tracing::info!(pod = %rec.pod, container = %key.container_id, ips = ?rec.ips, "GC released");
     }
     remove_unowned_veths(agent).await.map_err(kernel)?;
@@ -634,6 +617,18 @@ async fn gc(agent: &Arc<Agent>, req: &Request) -> Result<(), CniError> {
         agent.reconcile_wanted.notify_one();
     }
     Ok(())
+}
+
+/// The names of the node's `lp-*` links.
+async fn pod_links(agent: &Agent) -> Result<BTreeSet<String>, String> {
+    let node = kernel_op(agent, |dp| dp.snapshot())
+        .await
+        .map_err(|e| e.msg)?;
+    Ok(node
+        .links
+        .into_keys()
+        .filter(|n| n.starts_with(HOST_IFNAME_PREFIX))
+        .collect())
 }
 
 /// Deletes every `lp-*` link in the node namespace that no record owns; returns their names.
@@ -645,31 +640,23 @@ async fn remove_unowned_veths(agent: &Agent) -> Result<Vec<String>, String> {
         .into_iter()
         .map(|(_, r)| r.host_ifname)
         .collect();
-    agent
-        .node_ns
-        .run(move |nl| async move {
-            let mut removed = Vec::new();
-            for name in netns::links_with_prefix(&nl, HOST_IFNAME_PREFIX).await? {
-                if !owned.contains(&name) && netns::delete_link(&nl, &name).await? {
-                    removed.push(name);
-                }
-            }
-            Ok(removed)
-        })
+    let unowned: Vec<String> = pod_links(agent)
+        .await?
+        .into_iter()
+        .filter(|n| !owned.contains(n))
+        .collect();
+    if unowned.is_empty() {
+        return Ok(unowned);
+    }
+    kernel_op(agent, move |dp| dp.delete_links(unowned))
         .await
-        .map_err(|e| e.to_string())
+        .map_err(|e| e.msg)
 }
 
 /// Start-up check: releases records whose host veth is gone (a crash between allocation and
 /// veth creation, a reboot) and deletes `lp-*` veths without a record.
 pub async fn verify_against_kernel(agent: &Arc<Agent>) -> Result<(), String> {
-    let present: BTreeSet<String> = agent
-        .node_ns
-        .run(|nl| async move { netns::links_with_prefix(&nl, HOST_IFNAME_PREFIX).await })
-        .await
-        .map_err(|e| e.to_string())?
-        .into_iter()
-        .collect();
+    let present = pod_links(agent).await?;
     let released = agent
         .ipam
         .retain(|_, r| present.contains(&r.host_ifname))
@@ -711,7 +698,6 @@ mod tests {
     fn agent(node: &str, dir: &Path) -> Arc<Agent> {
         Arc::new(Agent::new(
             node.into(),
-            Netns::current().unwrap(),
             super::super::ipam::IpamStore::open(dir).unwrap(),
             Arc::new(super::super::LogOnly),
         ))

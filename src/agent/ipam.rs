@@ -210,15 +210,11 @@ impl IpamStore {
         Ok(self.lock()?.get(key).cloned())
     }
 
-    /// The attachments as the planner takes them, except those `skip` names.
-    pub fn pod_attachments(
-        &self,
-        skip: impl Fn(&AttachmentKey) -> bool,
-    ) -> Result<Vec<PodAttachment>, IpamError> {
+    /// The attachments as the planner takes them.
+    pub fn pod_attachments(&self) -> Result<Vec<PodAttachment>, IpamError> {
         Ok(self
             .lock()?
             .iter()
-            .filter(|(k, _)| !skip(k))
             .map(|(k, r)| r.to_pod_attachment(k))
             .collect())
     }

@@ -9,6 +9,11 @@
 //!   namespace), `host` (VRF, enslavement and host routes, in the node's namespace);
 //! - `lace_reconciles_total`, `lace_reconcile_errors_total`,
 //!   `lace_reconcile_duration_seconds` (histogram);
+//! - `lace_dataplane_drift_total`: times the kernel's notifications showed something Lace
+//!   applied changed without Lace (each schedules a repair);
+//! - `lace_dataplane_drift_throttled_total`: drift repairs delayed by the rate limit
+//!   (something keeps undoing Lace's objects);
+//! - `lace_dataplane_resyncs_total`: periodic full resyncs;
 //! - `lace_addresses_in_use{network}`: pod addresses held on this node;
 //! - `lace_ready`: 1 when ADD can be served.
 //!
@@ -78,6 +83,9 @@ struct Inner {
     reconciles: u64,
     reconcile_errors: u64,
     reconcile_latency: Histogram,
+    drift: u64,
+    drift_throttled: u64,
+    resyncs: u64,
 }
 
 /// The agent's counters. Cheap to update from any task.
@@ -120,6 +128,21 @@ impl Metrics {
         self.with(|m| m.reconcile_errors += 1);
     }
 
+    /// Records one drift report of the dataplane.
+    pub fn dataplane_drift(&self) {
+        self.with(|m| m.drift += 1);
+    }
+
+    /// Records one drift repair delayed by the rate limit.
+    pub fn dataplane_drift_throttled(&self) {
+        self.with(|m| m.drift_throttled += 1);
+    }
+
+    /// Records one periodic full resync.
+    pub fn dataplane_resync(&self) {
+        self.with(|m| m.resyncs += 1);
+    }
+
     /// The Prometheus text exposition, with the gauges passed in.
     pub fn render(&self, in_use: &BTreeMap<String, usize>, ready: bool) -> String {
         let m = self.inner.lock().unwrap_or_else(|e| e.into_inner());
@@ -160,6 +183,28 @@ impl Metrics {
         out.push_str("# TYPE lace_reconcile_duration_seconds histogram\n");
         m.reconcile_latency
             .render(&mut out, "lace_reconcile_duration_seconds", "");
+        for (name, help, n) in [
+            (
+                "lace_dataplane_drift_total",
+                "Changes to what Lace applied made without Lace, seen in kernel notifications.",
+                m.drift,
+            ),
+            (
+                "lace_dataplane_drift_throttled_total",
+                "Drift repairs delayed by the rate limit.",
+                m.drift_throttled,
+            ),
+            (
+                "lace_dataplane_resyncs_total",
+                "Periodic full resyncs of the dataplane.",
+                m.resyncs,
+            ),
+        ] {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {n}"
+            );
+        }
         out.push_str("# HELP lace_addresses_in_use Pod addresses held on this node.\n");
         out.push_str("# TYPE lace_addresses_in_use gauge\n");
         for (network, n) in in_use {
@@ -248,6 +293,9 @@ mod tests {
         m.add_phase("ipam", Duration::from_millis(3));
         m.reconciled(Duration::from_millis(2));
         m.reconcile_failed();
+        m.dataplane_drift();
+        m.dataplane_drift();
+        m.dataplane_drift_throttled();
         let text = m.render(&BTreeMap::from([("default".to_owned(), 3)]), true);
         assert!(text.contains("lace_cni_requests_total{verb=\"ADD\",result=\"ok\"} 2\n"));
         assert!(text.contains("lace_cni_requests_total{verb=\"ADD\",result=\"11\"} 1\n"));
@@ -272,6 +320,9 @@ mod tests {
         assert!(text.contains("lace_reconciles_total 1\n"));
         assert!(text.contains("lace_reconcile_errors_total 1\n"));
         assert!(text.contains("lace_reconcile_duration_seconds_count 1\n"));
+        assert!(text.contains("lace_dataplane_drift_total 2\n"));
+        assert!(text.contains("lace_dataplane_drift_throttled_total 1\n"));
+        assert!(text.contains("lace_dataplane_resyncs_total 0\n"));
         assert!(text.contains("lace_addresses_in_use{network=\"default\"} 3\n"));
         assert!(text.contains("lace_ready 1\n"));
         // Every sample line is `name{labels} value` or `name value` with a numeric value.

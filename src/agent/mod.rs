@@ -10,7 +10,8 @@
 //! 5. bind the socket and serve; once the node is ready (state loaded, this node allocated),
 //!    install the plugin binary and write the conflist, so the node only turns Ready when
 //!    pods can really get networks;
-//! 6. reconcile on every change through [`Dataplane`].
+//! 6. reconcile through [`Dataplane`] on every change, on drift and periodically
+//!    ([`reconcile`]).
 //!
 //! Decisions, in one place:
 //! - **Pod addressing**: one `/32` and one `/128` per pod (one per block of its Network on
@@ -21,13 +22,13 @@
 //! - **MTU**: pod MTU = MTU of the link holding the node's underlay address minus
 //!   [`SRV6_OVERHEAD`] (64 bytes: outer IPv6 40 + SRH 8 + one 16-byte segment), 1500 assumed
 //!   when no link holds it.
-//! - **VRF on a fresh node**: ADD creates the Network's VRF itself if it is missing, named and
-//!   numbered exactly as the planner does ([`crate::plan::vrf_name`],
-//!   [`crate::plan::vrf_table`]), so the first pod does not wait for a reconcile; the
-//!   reconciler then finds it as planned.
-//! - **Pod host route**: ADD installs `<ip> dev <host veth> table <vrf table>` itself (the
-//!   route the plan's `pod_routes` has), for latency, then triggers a reconcile for the rest
-//!   (the kubelet-probe table route); plans leave out attachments whose ADD/DEL is in flight.
+//! - **One kernel stack**: every kernel read and write goes through the [`Dataplane`]: the
+//!   reconcile, and ADD's work for its pod (the veth pair and the pod end in the pod's
+//!   namespace, then [`Dataplane::attach`]: the pod's part of the plan on the node, the
+//!   Network's VRF if it is missing, enslavement, routes with Lace's protocol). ADD writes
+//!   each of the pod's kernel objects once; the reconcile it triggers finds them as planned.
+//!   Plans are made on the dataplane's thread, after every write that came before, so they
+//!   include every pod ADD set up.
 //! - **Unknown pods** (standalone mode): a pod missing from the manifests is bound by its
 //!   namespace's labels with empty pod labels, so the demo and tests can create pods by
 //!   exec'ing the plugin without listing each one.
@@ -40,7 +41,6 @@ pub mod cni;
 pub mod install;
 pub mod ipam;
 pub mod metrics;
-pub mod netns;
 pub mod reconcile;
 pub mod server;
 pub mod standalone;
@@ -96,6 +96,8 @@ pub struct Config {
     pub kubelet_cgroup: Option<PathBuf>,
     /// `--release-pinned-maps`.
     pub release_pinned: bool,
+    /// `--resync-interval`: how often the dataplane is reconciled with full dumps.
+    pub resync_interval: std::time::Duration,
 }
 
 impl Config {
@@ -116,8 +118,6 @@ impl Config {
 pub enum AgentError {
     #[error(transparent)]
     Ipam(#[from] ipam::IpamError),
-    #[error(transparent)]
-    Netns(#[from] netns::NetnsError),
     #[error(transparent)]
     Server(#[from] server::ServerError),
     #[error("cannot listen for metrics on {addr}: {source}")]
@@ -144,7 +144,6 @@ pub struct Loaded {
 /// The running agent, shared by the CNI server, the reconcile loop and the watcher.
 pub struct Agent {
     pub(crate) node: String,
-    pub(crate) node_ns: netns::Netns,
     pub(crate) ipam: ipam::IpamStore,
     pub(crate) metrics: metrics::Metrics,
     pub(crate) dataplane: Arc<dyn Dataplane>,
@@ -153,10 +152,8 @@ pub struct Agent {
     cluster: RwLock<Result<Arc<Loaded>, String>>,
     underlay_mtu: AtomicU32,
     serving: AtomicBool,
-    /// Attachments whose interfaces are being created or deleted right now. The plan leaves
-    /// them out, so the reconciler never races an ADD or DEL for the pod's route (a route to
-    /// a veth that does not exist yet, or no longer). ADD installs the route itself and
-    /// triggers a reconcile when done.
+    /// Attachments whose interfaces are being created or deleted right now: GC leaves them
+    /// alone, and each triggers a reconcile when done.
     in_flight: std::sync::Mutex<std::collections::HashSet<ipam::AttachmentKey>>,
     /// CNI connections accepted and not answered yet.
     pub(crate) open_connections: std::sync::atomic::AtomicUsize,
@@ -188,16 +185,11 @@ impl std::fmt::Debug for Agent {
 }
 
 impl Agent {
-    /// An agent for `node` programming `node_ns`, not ready until [`Agent::set_state`].
-    pub fn new(
-        node: String,
-        node_ns: netns::Netns,
-        ipam: ipam::IpamStore,
-        dataplane: Arc<dyn Dataplane>,
-    ) -> Self {
+    /// An agent for `node` programming the kernel through `dataplane`, not ready until
+    /// [`Agent::set_state`].
+    pub fn new(node: String, ipam: ipam::IpamStore, dataplane: Arc<dyn Dataplane>) -> Self {
         Self {
             node,
-            node_ns,
             ipam,
             metrics: metrics::Metrics::default(),
             dataplane,
@@ -218,7 +210,7 @@ impl Agent {
             .clone()
     }
 
-    /// Leaves `key` out of plans while the returned guard lives (its interfaces are changing).
+    /// Marks `key` in flight while the returned guard lives (its interfaces are changing).
     pub(crate) fn in_flight(&self, key: &ipam::AttachmentKey) -> InFlight<'_> {
         self.in_flight
             .lock()
@@ -296,23 +288,22 @@ impl Agent {
         if let Some(n) = loaded.state.nodes.get(&self.node) {
             candidates.extend(n.internal_ips.iter().copied());
         }
-        let found = self
-            .node_ns
-            .run(move |h| async move {
-                for ip in candidates {
-                    if let Some(mtu) = netns::mtu_of_address(&h, ip).await? {
-                        return Ok(Some((ip, mtu)));
-                    }
-                }
-                Ok(None)
-            })
-            .await;
+        let dataplane = Arc::clone(&self.dataplane);
+        let found = tokio::task::spawn_blocking(move || {
+            let node = dataplane.snapshot()?;
+            Ok::<_, DataplaneError>(candidates.into_iter().find_map(|ip| {
+                let (_, index) = node.addrs.iter().find(|(a, _)| *a == ip)?;
+                let mtu = node.links.values().find(|l| l.index == *index)?.mtu?;
+                Some((ip, mtu))
+            }))
+        })
+        .await;
         match found {
-            Ok(Some((ip, mtu))) => {
+            Ok(Ok(Some((ip, mtu)))) => {
                 tracing::info!(underlay = %ip, mtu, pod_mtu = mtu.saturating_sub(SRV6_OVERHEAD), "underlay MTU");
                 self.underlay_mtu.store(mtu, Ordering::Relaxed);
             }
-            Ok(None) => {
+            Ok(Ok(None)) => {
                 tracing::warn!(
                     node = %self.node,
                     assumed = DEFAULT_UNDERLAY_MTU,
@@ -321,7 +312,8 @@ impl Agent {
                 self.underlay_mtu
                     .store(DEFAULT_UNDERLAY_MTU, Ordering::Relaxed);
             }
-            Err(e) => tracing::warn!(error = %e, "cannot read the underlay MTU"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "cannot read the underlay MTU"),
+            Err(e) => tracing::warn!(error = %e, "the underlay MTU lookup failed"),
         }
     }
 
@@ -330,11 +322,7 @@ impl Agent {
         let Ok(loaded) = self.loaded() else {
             return Ok(None);
         };
-        let in_flight = self.in_flight_keys();
-        let attachments = self
-            .ipam
-            .pod_attachments(|k| in_flight.contains(k))
-            .map_err(|e| e.to_string())?;
+        let attachments = self.ipam.pod_attachments().map_err(|e| e.to_string())?;
         loaded
             .planner
             .plan(&attachments)

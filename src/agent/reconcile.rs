@@ -1,103 +1,464 @@
-//! The seam to the dataplane reconciler: the agent plans, something else applies.
+//! The seam to the dataplane, and the reconcile loop.
 //!
-//! The agent calls [`Dataplane::apply`] with the full [`DesiredNode`] after every change
-//! (cluster state, pod attached or detached), from a blocking thread, never concurrently
-//! with itself, and coalescing bursts (an ADD storm triggers a few reconciles, not one per
-//! pod). The implementation is the rtnetlink/nft [`Reconciler`] of `crate::dataplane`.
+//! The agent plans; the [`Dataplane`] (the rtnetlink/nft [`Reconciler`] of `crate::dataplane`)
+//! does every kernel read and write of the node: the reconcile, and the CNI's work for one pod
+//! (the pod end of its veth in the pod's namespace, its part of the plan on the node), so both
+//! share one stack, one notion of what Lace owns and one memory of the kernel.
+//!
+//! ## When the node is reconciled
+//! - **On a change**: cluster state, a pod attached or detached ([`Agent::reconcile_wanted`]).
+//!   Triggers that come while a reconcile runs make one more, not one each.
+//! - **On drift**: the dataplane reports that the kernel's notifications show something Lace
+//!   applied changed without Lace (a route, rule or VRF deleted, an address or a link's
+//!   routes flushed); foreign objects changing and Lace's own writes echoing back are not
+//!   drift. The repair waits [`DEBOUNCE`] for the rest of a burst, then runs, as long as the
+//!   [`DriftLimiter`] has a token: a tool that keeps undoing Lace's objects gets at most
+//!   [`DRIFT_BURST`] quick repairs, then one per [`DRIFT_REFILL`]. Drift is counted
+//!   (`lace_dataplane_drift_total`, `lace_dataplane_drift_throttled_total`) and logged at
+//!   most once per [`DRIFT_LOG_INTERVAL`].
+//! - **Periodically** (`--resync-interval`), reading the kernel with full dumps: the backstop
+//!   for what no rtnetlink notification reports (sysctls, the nft table, `ip sr tunsrc`) and
+//!   for the memory itself.
+//! - **After a failure**, [`RETRY`] later.
+//!
+//! The plan is made on the dataplane's thread, right before it is applied, so it includes
+//! every pod whose ADD wrote to the kernel before (their writes run on that thread too).
+//!
+//! [`Agent::reconcile_wanted`]: super::Agent::reconcile_wanted
 
+use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+pub use crate::dataplane::DataplaneError;
+use crate::dataplane::{ApplyReport, Drift, ObservedNode, PodInterface, PodLinkState, Reconciler};
+use crate::plan::DesiredNode;
 
 /// Delay before retrying a failed apply.
 const RETRY: Duration = Duration::from_secs(2);
+/// How long a drift repair waits for the rest of a burst of changes.
+pub const DEBOUNCE: Duration = Duration::from_millis(200);
+/// Drift repairs that may run back to back.
+pub const DRIFT_BURST: u32 = 5;
+/// Once the burst is spent, one more drift repair per this long.
+pub const DRIFT_REFILL: Duration = Duration::from_secs(10);
+/// At most one drift message per this long (the rest are counted in it).
+pub const DRIFT_LOG_INTERVAL: Duration = Duration::from_secs(60);
+/// Default of `--resync-interval`.
+pub const DEFAULT_RESYNC: Duration = Duration::from_secs(60);
 
-use crate::dataplane::Reconciler;
-use crate::plan::DesiredNode;
+/// A plan to make on the dataplane's thread: `None` when there is nothing to apply (not
+/// ready, or planning failed and was reported).
+pub type Planning = Box<dyn FnOnce() -> Option<DesiredNode> + Send>;
 
-/// An error of the dataplane, reported in logs and metrics.
-pub type DataplaneError = Box<dyn std::error::Error + Send + Sync + 'static>;
-
-/// Makes the node's kernel match a plan.
+/// The node's kernel: everything the agent reads or writes there goes through it.
 pub trait Dataplane: Send + Sync + 'static {
-    /// Observes, diffs and applies `plan`. Called again with the next plan after an error.
-    fn apply(&self, plan: &DesiredNode) -> Result<(), DataplaneError>;
+    /// Plans with `plan` (on the dataplane's thread) and makes the kernel hold that plan;
+    /// `Ok(None)` when `plan` gives none. `resync`: read the kernel with full dumps.
+    fn reconcile(
+        &self,
+        plan: Planning,
+        resync: bool,
+    ) -> Result<Option<ApplyReport>, DataplaneError>;
+    /// Calls `handler` (on the dataplane's thread; it must not block) with each drift.
+    fn on_drift(&self, handler: Box<dyn Fn(Drift) + Send + Sync>);
+    /// Creates a pod's veth pair in its namespace `pod_ns`, the host end in the node's, and
+    /// configures the pod end; the pod end's MAC, or `None` if either name is taken.
+    fn create_pod_interface(
+        &self,
+        pod_ns: &Path,
+        pod: &PodInterface,
+    ) -> Result<Option<Vec<u8>>, DataplaneError>;
+    /// Gives the pods of `pods` (a plan of just them) their part of the plan on the node.
+    fn attach(&self, pods: DesiredNode) -> Result<ApplyReport, DataplaneError>;
+    /// Deletes links of the node by name; returns those that existed.
+    fn delete_links(&self, names: Vec<String>) -> Result<Vec<String>, DataplaneError>;
+    /// Deletes links in a pod's namespace by name; returns those that existed.
+    fn delete_pod_links(
+        &self,
+        pod_ns: &Path,
+        names: &[String],
+    ) -> Result<Vec<String>, DataplaneError>;
+    /// What CHECK reads of a pod's interface, `None` if it does not exist.
+    fn inspect_pod_link(
+        &self,
+        pod_ns: &Path,
+        ifname: &str,
+    ) -> Result<Option<PodLinkState>, DataplaneError>;
+    /// The node's links, addresses, Lace's routes and rules, as the dataplane knows them now.
+    fn snapshot(&self) -> Result<ObservedNode, DataplaneError>;
 }
 
 impl Dataplane for Reconciler {
-    fn apply(&self, plan: &DesiredNode) -> Result<(), DataplaneError> {
-        let report = self.reconcile(plan)?;
-        if report.writes > 0 {
-            tracing::info!(
-                node = %plan.node,
-                ops = report.ops,
-                writes = report.writes,
-                full_dump = report.full_dump,
-                sample = ?report.sample,
-                "dataplane: applied"
-            );
-        }
-        for skipped in &report.skipped {
-            tracing::debug!(node = %plan.node, "dataplane: skipped {skipped}");
-        }
-        Ok(())
+    fn reconcile(
+        &self,
+        plan: Planning,
+        resync: bool,
+    ) -> Result<Option<ApplyReport>, DataplaneError> {
+        self.reconcile_with(plan, resync)
+    }
+
+    fn on_drift(&self, handler: Box<dyn Fn(Drift) + Send + Sync>) {
+        Reconciler::on_drift(self, handler);
+    }
+
+    fn create_pod_interface(
+        &self,
+        pod_ns: &Path,
+        pod: &PodInterface,
+    ) -> Result<Option<Vec<u8>>, DataplaneError> {
+        Reconciler::create_pod_interface(self, pod_ns, pod)
+    }
+
+    fn attach(&self, pods: DesiredNode) -> Result<ApplyReport, DataplaneError> {
+        Reconciler::attach(self, pods)
+    }
+
+    fn delete_links(&self, names: Vec<String>) -> Result<Vec<String>, DataplaneError> {
+        Reconciler::delete_links(self, names)
+    }
+
+    fn delete_pod_links(
+        &self,
+        pod_ns: &Path,
+        names: &[String],
+    ) -> Result<Vec<String>, DataplaneError> {
+        Reconciler::delete_pod_links(self, pod_ns, names)
+    }
+
+    fn inspect_pod_link(
+        &self,
+        pod_ns: &Path,
+        ifname: &str,
+    ) -> Result<Option<PodLinkState>, DataplaneError> {
+        Reconciler::inspect_pod_link(self, pod_ns, ifname)
+    }
+
+    fn snapshot(&self) -> Result<ObservedNode, DataplaneError> {
+        Reconciler::snapshot(self)
     }
 }
 
-/// A dataplane that only logs what it would apply: the agent's unit tests, which have no
-/// kernel to program.
+/// A dataplane without a kernel, for the agent's unit tests: plans are made and logged, and
+/// the "kernel" holds nothing.
 #[cfg(test)]
 #[derive(Debug, Default)]
 pub struct LogOnly;
 
 #[cfg(test)]
 impl Dataplane for LogOnly {
-    fn apply(&self, plan: &DesiredNode) -> Result<(), DataplaneError> {
-        tracing::debug!(
-            node = %plan.node,
-            vrfs = plan.base.vrfs.len(),
-            pod_routes = plan.pod_routes.len(),
-            "dataplane: no reconciler plugged in, plan not applied"
-        );
-        Ok(())
+    fn reconcile(
+        &self,
+        plan: Planning,
+        _resync: bool,
+    ) -> Result<Option<ApplyReport>, DataplaneError> {
+        if let Some(plan) = plan() {
+            tracing::debug!(
+                node = %plan.node,
+                vrfs = plan.base.vrfs.len(),
+                pod_routes = plan.pod_routes.len(),
+                "dataplane: no reconciler plugged in, plan not applied"
+            );
+        }
+        Ok(None)
+    }
+
+    fn on_drift(&self, _handler: Box<dyn Fn(Drift) + Send + Sync>) {}
+
+    fn create_pod_interface(
+        &self,
+        _pod_ns: &Path,
+        _pod: &PodInterface,
+    ) -> Result<Option<Vec<u8>>, DataplaneError> {
+        Ok(None)
+    }
+
+    fn attach(&self, _pods: DesiredNode) -> Result<ApplyReport, DataplaneError> {
+        Ok(ApplyReport::default())
+    }
+
+    fn delete_links(&self, _names: Vec<String>) -> Result<Vec<String>, DataplaneError> {
+        Ok(Vec::new())
+    }
+
+    fn delete_pod_links(
+        &self,
+        _pod_ns: &Path,
+        _names: &[String],
+    ) -> Result<Vec<String>, DataplaneError> {
+        Ok(Vec::new())
+    }
+
+    fn inspect_pod_link(
+        &self,
+        _pod_ns: &Path,
+        _ifname: &str,
+    ) -> Result<Option<PodLinkState>, DataplaneError> {
+        Ok(None)
+    }
+
+    fn snapshot(&self) -> Result<ObservedNode, DataplaneError> {
+        Ok(ObservedNode {
+            links: Default::default(),
+            addrs: Vec::new(),
+            routes: Default::default(),
+            host_routes: Vec::new(),
+            rules: Vec::new(),
+            sysctls: Default::default(),
+            tunsrc: None,
+            nft: crate::dataplane::NftState::Absent,
+        })
     }
 }
 
-/// The reconcile loop: waits for a trigger, plans, applies, records the outcome.
-pub(crate) async fn run(agent: Arc<super::Agent>) {
-    loop {
-        agent.reconcile_wanted.notified().await;
-        let plan = match agent.plan() {
-            Ok(Some(plan)) => plan,
-            Ok(None) => continue, // not ready: nothing to plan from yet
-            Err(e) => {
-                agent.metrics.reconcile_failed();
-                tracing::error!(error = %e, "cannot plan this node");
-                continue;
-            }
-        };
-        let dataplane = Arc::clone(&agent.dataplane);
-        let started = Instant::now();
-        let outcome = tokio::task::spawn_blocking(move || dataplane.apply(&plan)).await;
-        let elapsed = started.elapsed();
-        match outcome {
-            Ok(Ok(())) => {
-                agent.metrics.reconciled(elapsed);
-                tracing::debug!(ms = elapsed.as_millis() as u64, "reconciled");
-            }
-            Ok(Err(e)) => {
-                agent.metrics.reconciled(elapsed);
-                agent.metrics.reconcile_failed();
-                tracing::error!(error = %e, "reconcile failed, retrying in {RETRY:?}");
-                let agent = Arc::clone(&agent);
-                tokio::spawn(async move {
-                    tokio::time::sleep(RETRY).await;
-                    agent.reconcile_wanted.notify_one();
-                });
-            }
-            Err(e) => {
-                agent.metrics.reconcile_failed();
-                tracing::error!(error = %e, "reconcile panicked");
+/// The token bucket that spaces drift repairs: [`DRIFT_BURST`] tokens, one more per
+/// [`DRIFT_REFILL`]; a repair takes one.
+#[derive(Clone, Debug)]
+pub struct DriftLimiter {
+    tokens: u32,
+    /// When the bucket was last refilled up to.
+    refilled: Instant,
+}
+
+impl DriftLimiter {
+    /// A full bucket at `now`.
+    pub fn new(now: Instant) -> Self {
+        Self {
+            tokens: DRIFT_BURST,
+            refilled: now,
+        }
+    }
+
+    fn refill(&mut self, now: Instant) {
+        if self.tokens >= DRIFT_BURST {
+            self.refilled = now;
+            return;
+        }
+        let earned =
+            now.saturating_duration_since(self.refilled).as_nanos() / DRIFT_REFILL.as_nanos();
+        let earned = u32::try_from(earned).unwrap_or(u32::MAX);
+        if earned > 0 {
+            self.tokens = self.tokens.saturating_add(earned).min(DRIFT_BURST);
+            self.refilled += DRIFT_REFILL * earned.min(DRIFT_BURST);
+            if self.tokens == DRIFT_BURST {
+                self.refilled = now;
             }
         }
+    }
+
+    /// When a repair of drift seen at `now` may run: `now` while tokens are left, else when
+    /// the next one comes.
+    pub fn next_slot(&mut self, now: Instant) -> Instant {
+        self.refill(now);
+        if self.tokens > 0 {
+            now
+        } else {
+            self.refilled + DRIFT_REFILL
+        }
+    }
+
+    /// A drift repair ran at `now` (takes a token if one is there).
+    pub fn take(&mut self, now: Instant) {
+        self.refill(now);
+        self.tokens = self.tokens.saturating_sub(1);
+    }
+}
+
+/// Drift messages, at most one per [`DRIFT_LOG_INTERVAL`].
+#[derive(Debug, Default)]
+struct DriftLog {
+    last: Option<Instant>,
+    unlogged: u64,
+    throttled: u64,
+}
+
+impl DriftLog {
+    fn report(&mut self, drift: &Drift, throttled: Option<Duration>, now: Instant) {
+        self.throttled += u64::from(throttled.is_some());
+        if self
+            .last
+            .is_some_and(|last| now.saturating_duration_since(last) < DRIFT_LOG_INTERVAL)
+        {
+            self.unlogged += 1;
+            return;
+        }
+        let (unlogged, throttled_since) = (self.unlogged, self.throttled);
+        self.last = Some(now);
+        self.unlogged = 0;
+        self.throttled = 0;
+        match throttled {
+            None if throttled_since == 0 => tracing::warn!(
+                %drift,
+                more_since_last_message = unlogged,
+                "dataplane: something Lace owns changed without Lace; repairing"
+            ),
+            _ => tracing::warn!(
+                %drift,
+                more_since_last_message = unlogged,
+                repairs_delayed = throttled_since,
+                next_repair_in = ?throttled.unwrap_or_default(),
+                "dataplane: something keeps changing what Lace owns; repairs are rate-limited \
+                 (is another tool managing these routes, rules or links?)"
+            ),
+        }
+    }
+}
+
+/// Why a reconcile runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Trigger {
+    Change,
+    Drift,
+    Resync,
+}
+
+/// The reconcile loop: waits for a change, drift or the periodic resync, plans, applies,
+/// records the outcome. `resync_every` is the period of full resyncs.
+pub(crate) async fn run(agent: Arc<super::Agent>, resync_every: Duration) {
+    let (drift_tx, mut drift_rx) = tokio::sync::mpsc::unbounded_channel::<Drift>();
+    agent.dataplane.on_drift(Box::new(move |d| {
+        let _ = drift_tx.send(d);
+    }));
+    let mut limiter = DriftLimiter::new(Instant::now());
+    let mut log = DriftLog::default();
+    let mut repair_at: Option<Instant> = None;
+    let mut resync_at = Instant::now() + resync_every;
+    loop {
+        let trigger = tokio::select! {
+            _ = agent.reconcile_wanted.notified() => Trigger::Change,
+            Some(drift) = drift_rx.recv() => {
+                let now = Instant::now();
+                agent.metrics.dataplane_drift();
+                let slot = limiter.next_slot(now);
+                let throttled = (slot > now).then(|| slot - now);
+                if throttled.is_some() {
+                    agent.metrics.dataplane_drift_throttled();
+                }
+                log.report(&drift, throttled, now);
+                let at = slot.max(now + DEBOUNCE);
+                repair_at = Some(repair_at.map_or(at, |r| r.min(at)));
+                continue;
+            }
+            _ = tokio::time::sleep_until(repair_at.unwrap_or_else(Instant::now)), if repair_at.is_some() => Trigger::Drift,
+            _ = tokio::time::sleep_until(resync_at) => Trigger::Resync,
+        };
+        let now = Instant::now();
+        if trigger == Trigger::Drift {
+            limiter.take(now);
+        }
+        // Whatever the trigger, this reconcile repairs the drift seen so far.
+        repair_at = None;
+        if trigger == Trigger::Resync {
+            resync_at = now + resync_every;
+            agent.metrics.dataplane_resync();
+        }
+        reconcile_once(&agent, trigger).await;
+    }
+}
+
+async fn reconcile_once(agent: &Arc<super::Agent>, trigger: Trigger) {
+    let dataplane = Arc::clone(&agent.dataplane);
+    let planner = Arc::clone(agent);
+    let plan: Planning = Box::new(move || match planner.plan() {
+        Ok(plan) => plan, // None: not ready, nothing to plan from yet
+        Err(e) => {
+            planner.metrics.reconcile_failed();
+            tracing::error!(error = %e, "cannot plan this node");
+            None
+        }
+    });
+    let started = std::time::Instant::now();
+    let resync = trigger == Trigger::Resync;
+    let outcome = tokio::task::spawn_blocking(move || dataplane.reconcile(plan, resync)).await;
+    let elapsed = started.elapsed();
+    match outcome {
+        Ok(Ok(None)) => {}
+        Ok(Ok(Some(report))) => {
+            agent.metrics.reconciled(elapsed);
+            if report.writes > 0 {
+                tracing::info!(
+                    node = %agent.node,
+                    ?trigger,
+                    ops = report.ops,
+                    writes = report.writes,
+                    full_dump = report.full_dump,
+                    sample = ?report.sample,
+                    "dataplane: applied"
+                );
+            } else {
+                tracing::debug!(?trigger, ms = elapsed.as_millis() as u64, "reconciled");
+            }
+            for skipped in &report.skipped {
+                tracing::debug!(node = %agent.node, "dataplane: skipped {skipped}");
+            }
+        }
+        Ok(Err(e)) => {
+            agent.metrics.reconciled(elapsed);
+            agent.metrics.reconcile_failed();
+            tracing::error!(error = %e, "reconcile failed, retrying in {RETRY:?}");
+            let agent = Arc::clone(agent);
+            tokio::spawn(async move {
+                tokio::time::sleep(RETRY).await;
+                agent.reconcile_wanted.notify_one();
+            });
+        }
+        Err(e) => {
+            agent.metrics.reconcile_failed();
+            tracing::error!(error = %e, "reconcile panicked");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_burst_of_drift_is_repaired_at_once_then_one_per_refill() {
+        let t0 = Instant::now();
+        let mut l = DriftLimiter::new(t0);
+        for i in 0..DRIFT_BURST {
+            let now = t0 + Duration::from_millis(u64::from(i) * 100);
+            assert_eq!(l.next_slot(now), now, "repair {i} of the burst waits");
+            l.take(now);
+        }
+        let now = t0 + Duration::from_millis(500);
+        let slot = l.next_slot(now);
+        assert!(slot > now, "the burst is spent");
+        assert!(slot <= now + DRIFT_REFILL, "{:?}", slot - now);
+        // A tool flapping every 100 ms for a minute gets one repair per refill.
+        let mut repairs = 0;
+        let mut t = now;
+        let end = now + Duration::from_secs(60);
+        while t < end {
+            if l.next_slot(t) <= t {
+                l.take(t);
+                repairs += 1;
+            }
+            t += Duration::from_millis(100);
+        }
+        let per_minute = (60 / DRIFT_REFILL.as_secs()) as u32;
+        assert!(
+            (per_minute - 1..=per_minute + 1).contains(&repairs),
+            "{repairs} repairs in a minute of flapping"
+        );
+    }
+
+    #[test]
+    fn a_quiet_node_earns_its_burst_back() {
+        let t0 = Instant::now();
+        let mut l = DriftLimiter::new(t0);
+        for _ in 0..DRIFT_BURST {
+            l.take(t0);
+        }
+        assert!(l.next_slot(t0) > t0);
+        let later = t0 + DRIFT_REFILL * (DRIFT_BURST + 3);
+        for i in 0..DRIFT_BURST {
+            assert_eq!(l.next_slot(later), later, "token {i} not earned back");
+            l.take(later);
+        }
+        assert!(l.next_slot(later) > later, "earned more than the burst");
     }
 }

@@ -182,7 +182,6 @@ mod tests {
         let path = dir.path().join("cni.sock");
         let agent = Arc::new(Agent::new(
             "node-1".into(),
-            super::super::netns::Netns::current().unwrap(),
             super::super::ipam::IpamStore::open(&dir.path().join("state")).unwrap(),
             Arc::new(super::super::LogOnly),
         ));

@@ -11,10 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use super::{
-    cni, install, ipam::IpamStore, metrics, netns::Netns, server, Agent, AgentError, Config,
-    Dataplane,
-};
+use super::{cni, install, ipam::IpamStore, metrics, server, Agent, AgentError, Config, Dataplane};
 use crate::state::ClusterState;
 use crate::wire::{del_queue, Command};
 
@@ -57,11 +54,7 @@ fn load(dir: &Path) -> Result<ClusterState, String> {
 /// Runs the agent until SIGINT or SIGTERM.
 pub async fn run(config: Config, dataplane: Arc<dyn Dataplane>) -> Result<(), AgentError> {
     let ipam = IpamStore::open(&config.state_dir)?;
-    let node_ns = match &config.netns {
-        Some(p) => Netns::open(p)?,
-        None => Netns::current()?,
-    };
-    let agent = Arc::new(Agent::new(config.node.clone(), node_ns, ipam, dataplane));
+    let agent = Arc::new(Agent::new(config.node.clone(), ipam, dataplane));
     tracing::info!(node = %config.node, manifests = %config.manifests.display(), "starting in standalone mode");
 
     let mut seen = fingerprint(&config.manifests).ok();
@@ -97,7 +90,10 @@ pub async fn run(config: Config, dataplane: Arc<dyn Dataplane>) -> Result<(), Ag
     let tasks = [
         tokio::spawn(server::serve(listener, Arc::clone(&agent))),
         tokio::spawn(metrics::serve(metrics_listener, Arc::clone(&agent))),
-        tokio::spawn(super::reconcile::run(Arc::clone(&agent))),
+        tokio::spawn(super::reconcile::run(
+            Arc::clone(&agent),
+            config.resync_interval,
+        )),
     ];
 
     let mut installed = false;

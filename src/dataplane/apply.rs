@@ -2,27 +2,13 @@
 //! ([`Nl::batch`]); after a phase with a failure nothing more is applied.
 
 use std::collections::HashMap;
-use std::net::IpAddr;
 
-use ipnet::IpNet;
-use rtnetlink::packet_core::{NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE};
-use rtnetlink::packet_route::address::{
-    AddressAttribute, AddressFlags, AddressHeaderFlags, AddressMessage,
-};
-use rtnetlink::packet_route::link::{LinkAttribute, LinkMessage};
-use rtnetlink::packet_route::route::{
-    RouteAddress, RouteAttribute, RouteHeader, RouteLwEnCapType, RouteLwTunnelEncap, RouteMessage,
-    RouteProtocol, RouteScope, RouteSeg6IpTunnel, RouteSeg6LocalTunnel, RouteType, Seg6Header,
-    Seg6LocalAction, Seg6Mode,
-};
-use rtnetlink::packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
-use rtnetlink::packet_route::{AddressFamily, RouteNetlinkMessage};
-use rtnetlink::{LinkUnspec, LinkVrf};
+use netlink_packet_core::{NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE};
+use netlink_packet_route::RouteNetlinkMessage;
 
 use super::diff::Op;
 use super::nl::Nl;
-use super::{host, nft, observe, KernelNexthop, ObservedNode, OpFailure, ROUTE_PROTOCOL};
-use crate::plan::{Family, RouteKey, Rule, RuleAction as PlanRuleAction};
+use super::{host, msg, nft, observe, ObservedNode, OpFailure};
 
 /// Applies `ops` (in diff order); returns the number of writes issued and the failures.
 pub fn apply(nl: &mut Nl, observed: &ObservedNode, ops: Vec<Op>) -> (u64, Vec<OpFailure>) {
@@ -146,12 +132,6 @@ fn idempotent(op: &Op, errno: i32) -> bool {
     }
 }
 
-fn link_by_name(name: &str) -> LinkMessage {
-    let mut m = LinkMessage::default();
-    m.attributes.push(LinkAttribute::IfName(name.to_string()));
-    m
-}
-
 /// The netlink request (and its extra flags) for a netlink operation.
 fn message(op: &Op, index: &HashMap<String, u32>) -> Result<(RouteNetlinkMessage, u16), String> {
     let idx = |name: &str| {
@@ -162,183 +142,35 @@ fn message(op: &Op, index: &HashMap<String, u32>) -> Result<(RouteNetlinkMessage
     };
     Ok(match op {
         Op::AddVrf { name, table } => (
-            RouteNetlinkMessage::NewLink(LinkVrf::new(name, *table).up().build()),
+            RouteNetlinkMessage::NewLink(msg::vrf(name, *table)),
             NLM_F_CREATE | NLM_F_EXCL,
         ),
-        Op::LinkUp { name } => (
-            RouteNetlinkMessage::SetLink(LinkUnspec::new_with_name(name).up().build()),
-            0,
-        ),
+        Op::LinkUp { name } => (RouteNetlinkMessage::SetLink(msg::link_up(name)), 0),
         Op::SetMaster { link, master } => (
-            RouteNetlinkMessage::SetLink(
-                LinkUnspec::new_with_index(idx(link)?)
-                    .controller(idx(master)?)
-                    .build(),
-            ),
+            RouteNetlinkMessage::SetLink(msg::enslave_up(idx(link)?, idx(master)?)),
             0,
         ),
         Op::AddAddress { link, addr } => (
-            RouteNetlinkMessage::NewAddress(address_message(idx(link)?, addr)),
+            RouteNetlinkMessage::NewAddress(msg::address(idx(link)?, addr)),
             NLM_F_CREATE | NLM_F_EXCL,
         ),
         Op::ReplaceLink { name } | Op::DelLink { name } => {
-            (RouteNetlinkMessage::DelLink(link_by_name(name)), 0)
+            (RouteNetlinkMessage::DelLink(msg::link_by_name(name)), 0)
         }
         Op::AddRule(r) => (
-            RouteNetlinkMessage::NewRule(rule_message(r)),
+            RouteNetlinkMessage::NewRule(msg::rule(r)),
             NLM_F_CREATE | NLM_F_EXCL,
         ),
         Op::DelRule(r) => (RouteNetlinkMessage::DelRule(r.raw.clone()), 0),
         Op::PutRoute { key, nh } => (
-            RouteNetlinkMessage::NewRoute(route_message(key, Some(nh), &idx)?),
+            RouteNetlinkMessage::NewRoute(msg::route(key, Some(nh), &idx)?),
             NLM_F_CREATE | NLM_F_REPLACE,
         ),
-        Op::DelRoute { key, nh } => {
-            let mut m = route_message(key, None, &idx)?;
-            // IPv4 matches the scope on delete unless it is "nowhere" (any): Lace's device
-            // routes have scope link, the others universe.
-            m.header.scope = RouteScope::NoWhere;
-            if *nh == KernelNexthop::Unreachable {
-                m.header.kind = RouteType::Unreachable;
-            }
-            (RouteNetlinkMessage::DelRoute(m), 0)
-        }
+        Op::DelRoute { key, nh } => (RouteNetlinkMessage::DelRoute(msg::route_delete(key, nh)), 0),
         Op::Sysctl { .. }
         | Op::Tunsrc(_)
         | Op::NftSwap { .. }
         | Op::NftElements { .. }
         | Op::NftDelete => return Err("not a netlink operation".into()),
     })
-}
-
-/// A route of Lace's: protocol [`ROUTE_PROTOCOL`], the key's table, and (when adding) the
-/// next hop. Deletions carry the protocol, so the kernel never removes a foreign route.
-pub(super) fn route_message(
-    key: &RouteKey,
-    nh: Option<&KernelNexthop>,
-    idx: &dyn Fn(&str) -> Result<u32, String>,
-) -> Result<RouteMessage, String> {
-    let mut m = RouteMessage::default();
-    let h = &mut m.header;
-    h.address_family = match key.dst {
-        IpNet::V4(_) => AddressFamily::Inet,
-        IpNet::V6(_) => AddressFamily::Inet6,
-    };
-    h.destination_prefix_length = key.dst.prefix_len();
-    h.table = u8::try_from(key.table).unwrap_or(RouteHeader::RT_TABLE_UNSPEC);
-    h.protocol = RouteProtocol::Other(ROUTE_PROTOCOL);
-    h.scope = RouteScope::Universe;
-    h.kind = RouteType::Unicast;
-    let a = &mut m.attributes;
-    a.push(RouteAttribute::Table(key.table));
-    if key.dst.prefix_len() > 0 {
-        a.push(RouteAttribute::Destination(RouteAddress::from(
-            key.dst.network(),
-        )));
-    }
-    let Some(nh) = nh else { return Ok(m) };
-    match nh {
-        KernelNexthop::Dev(dev) => {
-            if matches!(key.dst, IpNet::V4(_)) {
-                // What `ip route add <v4> dev X` does: a directly connected destination.
-                m.header.scope = RouteScope::Link;
-            }
-            m.attributes.push(RouteAttribute::Oif(idx(dev)?));
-        }
-        KernelNexthop::DevSrc { dev, src } => {
-            if matches!((src, key.dst), (IpAddr::V4(_), IpNet::V4(_))) {
-                m.header.scope = RouteScope::Link;
-            }
-            m.attributes
-                .push(RouteAttribute::PrefSource(RouteAddress::from(*src)));
-            m.attributes.push(RouteAttribute::Oif(idx(dev)?));
-        }
-        KernelNexthop::Via { via, dev } => {
-            if matches!(
-                (via, key.dst),
-                (IpAddr::V4(_), IpNet::V6(_)) | (IpAddr::V6(_), IpNet::V4(_))
-            ) {
-                return Err(format!("gateway {via} of another family than {}", key.dst));
-            }
-            m.attributes
-                .push(RouteAttribute::Gateway(RouteAddress::from(*via)));
-            m.attributes.push(RouteAttribute::Oif(idx(dev)?));
-        }
-        KernelNexthop::Seg6Encap { segs, dev } => {
-            let mut header = Seg6Header::default();
-            header.mode = Seg6Mode::Encap;
-            header.segments = vec![*segs];
-            m.attributes
-                .push(RouteAttribute::EncapType(RouteLwEnCapType::Seg6));
-            m.attributes
-                .push(RouteAttribute::Encap(vec![RouteLwTunnelEncap::Seg6(
-                    RouteSeg6IpTunnel::Seg6(header),
-                )]));
-            m.attributes.push(RouteAttribute::Oif(idx(dev)?));
-        }
-        KernelNexthop::Seg6LocalDt46 { vrf_table, dev } => {
-            m.attributes
-                .push(RouteAttribute::EncapType(RouteLwEnCapType::Seg6Local));
-            m.attributes.push(RouteAttribute::Encap(vec![
-                RouteLwTunnelEncap::Seg6Local(RouteSeg6LocalTunnel::Action(
-                    Seg6LocalAction::EndDt46,
-                )),
-                RouteLwTunnelEncap::Seg6Local(RouteSeg6LocalTunnel::VrfTable(*vrf_table)),
-            ]));
-            m.attributes.push(RouteAttribute::Oif(idx(dev)?));
-        }
-        KernelNexthop::Unreachable => m.header.kind = RouteType::Unreachable,
-        KernelNexthop::Unknown(s) => return Err(format!("cannot write route form {s}")),
-    }
-    Ok(m)
-}
-
-/// `ip addr add <addr> dev <index> nodad`: usable at once (no duplicate address detection),
-/// as a route `src` must not be tentative.
-fn address_message(index: u32, addr: &IpNet) -> AddressMessage {
-    let mut m = AddressMessage::default();
-    m.header.family = match addr {
-        IpNet::V4(_) => AddressFamily::Inet,
-        IpNet::V6(_) => AddressFamily::Inet6,
-    };
-    m.header.prefix_len = addr.prefix_len();
-    m.header.index = index;
-    m.header.flags = AddressHeaderFlags::Nodad;
-    m.attributes.push(AddressAttribute::Address(addr.addr()));
-    m.attributes
-        .push(AddressAttribute::Flags(AddressFlags::Nodad));
-    m
-}
-
-/// A rule of Lace's. The l3mdev rule has table 0 (the VRF driver's own form); tables above
-/// 255 go in the `FRA_TABLE` attribute. Rules are Lace's by their priority band; the protocol
-/// only helps a human reading `ip rule`.
-fn rule_message(r: &Rule) -> RuleMessage {
-    let mut m = RuleMessage::default();
-    m.header.family = match r.family {
-        Family::V4 => AddressFamily::Inet,
-        Family::V6 => AddressFamily::Inet6,
-    };
-    m.header.action = RuleAction::ToTable;
-    m.header.table = 0;
-    m.attributes.push(RuleAttribute::Priority(r.priority));
-    match r.action {
-        PlanRuleAction::L3mdev => {
-            // Exactly the VRF driver's rule (protocol kernel), so the kernel sees a duplicate
-            // (EEXIST) instead of adding a second copy next to the one it made.
-            m.attributes
-                .push(RuleAttribute::Protocol(RouteProtocol::Kernel));
-            m.attributes.push(RuleAttribute::L3MDev(true));
-        }
-        PlanRuleAction::Fwmark { mark, mask, table } => {
-            m.attributes
-                .push(RuleAttribute::Protocol(RouteProtocol::Other(
-                    ROUTE_PROTOCOL,
-                )));
-            m.attributes.push(RuleAttribute::Table(table));
-            m.attributes.push(RuleAttribute::FwMark(mark));
-            m.attributes.push(RuleAttribute::FwMask(mask));
-        }
-    }
-    m
 }

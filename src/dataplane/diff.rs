@@ -13,7 +13,8 @@ use ipnet::{IpNet, Ipv6Net};
 use super::nft::{self, KnownRuleset};
 use super::{HostRoute, KernelNexthop, NftState, ObservedNode, ObservedRule};
 use crate::plan::{
-    DesiredNode, Nexthop, RouteKey, Rule, RuleAction, POD_GATEWAY_V6_PREFIX, PROBE_TABLE,
+    DesiredNode, Nexthop, NodeBase, RouteKey, Rule, RuleAction, Vrf, POD_GATEWAY_V6_PREFIX,
+    PROBE_TABLE,
 };
 
 /// Why no operations could be computed.
@@ -40,7 +41,7 @@ pub enum Op {
     LinkUp {
         name: String,
     },
-    /// Enslave a pod's host-side veth to its Network's VRF.
+    /// Enslave a pod's host-side veth to its Network's VRF and bring it up.
     SetMaster {
         link: String,
         master: String,
@@ -126,7 +127,7 @@ impl fmt::Display for Op {
             Op::ReplaceLink { name } => write!(f, "link del {name} (to re-create it as planned)"),
             Op::AddVrf { name, table } => write!(f, "link add {name} type vrf table {table}"),
             Op::LinkUp { name } => write!(f, "link set {name} up"),
-            Op::SetMaster { link, master } => write!(f, "link set {link} master {master}"),
+            Op::SetMaster { link, master } => write!(f, "link set {link} master {master} up"),
             Op::AddAddress { link, addr } => write!(f, "addr add {addr} dev {link} nodad"),
             Op::Sysctl { key, value } => write!(f, "sysctl {key}={value}"),
             Op::Tunsrc(a) => write!(f, "sr tunsrc set {a}"),
@@ -203,45 +204,197 @@ pub fn diff(
     observed: &ObservedNode,
     known_nft: Option<&KnownRuleset>,
 ) -> Result<Diff, DiffError> {
+    diff_in(desired, observed, known_nft, Scope::All)
+}
+
+/// The operations a reconcile would issue for what rtnetlink notifies (links, addresses,
+/// rules, routes), leaving out the nft table, sysctls and `ip sr tunsrc`, whose observation
+/// the notifications do not change: empty while the kernel holds what Lace last applied of
+/// `desired`, whatever else changed. This is how the reconciler tells drift (something of
+/// Lace's changed without Lace) from its own writes echoing back and from changes to foreign
+/// objects.
+pub fn drift(desired: &DesiredNode, observed: &ObservedNode) -> Result<Vec<Op>, DiffError> {
+    Ok(diff_in(Some(desired), observed, None, Scope::Notified)?.ops)
+}
+
+/// The operations that give the pods of `pods` (a plan whose `pod_routes` are theirs, e.g.
+/// [`crate::plan::Planner::plan`] of one attachment) what the full plan holds for them: their
+/// Networks' VRFs (created if missing), their host veths enslaved and up (with their proxy
+/// ARP sysctls), the link-local sources of their IPv6 probe routes, and their routes. Nothing
+/// else and no deletions: CNI ADD applies this, so the reconcile that follows finds the pod
+/// already as planned and writes nothing for it.
+pub fn attach(pods: &DesiredNode, observed: &ObservedNode) -> Result<Diff, DiffError> {
+    let tables: BTreeSet<u32> = pods.pod_routes.keys().map(|k| k.table).collect();
+    let vrfs: BTreeMap<String, Vrf> = pods
+        .base
+        .vrfs
+        .iter()
+        .filter(|(_, v)| tables.contains(&v.table))
+        .map(|(n, v)| (n.clone(), v.clone()))
+        .collect();
+    let mut out = Diff::default();
+    vrf_ops(&vrfs, observed, &mut out.ops);
+    pod_link_ops(pods, &vrfs, observed, true, &mut out.ops);
+    let uplink = uplink(&pods.base, observed);
+    for (key, nh) in &pods.pod_routes {
+        if let Some(resolved) = resolve(key, nh, &pods.base, &vrfs, observed, uplink, &mut out)? {
+            if observed.routes.get(key) != Some(&resolved) {
+                out.ops.push(Op::PutRoute {
+                    key: *key,
+                    nh: resolved,
+                });
+            }
+        }
+    }
+    out.ops.sort_by_key(Op::phase);
+    Ok(out)
+}
+
+/// Which parts of the plan a diff covers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Scope {
+    All,
+    /// What rtnetlink notifications show: see [`drift`].
+    Notified,
+}
+
+fn diff_in(
+    desired: Option<&DesiredNode>,
+    observed: &ObservedNode,
+    known_nft: Option<&KnownRuleset>,
+    scope: Scope,
+) -> Result<Diff, DiffError> {
     let mut out = Diff::default();
     let empty_vrfs = BTreeMap::new();
     let vrfs = desired.map(|d| &d.base.vrfs).unwrap_or(&empty_vrfs);
-    let table_vrf: BTreeMap<u32, &str> = vrfs.iter().map(|(n, v)| (v.table, n.as_str())).collect();
+    vrf_ops(vrfs, observed, &mut out.ops);
+    for (name, _) in observed.vrfs() {
+        if !vrfs.contains_key(name) {
+            out.ops.push(Op::DelLink { name: name.clone() });
+        }
+    }
+    let Some(d) = desired else {
+        teardown(&mut out, observed);
+        out.ops.sort_by_key(Op::phase);
+        return Ok(out);
+    };
+    let base = &d.base;
+    pod_link_ops(d, vrfs, observed, scope == Scope::All, &mut out.ops);
 
-    // --- Links: VRFs ------------------------------------------------------------------------
-    let mut dels = Vec::new();
+    // --- nft, sysctls, tunsrc: read afresh by every reconcile, never notified -------------
+    if scope == Scope::All {
+        out.ops.extend(nft::op(
+            &base.nft,
+            &d.render_nft(),
+            &observed.nft,
+            known_nft,
+        )?);
+        for (key, value) in &base.sysctls {
+            if observed.sysctls.get(key).and_then(|v| v.as_deref()) != Some(value.as_str()) {
+                out.ops.push(Op::Sysctl {
+                    key: key.clone(),
+                    value: value.clone(),
+                });
+            }
+        }
+        if observed.tunsrc != Some(base.seg6_tunsrc) {
+            out.ops.push(Op::Tunsrc(base.seg6_tunsrc));
+        }
+    }
+
+    // --- Rules ------------------------------------------------------------------------------
+    let have: BTreeSet<Rule> = observed.rules.iter().filter_map(|r| r.rule).collect();
+    for r in &base.rules {
+        if !have.contains(r) {
+            out.ops.push(Op::AddRule(*r));
+        }
+    }
+    for r in &observed.rules {
+        if !r.rule.is_some_and(|x| base.rules.contains(&x)) {
+            out.ops.push(Op::DelRule(Box::new(r.clone())));
+        }
+    }
+
+    // --- Routes -----------------------------------------------------------------------------
+    let uplink = uplink(base, observed);
+    if uplink.is_none() {
+        return Err(DiffError::NoUplink {
+            underlay: base.underlay,
+        });
+    }
+    let mut wanted: BTreeSet<&RouteKey> = BTreeSet::new();
+    for (key, nh) in d.routes() {
+        let Some(resolved) = resolve(key, nh, base, vrfs, observed, uplink, &mut out)? else {
+            continue;
+        };
+        wanted.insert(key);
+        if observed.routes.get(key) != Some(&resolved) {
+            out.ops.push(Op::PutRoute {
+                key: *key,
+                nh: resolved,
+            });
+        }
+    }
+    for (key, nh) in &observed.routes {
+        if !wanted.contains(key) {
+            out.ops.push(Op::DelRoute {
+                key: *key,
+                nh: nh.clone(),
+            });
+        }
+    }
+    // Stable: within a phase, the order above.
+    out.ops.sort_by_key(Op::phase);
+    Ok(out)
+}
+
+/// The planned VRFs: created if missing, re-created if a link of that name is something
+/// else, brought up if down.
+fn vrf_ops(vrfs: &BTreeMap<String, Vrf>, observed: &ObservedNode, ops: &mut Vec<Op>) {
     for (name, vrf) in vrfs {
         match observed.links.get(name) {
             Some(l) if l.vrf_table == Some(vrf.table) => {
                 if !l.up {
-                    out.ops.push(Op::LinkUp { name: name.clone() });
+                    ops.push(Op::LinkUp { name: name.clone() });
                 }
             }
             Some(_) => {
-                out.ops.push(Op::ReplaceLink { name: name.clone() });
-                out.ops.push(Op::AddVrf {
+                ops.push(Op::ReplaceLink { name: name.clone() });
+                ops.push(Op::AddVrf {
                     name: name.clone(),
                     table: vrf.table,
                 });
             }
-            None => out.ops.push(Op::AddVrf {
+            None => ops.push(Op::AddVrf {
                 name: name.clone(),
                 table: vrf.table,
             }),
         }
     }
-    for (name, _) in observed.vrfs() {
-        if !vrfs.contains_key(name) {
-            dels.push(Op::DelLink { name: name.clone() });
-        }
-    }
+}
 
-    let Some(d) = desired else {
-        return Ok(teardown(out, observed, dels));
-    };
-    let base = &d.base;
+/// The sysctls of a pod's host veth, written whenever Lace enslaves it: proxy ARP answers
+/// for addresses routed elsewhere, at once (the pod's gateway entries are permanent, so this
+/// only serves a pod that resolves other addresses on its link).
+pub fn pod_link_sysctls(link: &str) -> [(String, &'static str); 2] {
+    [
+        (format!("net.ipv4.conf.{link}.proxy_arp"), "1"),
+        (format!("net.ipv4.neigh.{link}.proxy_delay"), "0"),
+    ]
+}
 
-    // --- Pod links: enslaved to the VRF of their Network's table ----------------------------
+/// The pods' host veths of plan `d`: enslaved to their Network's VRF (and up; with their
+/// sysctls when `sysctls`), up if down, and given the link-local source of their IPv6 probe
+/// routes (enslaving drops it). Links that do not exist are left to the routes, which report
+/// them.
+fn pod_link_ops(
+    d: &DesiredNode,
+    vrfs: &BTreeMap<String, Vrf>,
+    observed: &ObservedNode,
+    sysctls: bool,
+    ops: &mut Vec<Op>,
+) {
+    let table_vrf: BTreeMap<u32, &str> = vrfs.iter().map(|(n, v)| (v.table, n.as_str())).collect();
     let mut masters: BTreeMap<&str, &str> = BTreeMap::new();
     for (k, nh) in &d.pod_routes {
         if let (Nexthop::Dev(dev), Some(vrf)) = (nh, table_vrf.get(&k.table)) {
@@ -253,159 +406,133 @@ pub fn diff(
     let mut enslaved: BTreeSet<&str> = BTreeSet::new();
     for (link, vrf) in masters {
         let Some(l) = observed.links.get(link) else {
-            continue; // reported below with its routes
+            continue;
         };
         let current = l.master.and_then(|m| observed.link_name(m));
         if current != Some(vrf) {
             enslaved.insert(link);
-            out.ops.push(Op::SetMaster {
+            ops.push(Op::SetMaster {
                 link: link.to_string(),
                 master: vrf.to_string(),
             });
+            if sysctls {
+                for (key, value) in pod_link_sysctls(link) {
+                    ops.push(Op::Sysctl {
+                        key,
+                        value: value.into(),
+                    });
+                }
+            }
+        } else if !l.up {
+            ops.push(Op::LinkUp {
+                name: link.to_string(),
+            });
         }
     }
-    // The link-local sources of IPv6 probe routes are addresses of the pod veths themselves.
+    let mut addressed: BTreeSet<(&str, Ipv6Addr)> = BTreeSet::new();
     for nh in d.pod_routes.values() {
         let Nexthop::DevSrc { dev, src } = nh else {
             continue;
         };
         let Some(l) = observed.links.get(dev) else {
-            continue; // reported below with its routes
+            continue;
         };
         let Some(v6) = link_local(src) else { continue };
-        if !observed.addrs.contains(&(*src, l.index)) || enslaved.contains(dev.as_str()) {
-            out.ops.push(Op::AddAddress {
+        if (!observed.addrs.contains(&(*src, l.index)) || enslaved.contains(dev.as_str()))
+            && addressed.insert((dev, v6))
+        {
+            ops.push(Op::AddAddress {
                 link: dev.clone(),
                 addr: IpNet::V6(Ipv6Net::new_assert(v6, POD_GATEWAY_V6_PREFIX)),
             });
         }
     }
+}
 
-    // --- nft, sysctls, tunsrc ---------------------------------------------------------------
-    out.ops.extend(nft::op(
-        &base.nft,
-        &d.render_nft(),
-        &observed.nft,
-        known_nft,
-    )?);
-    for (key, value) in &base.sysctls {
-        if observed.sysctls.get(key).and_then(|v| v.as_deref()) != Some(value.as_str()) {
-            out.ops.push(Op::Sysctl {
-                key: key.clone(),
-                value: value.clone(),
-            });
-        }
-    }
-    if observed.tunsrc != Some(base.seg6_tunsrc) {
-        out.ops.push(Op::Tunsrc(base.seg6_tunsrc));
-    }
-
-    // --- Rules ------------------------------------------------------------------------------
-    let have: BTreeSet<Rule> = observed.rules.iter().filter_map(|r| r.rule).collect();
-    for r in &base.rules {
-        if !have.contains(r) {
-            out.ops.push(Op::AddRule(*r));
-        }
-    }
-    let mut rule_dels = Vec::new();
-    for r in &observed.rules {
-        if !r.rule.is_some_and(|x| base.rules.contains(&x)) {
-            rule_dels.push(Op::DelRule(Box::new(r.clone())));
-        }
-    }
-
-    // --- Routes -----------------------------------------------------------------------------
-    let uplink = observed
+/// The link holding the node's underlay address (`@uplink`).
+fn uplink<'a>(base: &NodeBase, observed: &'a ObservedNode) -> Option<&'a str> {
+    observed
         .addrs
         .iter()
         .find(|(a, _)| *a == IpAddr::V6(base.underlay))
         .and_then(|(_, i)| observed.link_name(*i))
-        .ok_or(DiffError::NoUplink {
+}
+
+/// The kernel form of planned route `key` via `nh`, resolved against what was observed, or
+/// `None` (and a line in `out.skipped`) when it cannot be installed now.
+fn resolve(
+    key: &RouteKey,
+    nh: &Nexthop,
+    base: &NodeBase,
+    vrfs: &BTreeMap<String, Vrf>,
+    observed: &ObservedNode,
+    uplink: Option<&str>,
+    out: &mut Diff,
+) -> Result<Option<KernelNexthop>, DiffError> {
+    let uplink = || {
+        uplink.map(str::to_string).ok_or(DiffError::NoUplink {
             underlay: base.underlay,
-        })?;
-    let mut route_dels = Vec::new();
-    let mut wanted: BTreeSet<&RouteKey> = BTreeSet::new();
-    for (key, nh) in d.routes() {
-        let resolved = match nh {
-            Nexthop::Dev(dev) => KernelNexthop::Dev(dev.clone()),
-            // The kernel refuses a source the node does not hold (e.g. a Node object whose
-            // InternalIP is not configured here): the route then goes without one. A
-            // link-local source is added to the link above.
-            Nexthop::DevSrc { dev, src }
-                if link_local(src).is_some() || observed.addrs.iter().any(|(a, _)| a == src) =>
-            {
-                KernelNexthop::DevSrc {
-                    dev: dev.clone(),
-                    src: *src,
-                }
+        })
+    };
+    let resolved = match nh {
+        Nexthop::Dev(dev) => KernelNexthop::Dev(dev.clone()),
+        // The kernel refuses a source the node does not hold (e.g. a Node object whose
+        // InternalIP is not configured here): the route then goes without one. A
+        // link-local source is added to the link (see `pod_link_ops`).
+        Nexthop::DevSrc { dev, src }
+            if link_local(src).is_some() || observed.addrs.iter().any(|(a, _)| a == src) =>
+        {
+            KernelNexthop::DevSrc {
+                dev: dev.clone(),
+                src: *src,
             }
-            Nexthop::DevSrc { dev, .. } => KernelNexthop::Dev(dev.clone()),
-            Nexthop::Seg6Encap { segs } => KernelNexthop::Seg6Encap {
-                segs: *segs,
-                dev: uplink.to_string(),
-            },
-            Nexthop::Seg6LocalDt46 { vrf_table, vrf } => KernelNexthop::Seg6LocalDt46 {
-                vrf_table: *vrf_table,
-                dev: vrf.clone(),
-            },
-            Nexthop::Underlay { via } => KernelNexthop::Via {
-                via: IpAddr::V6(*via),
-                dev: uplink.to_string(),
-            },
-            Nexthop::Unreachable => KernelNexthop::Unreachable,
-            Nexthop::Host => {
-                // A host without that route (e.g. no IPv6 default) gets everything else: the
-                // route follows once the host has one (the next reconcile resolves it).
-                let Some(h) = host_lookup(&observed.host_routes, &key.dst) else {
-                    out.skipped.push(format!(
-                        "route {} table {}: the host's main table has no route for it",
-                        key.dst, key.table
-                    ));
-                    continue;
-                };
-                let dev = h.dev.clone().unwrap_or_default();
-                match h.gateway {
-                    Some(via) => KernelNexthop::Via { via, dev },
-                    None => KernelNexthop::Dev(dev),
-                }
-            }
-        };
-        if let KernelNexthop::Dev(dev) | KernelNexthop::DevSrc { dev, .. } = &resolved {
-            if !observed.links.contains_key(dev) && !vrfs.contains_key(dev) {
+        }
+        Nexthop::DevSrc { dev, .. } => KernelNexthop::Dev(dev.clone()),
+        Nexthop::Seg6Encap { segs } => KernelNexthop::Seg6Encap {
+            segs: *segs,
+            dev: uplink()?,
+        },
+        Nexthop::Seg6LocalDt46 { vrf_table, vrf } => KernelNexthop::Seg6LocalDt46 {
+            vrf_table: *vrf_table,
+            dev: vrf.clone(),
+        },
+        Nexthop::Underlay { via } => KernelNexthop::Via {
+            via: IpAddr::V6(*via),
+            dev: uplink()?,
+        },
+        Nexthop::Unreachable => KernelNexthop::Unreachable,
+        Nexthop::Host => {
+            // A host without that route (e.g. no IPv6 default) gets everything else: the
+            // route follows once the host has one (the next reconcile resolves it).
+            let Some(h) = host_lookup(&observed.host_routes, &key.dst) else {
                 out.skipped.push(format!(
-                    "route {} table {}: no link {dev}",
+                    "route {} table {}: the host's main table has no route for it",
                     key.dst, key.table
                 ));
-                continue;
+                return Ok(None);
+            };
+            let dev = h.dev.clone().unwrap_or_default();
+            match h.gateway {
+                Some(via) => KernelNexthop::Via { via, dev },
+                None => KernelNexthop::Dev(dev),
             }
         }
-        wanted.insert(key);
-        if observed.routes.get(key) != Some(&resolved) {
-            out.ops.push(Op::PutRoute {
-                key: *key,
-                nh: resolved,
-            });
+    };
+    if let KernelNexthop::Dev(dev) | KernelNexthop::DevSrc { dev, .. } = &resolved {
+        if !observed.links.contains_key(dev) && !vrfs.contains_key(dev) {
+            out.skipped.push(format!(
+                "route {} table {}: no link {dev}",
+                key.dst, key.table
+            ));
+            return Ok(None);
         }
     }
-    for (key, nh) in &observed.routes {
-        if !wanted.contains(key) {
-            route_dels.push(Op::DelRoute {
-                key: *key,
-                nh: nh.clone(),
-            });
-        }
-    }
-
-    out.ops.extend(route_dels);
-    out.ops.extend(rule_dels);
-    out.ops.extend(dels);
-    debug_assert!(out.ops.windows(2).all(|w| w[0].phase() <= w[1].phase()));
-    Ok(out)
+    Ok(Some(resolved))
 }
 
 /// Everything Lace owns goes, except the l3mdev rule (shared with every VRF on the host; the
 /// kernel's VRF driver installs the same one).
-fn teardown(mut out: Diff, observed: &ObservedNode, link_dels: Vec<Op>) -> Diff {
+fn teardown(out: &mut Diff, observed: &ObservedNode) {
     for (key, nh) in &observed.routes {
         out.ops.push(Op::DelRoute {
             key: *key,
@@ -423,11 +550,9 @@ fn teardown(mut out: Diff, observed: &ObservedNode, link_dels: Vec<Op>) -> Diff 
             out.ops.push(Op::DelRule(Box::new(r.clone())));
         }
     }
-    out.ops.extend(link_dels);
     if observed.nft != NftState::Absent {
         out.ops.push(Op::NftDelete);
     }
-    out
 }
 
 #[cfg(test)]
@@ -534,6 +659,7 @@ mod tests {
             vrf_table: None,
             master: None,
             up: true,
+            mtu: None,
         }
     }
 
@@ -598,6 +724,7 @@ mod tests {
                     l.master = Some(m);
                     // Enslaving an up link cycles it: its link-local addresses go.
                     let (index, up) = (l.index, l.up);
+                    l.up = true;
                     o.addrs
                         .retain(|(a, i)| !(up && *i == index && link_local(a).is_some()));
                 }

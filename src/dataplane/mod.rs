@@ -77,17 +77,22 @@
 mod apply;
 pub mod diff;
 mod host;
+mod msg;
 pub mod netns;
 mod nft;
 pub mod nl;
 mod observe;
+mod pod;
 mod rawnl;
 mod seg6;
 pub mod watch;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::fs::File;
 use std::net::{IpAddr, Ipv6Addr};
+use std::os::fd::AsRawFd;
+use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use ipnet::IpNet;
@@ -98,6 +103,8 @@ pub use diff::{diff, Diff, DiffError, Op};
 pub use netns::{NetnsError, NetnsTarget};
 pub use nft::KnownRuleset;
 pub use observe::ObserveError;
+pub use pod::{gateway, PodInterface, PodLinkState, GATEWAY_V4, GATEWAY_V6};
+pub use watch::Drift;
 
 /// Lace's rtnetlink route protocol id (`proto 76`, ASCII `L`). Not in iproute2's `rt_protos`
 /// (which lists 0-4, 8-18, 42, 99, 186-192) nor used by the common CNIs (Calico uses 80).
@@ -154,6 +161,7 @@ pub struct ObservedLink {
     /// Index of the link's master (VRF), if enslaved.
     pub master: Option<u32>,
     pub up: bool,
+    pub mtu: Option<u32>,
 }
 
 /// A FIB rule in Lace's priority band.
@@ -162,7 +170,7 @@ pub struct ObservedRule {
     /// The rule in the planner's terms, when it is one Lace writes.
     pub rule: Option<plan::Rule>,
     /// The kernel's message, to delete it exactly.
-    pub raw: rtnetlink::packet_route::rule::RuleMessage,
+    pub raw: netlink_packet_route::rule::RuleMessage,
 }
 
 /// A host (non-Lace) unicast route of the main table, to resolve [`plan::Nexthop::Host`].
@@ -278,6 +286,17 @@ pub enum DataplaneError {
         writes: u64,
         failures: Vec<OpFailure>,
     },
+    #[error("in {target}: the kernel refused {} request(s); first: {}", failures.len(), failures.first().map(|f| f.to_string()).unwrap_or_default())]
+    Refused {
+        target: String,
+        failures: Vec<OpFailure>,
+    },
+    #[error("netlink in {target}: {source}")]
+    Netlink {
+        target: String,
+        #[source]
+        source: nl::NlError,
+    },
 }
 
 /// Tuning of a [`Reconciler`].
@@ -297,13 +316,25 @@ impl Default for ReconcilerOptions {
 }
 
 /// Reconciles one network namespace, remembering what it observed between calls (kept
-/// current by the kernel's notifications; see the module docs).
-#[derive(Debug)]
+/// current by the kernel's notifications; see the module docs), and does the CNI's kernel
+/// work: the pod end of a veth in the pod's namespace ([`Reconciler::create_pod_interface`]),
+/// the pod's part of the plan on the node ([`Reconciler::attach`]).
 pub struct Reconciler {
     worker: netns::Worker<watch::Session>,
     /// The nft ruleset last written or found; shared with the worker's jobs, which run one
     /// at a time.
     known_nft: Arc<Mutex<Option<nft::KnownRuleset>>>,
+    /// The namespace, kept open: pod veths are created with their host end in it.
+    netns: Arc<File>,
+    on_drift: watch::DriftSink,
+}
+
+impl fmt::Debug for Reconciler {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Reconciler")
+            .field("target", self.worker.target())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Reconciler {
@@ -317,19 +348,31 @@ impl Reconciler {
         target: NetnsTarget,
         options: ReconcilerOptions,
     ) -> Result<Self, DataplaneError> {
+        let netns = Arc::new(target.open()?);
+        let on_drift = watch::DriftSink::default();
         Ok(Self {
             worker: netns::Worker::start(
                 target,
-                watch::open(options.notification_buffer),
+                watch::open(options.notification_buffer, Arc::clone(&on_drift)),
                 watch::Session::idle,
                 watch::IDLE_DRAIN,
             )?,
             known_nft: Arc::default(),
+            netns,
+            on_drift,
         })
     }
 
     fn target(&self) -> String {
         self.worker.target().to_string()
+    }
+
+    /// Calls `handler` (from the reconciler's thread; it must not block) whenever the kernel's
+    /// notifications show something Lace applied changed without Lace: deleted, replaced,
+    /// flushed with its link. Changes to foreign objects and Lace's own writes echoing back
+    /// are not drift. Replaces any previous handler.
+    pub fn on_drift(&self, handler: impl Fn(Drift) + Send + Sync + 'static) {
+        *self.on_drift.lock().unwrap_or_else(PoisonError::into_inner) = Some(Box::new(handler));
     }
 
     /// Reads what Lace owns (and what next hops resolve against) with full dumps, neither
@@ -343,47 +386,78 @@ impl Reconciler {
             })
     }
 
+    /// What the reconciler's memory holds now (links, addresses, routes, rules), brought up
+    /// to date with the kernel's notifications, or dumped if there is none.
+    pub fn snapshot(&self) -> Result<ObservedNode, DataplaneError> {
+        let target = self.target();
+        self.worker
+            .run(|s| s.with_observed(None, |_, observed, _| observed.clone()))?
+            .map_err(|source| DataplaneError::Observe { target, source })
+    }
+
     /// How the reconciler's memory differs from a full dump taken now, one line per
     /// difference (empty: none, or nothing remembered yet). Sysctls, tunsrc and the nft
     /// table are read afresh by every reconcile and not compared.
-    pub fn drift(&self) -> Result<Vec<String>, DataplaneError> {
+    pub fn memory_drift(&self) -> Result<Vec<String>, DataplaneError> {
         let target = self.target();
         self.worker
             .run(move |s| {
                 let fresh = observe::dump(&mut s.nl).map(|(node, _)| node)?;
-                Ok(s.cached().map(|c| drift(c, &fresh)).unwrap_or_default())
+                Ok(s.cached()
+                    .map(|c| memory_drift(c, &fresh))
+                    .unwrap_or_default())
             })?
             .map_err(|source| DataplaneError::Observe { target, source })
     }
 
     /// Makes the namespace hold exactly `desired` (of what Lace owns).
     pub fn reconcile(&self, desired: &DesiredNode) -> Result<ApplyReport, DataplaneError> {
-        self.converge(Some(desired.clone()))
+        let desired = desired.clone();
+        Ok(self
+            .reconcile_with(move || Some(desired), false)?
+            .unwrap_or_default())
+    }
+
+    /// Plans with `plan`, on the reconciler's thread, and makes the namespace hold that plan;
+    /// `Ok(None)` when `plan` gives none. Planning there orders the plan after every
+    /// [`Reconciler::attach`] that came first, so a pod attached meanwhile is in it. `resync`
+    /// reads the kernel with full dumps instead of the remembered state.
+    pub fn reconcile_with(
+        &self,
+        plan: impl FnOnce() -> Option<DesiredNode> + Send + 'static,
+        resync: bool,
+    ) -> Result<Option<ApplyReport>, DataplaneError> {
+        let target = self.target();
+        let known_nft = Arc::clone(&self.known_nft);
+        self.worker.run(move |session| {
+            let Some(desired) = plan() else {
+                return Ok(None);
+            };
+            if resync {
+                session.forget();
+            }
+            converge(session, &known_nft, Some(desired), target).map(Some)
+        })?
     }
 
     /// Removes everything Lace owns (VRFs, routes, rules, the nft table). Sysctls and
     /// `ip sr tunsrc` stay, and so does the l3mdev rule, which every VRF on the host shares.
     pub fn teardown_all(&self) -> Result<ApplyReport, DataplaneError> {
-        self.converge(None)
+        let target = self.target();
+        let known_nft = Arc::clone(&self.known_nft);
+        self.worker
+            .run(move |session| converge(session, &known_nft, None, target))?
     }
 
-    fn converge(&self, desired: Option<DesiredNode>) -> Result<ApplyReport, DataplaneError> {
+    /// Gives the pods of `pods` (a plan whose `pod_routes` are just theirs) what the full
+    /// plan holds for them on the node: [`diff::attach`], applied. CNI ADD calls it once the
+    /// pod's veth exists; the reconcile that follows then writes nothing of it again.
+    pub fn attach(&self, pods: DesiredNode) -> Result<ApplyReport, DataplaneError> {
         let target = self.target();
-        let keys: BTreeSet<String> = desired
-            .as_ref()
-            .map(|d| d.base.sysctls.keys().cloned().collect())
-            .unwrap_or_default();
-        let known_nft = Arc::clone(&self.known_nft);
         self.worker.run(move |session| {
-            let mut known = known_nft.lock().unwrap_or_else(PoisonError::into_inner);
-            let observe_error = |source| DataplaneError::Observe {
-                target: target.clone(),
-                source,
-            };
             let outcome = session
-                .with_observed(&keys, |nl, observed, full_dump| {
-                    let d = diff::diff(desired.as_ref(), observed, known.as_ref())?;
-                    let nft_tag = nft::tag_after(&d.ops, &observed.nft);
+                .with_observed(None, |nl, observed, full_dump| {
+                    let d = diff::attach(&pods, observed)?;
                     let report = ApplyReport {
                         ops: d.ops.len(),
                         writes: 0,
@@ -396,41 +470,148 @@ impl Reconciler {
                         skipped: d.skipped,
                         full_dump,
                     };
-                    let deleted: Vec<watch::Deleted> =
-                        d.ops.iter().filter_map(watch::Deleted::by).collect();
                     let (writes, failures) = apply::apply(nl, observed, d.ops);
-                    // After a failure the table may or may not have changed: forget, and let
-                    // the next observation decide.
-                    *known = if failures.is_empty() {
-                        let desired_nft = desired.as_ref().map(|d| &d.base.nft);
-                        nft::KnownRuleset::after(known.take(), desired_nft, nft_tag)
-                    } else {
-                        None
-                    };
-                    Ok((ApplyReport { writes, ..report }, deleted, failures))
+                    Ok((ApplyReport { writes, ..report }, failures))
                 })
-                .map_err(observe_error)?;
-            let (report, deleted, failures) = outcome.map_err(|source| DataplaneError::Diff {
+                .map_err(|source| DataplaneError::Observe {
+                    target: target.clone(),
+                    source,
+                })?;
+            let (report, failures) = outcome.map_err(|source| DataplaneError::Diff {
                 target: target.clone(),
                 source,
             })?;
-            session.settle(deleted, failures.is_empty());
-            if failures.is_empty() {
-                Ok(report)
-            } else {
-                Err(DataplaneError::Apply {
+            session.settle(Vec::new(), failures.is_empty(), None);
+            if !failures.is_empty() {
+                return Err(DataplaneError::Apply {
                     target,
                     writes: report.writes,
                     failures,
-                })
+                });
             }
+            session.attached(&pods);
+            Ok(report)
         })?
+    }
+
+    /// `ip link del <name>` for each of `names` in the namespace; returns those that existed.
+    pub fn delete_links(&self, names: Vec<String>) -> Result<Vec<String>, DataplaneError> {
+        let target = self.target();
+        self.worker.run(move |session| {
+            let outcome = pod::delete_links(&mut session.nl, &names);
+            session.settle(Vec::new(), true, None);
+            outcome.map_err(|e| e.into_error(target))
+        })?
+    }
+
+    /// In the pod's namespace `pod_ns`: creates the veth pair, its host end straight into
+    /// this namespace, and configures the pod end ([`pod::create`]); returns the pod end's
+    /// MAC, or `None` if a link of either name exists already (nothing was created).
+    pub fn create_pod_interface(
+        &self,
+        pod_ns: &Path,
+        pod: &PodInterface,
+    ) -> Result<Option<Vec<u8>>, DataplaneError> {
+        let fd = self.netns.as_raw_fd();
+        let target = NetnsTarget::Path(pod_ns.to_owned());
+        netns::run_in(&target, |nl| pod::create(nl, pod, fd))?
+            .map_err(|e| e.into_error(target.to_string()))
+    }
+
+    /// `ip link del <name>` for each of `names` in the pod's namespace `pod_ns`; returns
+    /// those that existed.
+    pub fn delete_pod_links(
+        &self,
+        pod_ns: &Path,
+        names: &[String],
+    ) -> Result<Vec<String>, DataplaneError> {
+        let target = NetnsTarget::Path(pod_ns.to_owned());
+        netns::run_in(&target, |nl| pod::delete_links(nl, names))?
+            .map_err(|e| e.into_error(target.to_string()))
+    }
+
+    /// What CHECK reads of interface `ifname` in the pod's namespace `pod_ns` ([`pod::inspect`]).
+    pub fn inspect_pod_link(
+        &self,
+        pod_ns: &Path,
+        ifname: &str,
+    ) -> Result<Option<PodLinkState>, DataplaneError> {
+        let target = NetnsTarget::Path(pod_ns.to_owned());
+        netns::run_in(&target, |nl| pod::inspect(nl, ifname))?.map_err(|source| {
+            DataplaneError::Netlink {
+                target: target.to_string(),
+                source,
+            }
+        })
+    }
+}
+
+/// One reconcile on the worker: observe (memory or dumps), diff against `desired` (`None`:
+/// tear down), apply, settle the memory.
+fn converge(
+    session: &mut watch::Session,
+    known_nft: &Mutex<Option<nft::KnownRuleset>>,
+    desired: Option<DesiredNode>,
+    target: String,
+) -> Result<ApplyReport, DataplaneError> {
+    let mut known = known_nft.lock().unwrap_or_else(PoisonError::into_inner);
+    let keys: BTreeSet<String> = desired
+        .as_ref()
+        .map(|d| d.base.sysctls.keys().cloned().collect())
+        .unwrap_or_default();
+    let outcome = session
+        .with_observed(Some(&keys), |nl, observed, full_dump| {
+            let d = diff::diff(desired.as_ref(), observed, known.as_ref())?;
+            let nft_tag = nft::tag_after(&d.ops, &observed.nft);
+            let report = ApplyReport {
+                ops: d.ops.len(),
+                writes: 0,
+                sample: d
+                    .ops
+                    .iter()
+                    .take(SAMPLE_OPS)
+                    .map(|o| o.to_string())
+                    .collect(),
+                skipped: d.skipped,
+                full_dump,
+            };
+            let deleted: Vec<watch::Deleted> =
+                d.ops.iter().filter_map(watch::Deleted::by).collect();
+            let (writes, failures) = apply::apply(nl, observed, d.ops);
+            // After a failure the table may or may not have changed: forget, and let the next
+            // observation decide.
+            *known = if failures.is_empty() {
+                let desired_nft = desired.as_ref().map(|d| &d.base.nft);
+                nft::KnownRuleset::after(known.take(), desired_nft, nft_tag)
+            } else {
+                None
+            };
+            Ok((ApplyReport { writes, ..report }, deleted, failures))
+        })
+        .map_err(|source| DataplaneError::Observe {
+            target: target.clone(),
+            source,
+        })?;
+    let (report, deleted, failures) = outcome.map_err(|source| DataplaneError::Diff {
+        target: target.clone(),
+        source,
+    })?;
+    let applied = failures.is_empty();
+    session.settle(deleted, applied, applied.then_some(desired));
+    if applied {
+        Ok(report)
+    } else {
+        Err(DataplaneError::Apply {
+            target,
+            writes: report.writes,
+            failures,
+        })
     }
 }
 
 /// The differences between a remembered and a freshly dumped state (links, addresses,
 /// routes, host routes, rules), as text.
-fn drift(cached: &ObservedNode, fresh: &ObservedNode) -> Vec<String> {
+fn memory_drift(cached: &ObservedNode, fresh: &ObservedNode) -> Vec<String> {
     fn sorted<T: fmt::Debug>(items: impl Iterator<Item = T>) -> BTreeSet<String> {
         items.map(|i| format!("{i:?}")).collect()
     }

@@ -1,8 +1,10 @@
-//! One worker thread per network namespace: it enters the namespace once (`setns` is per
-//! thread), opens the namespace's sockets (its state `S`), and then runs the reconciler's
-//! jobs on that state, and an idle task whenever no job came for a while. Child processes
-//! (`nft`) forked from it start in the same namespace, and `/proc/sys/net` read from it shows
-//! that namespace's sysctls.
+//! Threads inside network namespaces (`setns` is per thread). The node's namespace has one
+//! long-lived [`Worker`]: it enters the namespace once, opens the namespace's sockets (its
+//! state `S`), and then runs the reconciler's jobs on that state, and an idle task whenever no
+//! job came for a while. Child processes (`nft`) forked from it start in the same namespace,
+//! and `/proc/sys/net` read from it shows that namespace's sysctls. A pod's namespace gets a
+//! thread for the one CNI request that works there ([`run_in`]): creating it costs far less
+//! than the request's netlink round trips, and no thread ever leaves a namespace again.
 
 use std::fs::File;
 use std::path::PathBuf;
@@ -10,7 +12,7 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::nl::NlError;
+use super::nl::{Nl, NlError};
 
 /// Which network namespace a reconciler manages.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -25,6 +27,22 @@ impl NetnsTarget {
     /// The namespace `ip netns` calls `name` (`/run/netns/<name>`).
     pub fn named(name: &str) -> Self {
         Self::Path(PathBuf::from("/run/netns").join(name))
+    }
+}
+
+impl NetnsTarget {
+    /// Opens the namespace (for `IFLA_NET_NS_FD`: creating a link in it from another one).
+    /// `Current` is the calling thread's, which is also the one a [`Worker`] it starts lives
+    /// in (for the agent: the process's, which its threads never leave).
+    pub fn open(&self) -> Result<File, NetnsError> {
+        let path = match self {
+            Self::Current => std::path::Path::new("/proc/thread-self/ns/net"),
+            Self::Path(p) => p.as_path(),
+        };
+        File::open(path).map_err(|source| NetnsError::Open {
+            path: path.display().to_string(),
+            source,
+        })
     }
 }
 
@@ -97,6 +115,25 @@ fn enter<S>(
     open().map_err(|source| NetnsError::Socket {
         target: target.to_string(),
         source,
+    })
+}
+
+/// Runs `f` with a fresh rtnetlink socket on a new thread that entered `target`, and returns
+/// its result (the thread ends with it).
+pub fn run_in<T: Send>(
+    target: &NetnsTarget,
+    f: impl FnOnce(&mut Nl) -> T + Send,
+) -> Result<T, NetnsError> {
+    std::thread::scope(|s| {
+        std::thread::Builder::new()
+            .name("lace-netns-pod".into())
+            .spawn_scoped(s, move || enter(target, Nl::open).map(|mut nl| f(&mut nl)))
+            .map_err(|source| NetnsError::Spawn {
+                target: target.to_string(),
+                source,
+            })?
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
     })
 }
 

@@ -214,7 +214,7 @@ fn tag_of(attrs: &[(u16, Vec<u8>)]) -> Option<String> {
 /// Whether table `inet lace` exists, and its tag: one `NFT_MSG_GETSETELEM` dump of set
 /// [`TAG_SET`] (plus an `NFT_MSG_GETTABLE` when there is no such set), not a run of `nft`.
 pub fn observe() -> Result<NftState, String> {
-    let sock = rawnl::open(rtnetlink::sys::protocols::NETLINK_NETFILTER)?;
+    let sock = rawnl::open(netlink_sys::protocols::NETLINK_NETFILTER)?;
     let table = format!("{TABLE}\0");
     let set = format!("{TAG_SET}\0");
     let req = rawnl::request(

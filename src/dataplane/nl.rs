@@ -17,12 +17,12 @@
 use std::io;
 use std::os::fd::AsFd;
 
-use rtnetlink::packet_core::{
+use netlink_packet_core::{
     NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_DUMP, NLM_F_DUMP_INTR,
     NLM_F_REQUEST,
 };
-use rtnetlink::packet_route::RouteNetlinkMessage;
-use rtnetlink::sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
+use netlink_packet_route::RouteNetlinkMessage;
+use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 
 /// Bytes of requests sent per `send`: the ACKs of one chunk (36 bytes each with capped ACKs)
 /// must fit the socket's receive buffer, which the kernel caps at `rmem_max`.
@@ -56,6 +56,12 @@ pub enum NlError {
     Decode(String),
     #[error("dump of {what} was interrupted by concurrent changes {DUMP_ATTEMPTS} times in a row")]
     DumpInterrupted { what: &'static str },
+    #[error("reading {what} failed: {source}")]
+    Get {
+        what: &'static str,
+        #[source]
+        source: io::Error,
+    },
     #[error("dump of {what} failed: {source}")]
     Dump {
         what: &'static str,
@@ -258,6 +264,38 @@ impl<T: Transport> Nl<T> {
         Err(NlError::DumpInterrupted { what })
     }
 
+    /// Asks for one object (a `Get*` message that names it) and returns the kernel's answer,
+    /// `None` if the kernel reports it missing (`ENODEV`, `ENOENT`, `ESRCH`).
+    pub fn get(
+        &mut self,
+        what: &'static str,
+        request: RouteNetlinkMessage,
+    ) -> Result<Option<RouteNetlinkMessage>, NlError> {
+        let mut buf = Vec::new();
+        let seq = self.encode(request, NLM_F_REQUEST, &mut buf);
+        self.sock.send(&buf).map_err(NlError::Send)?;
+        loop {
+            for msg in self.recv_messages()? {
+                if msg.header.sequence_number != seq {
+                    continue; // a late ACK of an earlier request
+                }
+                match msg.payload {
+                    NetlinkPayload::InnerMessage(m) => return Ok(Some(m)),
+                    NetlinkPayload::Error(e) => {
+                        return match e.code.map(|c| -c.get()) {
+                            None | Some(libc::ENODEV | libc::ENOENT | libc::ESRCH) => Ok(None),
+                            Some(_) => Err(NlError::Get {
+                                what,
+                                source: e.to_io(),
+                            }),
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+
     /// Sends `requests` (message and `NLM_F_*` flags besides REQUEST|ACK) in chunks and returns
     /// the kernel's answer to each, in order. The kernel handles every message even when an
     /// earlier one failed; the caller decides what a failure means.
@@ -414,6 +452,11 @@ impl Notifications {
 pub struct Taken(Vec<u8>);
 
 impl Taken {
+    /// Whether nothing was notified.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
     /// The notifications, decoded in order as they are read.
     pub fn messages(&self) -> Messages<'_> {
         Messages::new(&self.0)
@@ -424,8 +467,8 @@ impl Taken {
 mod tests {
     use std::collections::VecDeque;
 
-    use rtnetlink::packet_core::DoneMessage;
-    use rtnetlink::packet_route::link::{LinkAttribute, LinkMessage};
+    use netlink_packet_core::DoneMessage;
+    use netlink_packet_route::link::{LinkAttribute, LinkMessage};
 
     use super::*;
 

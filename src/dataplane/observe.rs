@@ -7,18 +7,18 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
-use rtnetlink::packet_route::address::{
+use netlink_packet_route::address::{
     AddressAttribute, AddressFlags, AddressHeaderFlags, AddressMessage,
 };
-use rtnetlink::packet_route::link::{
+use netlink_packet_route::link::{
     InfoData, InfoVrf, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
 };
-use rtnetlink::packet_route::route::{
+use netlink_packet_route::route::{
     RouteAddress, RouteAttribute, RouteFlags, RouteLwTunnelEncap, RouteMessage, RouteProtocol,
     RouteSeg6IpTunnel, RouteSeg6LocalTunnel, RouteType, Seg6LocalAction,
 };
-use rtnetlink::packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
-use rtnetlink::packet_route::{AddressFamily, RouteNetlinkMessage};
+use netlink_packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
+use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 
 use super::nl::{Nl, NlError};
 use super::{host, HostRoute, KernelNexthop, ObservedLink, ObservedNode, ObservedRule};
@@ -75,7 +75,7 @@ pub fn dump(nl: &mut Nl) -> Result<(ObservedNode, HostRoutes), ObserveError> {
                 Route::Host(id, h) => {
                     host.insert(id, h);
                 }
-                Route::Other => {}
+                Route::Foreign(_) | Route::Other => {}
             }
         }
     }
@@ -139,9 +139,11 @@ pub fn parse_link(l: &LinkMessage) -> Option<(String, ObservedLink)> {
     let mut name = None;
     let mut master = None;
     let mut vrf_table = None;
+    let mut mtu = None;
     for a in &l.attributes {
         match a {
             LinkAttribute::IfName(n) => name = Some(n.clone()),
+            LinkAttribute::Mtu(m) => mtu = Some(*m),
             LinkAttribute::Controller(m) => master = Some(*m),
             LinkAttribute::LinkInfo(infos) => {
                 for i in infos {
@@ -164,6 +166,7 @@ pub fn parse_link(l: &LinkMessage) -> Option<(String, ObservedLink)> {
             vrf_table,
             master,
             up: l.header.flags.contains(LinkFlags::Up),
+            mtu,
         },
     ))
 }
@@ -228,6 +231,8 @@ pub enum Route {
     /// A unicast route of the host's main table, with what tells it from other routes to the
     /// same destination (TOS, priority).
     Host(HostRouteId, HostRoute),
+    /// Another protocol's route in one of Lace's tables (not a main-table unicast route).
+    Foreign(RouteKey),
     /// Anything else.
     Other,
 }
@@ -285,6 +290,9 @@ pub fn classify_route(r: &RouteMessage, names: &BTreeMap<u32, String>) -> Route 
                 (dst, r.header.tos, priority, oif),
                 HostRoute { dst, gateway, dev },
             );
+        }
+        if lace_table(table) {
+            return Route::Foreign(RouteKey { table, dst });
         }
         return Route::Other;
     }

@@ -2,7 +2,7 @@
 //! tunnel source (generic netlink) and the nft table's plan tag (nfnetlink). Both use the
 //! same layout: `nlmsghdr`, a 4-byte family header (`genlmsghdr` / `nfgenmsg`), attributes.
 
-use rtnetlink::sys::{Socket, SocketAddr};
+use netlink_sys::{Socket, SocketAddr};
 
 pub const NLM_F_REQUEST: u16 = 1;
 pub const NLM_F_ACK: u16 = 4;

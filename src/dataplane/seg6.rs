@@ -3,7 +3,7 @@
 
 use std::net::Ipv6Addr;
 
-use rtnetlink::sys::{protocols::NETLINK_GENERIC, Socket};
+use netlink_sys::{protocols::NETLINK_GENERIC, Socket};
 
 use super::rawnl::{attrs, open, request, talk, NLM_F_ACK, NLM_F_REQUEST};
 

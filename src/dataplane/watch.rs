@@ -45,13 +45,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::time::Duration;
 
-use rtnetlink::packet_core::{NetlinkMessage, NetlinkPayload, NLM_F_REPLACE};
-use rtnetlink::packet_route::link::LinkMessage;
-use rtnetlink::packet_route::RouteNetlinkMessage;
+use netlink_packet_core::{NetlinkMessage, NetlinkPayload, NLM_F_REPLACE};
+use netlink_packet_route::link::LinkMessage;
+use netlink_packet_route::RouteNetlinkMessage;
 
 use super::nl::{Nl, NlError};
 use super::observe::{self, addr_entries, classify_route, classify_rule, parse_link, HostRoutes};
 use super::{KernelNexthop, ObserveError, ObservedNode, Op};
+use crate::plan::{DesiredNode, RouteKey};
 
 /// Receive buffer of the notification socket by default: room for some ten thousand
 /// notifications between two drains.
@@ -62,18 +63,63 @@ pub const NOTIFICATION_BUFFER: usize = 8 << 20;
 pub const IDLE_DRAIN: Duration = Duration::from_secs(1);
 
 /// One namespace's rtnetlink connection and what the reconciler knows of the namespace.
-#[derive(Debug)]
 pub struct Session {
     pub nl: Nl,
     cache: Option<Cache>,
     rx_buf: usize,
+    /// What Lace last applied: the last plan reconciled, and the pods attached since (of
+    /// pods, only those whose host veth exists). Notifications that make the kernel differ
+    /// from it are drift.
+    planned: Option<DesiredNode>,
+    on_drift: DriftSink,
 }
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("nl", &self.nl)
+            .field("cache", &self.cache)
+            .field("planned", &self.planned.as_ref().map(|p| &p.node))
+            .finish_non_exhaustive()
+    }
+}
+
+/// Something Lace owns changed without Lace (seen in the kernel's notifications): what a
+/// reconcile would do about it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Drift {
+    /// How many operations a reconcile would issue; 0 when the notifications themselves
+    /// could not be followed (then nothing is known, and the reconcile dumps).
+    pub ops: usize,
+    /// The first of those operations, or why the notifications could not be followed.
+    pub summary: String,
+}
+
+impl std::fmt::Display for Drift {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.ops == 0 {
+            write!(f, "{}", self.summary)
+        } else {
+            write!(
+                f,
+                "{} operation(s) would restore it, first: {}",
+                self.ops, self.summary
+            )
+        }
+    }
+}
+
+/// Called (on the namespace's worker thread) with each drift found; must not block.
+pub type DriftHandler = Box<dyn Fn(Drift) + Send + Sync>;
+
+/// Where drift goes: set once the agent listens ([`super::Reconciler::on_drift`]).
+pub type DriftSink = std::sync::Arc<std::sync::Mutex<Option<DriftHandler>>>;
 
 /// Something a successful apply deleted (or found already gone).
 #[derive(Debug)]
 pub enum Deleted {
     Route(crate::plan::RouteKey),
-    Rule(Box<rtnetlink::packet_route::rule::RuleMessage>),
+    Rule(Box<netlink_packet_route::rule::RuleMessage>),
     Link(String),
 }
 
@@ -90,22 +136,31 @@ impl Deleted {
 }
 
 impl Session {
-    /// A session over `nl`; the notification socket gets `rx_buf` bytes of receive buffer.
-    pub fn new(nl: Nl, rx_buf: usize) -> Self {
+    /// A session over `nl`; the notification socket gets `rx_buf` bytes of receive buffer,
+    /// drift is reported to `on_drift`.
+    pub fn new(nl: Nl, rx_buf: usize, on_drift: DriftSink) -> Self {
         Self {
             nl,
             cache: None,
             rx_buf,
+            planned: None,
+            on_drift,
         }
+    }
+
+    /// Drops the cached state: the next observation dumps (a periodic resync).
+    pub fn forget(&mut self) {
+        self.cache = None;
     }
 
     /// Runs `f` with the request socket and the namespace as it is now: the cache brought up
     /// to date with what the kernel notified, or a full dump when there is no trustworthy
     /// cache (`f`'s third argument is `true` then). Sysctls (`sysctls` are the keys),
-    /// `ip sr tunsrc` and the nft table are read each time.
+    /// `ip sr tunsrc` and the nft table are read each time, unless `sysctls` is `None` (a
+    /// job that needs only what rtnetlink shows).
     pub fn with_observed<R>(
         &mut self,
-        sysctls: &BTreeSet<String>,
+        sysctls: Option<&BTreeSet<String>>,
         f: impl FnOnce(&mut Nl, &ObservedNode, bool) -> R,
     ) -> Result<R, ObserveError> {
         self.nl.subscribe(self.rx_buf)?;
@@ -133,19 +188,32 @@ impl Session {
                 self.cache.insert(Cache::new(node, host))
             }
         };
-        observe::observe_host(&mut cache.node, sysctls)?;
+        if let Some(sysctls) = sysctls {
+            observe::observe_host(&mut cache.node, sysctls)?;
+        }
         let full = std::mem::replace(&mut cache.fresh, false);
         Ok(f(&mut self.nl, &cache.node, full))
     }
 
     /// After an apply: takes in the notifications of what it wrote, then forgets what it
     /// `deleted` (gone now, notified or not). After a failed apply the cache is dropped:
-    /// the next reconcile dumps.
-    pub fn settle(&mut self, deleted: Vec<Deleted>, applied: bool) {
+    /// the next reconcile dumps. After a reconcile that applied `plan`, that is what Lace
+    /// last applied (`Some(None)`: nothing, after a teardown); after an attach (`None`) the
+    /// attached pods are added with [`Session::attached`].
+    pub fn settle(
+        &mut self,
+        deleted: Vec<Deleted>,
+        applied: bool,
+        plan: Option<Option<DesiredNode>>,
+    ) {
         let Some(cache) = &mut self.cache else { return };
+        let mut notified = false;
         let why = if applied {
             match self.nl.notifications().map(|n| n.take()) {
-                Some(Ok(t)) => cache.apply_stream(t.messages()).err(),
+                Some(Ok(t)) => {
+                    notified = !t.is_empty();
+                    cache.apply_stream(t.messages()).err()
+                }
                 Some(Err(why)) => Some(why),
                 None => Some("no notification socket".into()),
             }
@@ -161,12 +229,34 @@ impl Session {
             Some(why) => {
                 tracing::info!(reason = %why, "dataplane: dropping the cached kernel state; the next reconcile dumps");
                 self.cache = None;
+                return;
+            }
+        }
+        if let Some(plan) = plan {
+            self.planned = plan;
+            // What arrived while the apply ran includes its own echoes, which leave nothing
+            // to do, and whatever changed meanwhile, which does.
+            if notified {
+                self.check_drift();
+            } else {
+                self.prune_planned();
             }
         }
     }
 
+    /// After an attach: the pods of `pods` are part of what Lace applied.
+    pub fn attached(&mut self, pods: &DesiredNode) {
+        if let Some(planned) = &mut self.planned {
+            planned
+                .pod_routes
+                .extend(pods.pod_routes.iter().map(|(k, nh)| (*k, nh.clone())));
+        }
+        self.prune_planned();
+    }
+
     /// Between reconciles: takes in what the kernel notified, so its socket never overruns
-    /// on a busy host; a gap drops the cache (the next reconcile dumps).
+    /// on a busy host, and reports drift: the kernel no longer holding what Lace applied, or
+    /// a gap in the notifications (the cache is dropped; the next reconcile dumps).
     pub fn idle(&mut self) {
         let Some(n) = self.nl.notifications() else {
             return;
@@ -176,9 +266,24 @@ impl Session {
             n.discard();
             return;
         };
-        if let Err(why) = n.take().and_then(|t| cache.apply_stream(t.messages())) {
-            tracing::warn!(reason = %why, "dataplane: the kernel's notifications cannot be trusted; the next reconcile dumps");
-            self.cache = None;
+        let taken = n.take();
+        let lost = match taken {
+            Ok(t) if t.is_empty() => return,
+            Ok(t) => cache.apply_stream(t.messages()).err(),
+            Err(why) => Some(why),
+        };
+        match lost {
+            None => self.check_drift(),
+            Some(why) => {
+                tracing::warn!(reason = %why, "dataplane: the kernel's notifications cannot be trusted; the next reconcile dumps");
+                self.cache = None;
+                if self.planned.is_some() {
+                    self.report(Drift {
+                        ops: 0,
+                        summary: format!("the kernel's notifications could not be followed: {why}"),
+                    });
+                }
+            }
         }
     }
 
@@ -186,11 +291,66 @@ impl Session {
     pub fn cached(&self) -> Option<&ObservedNode> {
         self.cache.as_ref().map(|c| &c.node)
     }
+
+    /// Pods whose host veth is gone (deleted by CNI DEL) are no longer part of what Lace
+    /// applied: if a link of that name comes back (a retried ADD), it is the ADD's to set up.
+    fn prune_planned(&mut self) {
+        let (Some(planned), Some(cache)) = (&mut self.planned, &self.cache) else {
+            return;
+        };
+        planned
+            .pod_routes
+            .retain(|_, nh| nexthop_link(nh).is_none_or(|dev| cache.node.links.contains_key(dev)));
+    }
+
+    /// Reports drift if the cached kernel state differs from what Lace applied.
+    fn check_drift(&mut self) {
+        self.prune_planned();
+        let Some(drift) = self.drift() else { return };
+        tracing::debug!(%drift, "dataplane: drift");
+        self.report(drift);
+    }
+
+    /// How the cached kernel state differs from what Lace applied, if it does.
+    fn drift(&self) -> Option<Drift> {
+        let (planned, cache) = (self.planned.as_ref()?, self.cache.as_ref()?);
+        match super::diff::drift(planned, &cache.node) {
+            Ok(ops) => ops.first().map(|first| Drift {
+                ops: ops.len(),
+                summary: first.to_string(),
+            }),
+            Err(e) => Some(Drift {
+                ops: 0,
+                summary: e.to_string(),
+            }),
+        }
+    }
+
+    fn report(&self, drift: Drift) {
+        let sink = self
+            .on_drift
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(handler) = sink.as_ref() {
+            handler(drift);
+        }
+    }
+}
+
+/// The link a planned next hop names, if any.
+fn nexthop_link(nh: &crate::plan::Nexthop) -> Option<&str> {
+    match nh {
+        crate::plan::Nexthop::Dev(d) | crate::plan::Nexthop::DevSrc { dev: d, .. } => Some(d),
+        _ => None,
+    }
 }
 
 /// Opens a session's socket, for [`super::netns::Worker::start`].
-pub fn open(rx_buf: usize) -> impl FnOnce() -> Result<Session, NlError> + Send + 'static {
-    move || Ok(Session::new(Nl::open()?, rx_buf))
+pub fn open(
+    rx_buf: usize,
+    on_drift: DriftSink,
+) -> impl FnOnce() -> Result<Session, NlError> + Send + 'static {
+    move || Ok(Session::new(Nl::open()?, rx_buf, on_drift))
 }
 
 /// The cache proper: an [`ObservedNode`] and what updating it needs.
@@ -269,15 +429,24 @@ impl Cache {
                 }
                 observe::Route::Host(id, h) => {
                     if replace {
-                        // Replaced whatever it was, through any link.
+                        // Replaced whatever it was, through any link, Lace's route too.
                         let (dst, tos, priority, _) = id;
                         self.host
                             .retain(|&(d, t, p, _), _| (d, t, p) != (dst, tos, priority));
+                        self.node.routes.remove(&RouteKey {
+                            table: crate::plan::MAIN_TABLE,
+                            dst,
+                        });
                     }
                     self.host.insert(id, h);
                     *host_changed = true;
                 }
-                observe::Route::Other => {}
+                // Another tool replaced what sat at that key, perhaps Lace's route (the kernel
+                // notifies only the new one). Forgotten: a planned route is written again.
+                observe::Route::Foreign(key) if replace => {
+                    self.node.routes.remove(&key);
+                }
+                observe::Route::Foreign(_) | observe::Route::Other => {}
             },
             RouteNetlinkMessage::DelRoute(r) => match classify_route(&r, &self.names) {
                 observe::Route::Lace(key, _) => {
@@ -286,7 +455,7 @@ impl Cache {
                 observe::Route::Host(id, _) => {
                     *host_changed |= self.host.remove(&id).is_some();
                 }
-                observe::Route::Other => {}
+                observe::Route::Foreign(_) | observe::Route::Other => {}
             },
             RouteNetlinkMessage::NewRule(r) => {
                 if let Some(rule) = classify_rule(r) {
@@ -355,8 +524,17 @@ impl Cache {
                 self.drop_routes_via(&name, true, host_changed);
             }
         }
+        // IPv6 drops the source from the routes through the address's own link only; IPv4
+        // from routes in tables that depend on the link's VRF: taken as all of them.
+        let dev = self.names.get(&index).cloned();
         for nh in self.node.routes.values_mut() {
-            if matches!(nh, KernelNexthop::DevSrc { src, .. } if *src == ip) {
+            let hit = match nh {
+                KernelNexthop::DevSrc { src, dev: via } if *src == ip => {
+                    ip.is_ipv4() || dev.as_deref() == Some(via.as_str())
+                }
+                _ => false,
+            };
+            if hit {
                 *nh = KernelNexthop::Unknown(format!("{nh}, whose source address went away"));
             }
         }
@@ -413,15 +591,15 @@ mod tests {
     use std::net::Ipv4Addr;
 
     use ipnet::IpNet;
-    use rtnetlink::packet_core::{DoneMessage, NetlinkHeader};
-    use rtnetlink::packet_route::address::{AddressAttribute, AddressMessage};
-    use rtnetlink::packet_route::link::{
+    use netlink_packet_core::{DoneMessage, NetlinkHeader};
+    use netlink_packet_route::address::{AddressAttribute, AddressMessage};
+    use netlink_packet_route::link::{
         InfoData, InfoVrf, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
     };
-    use rtnetlink::packet_route::neighbour::NeighbourMessage;
-    use rtnetlink::packet_route::route::{RouteAddress, RouteAttribute, RouteMessage};
-    use rtnetlink::packet_route::rule::{RuleAttribute, RuleMessage};
-    use rtnetlink::packet_route::AddressFamily;
+    use netlink_packet_route::neighbour::NeighbourMessage;
+    use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteMessage};
+    use netlink_packet_route::rule::{RuleAttribute, RuleMessage};
+    use netlink_packet_route::AddressFamily;
 
     use super::*;
     use crate::dataplane::{HostRoute, NftState};
@@ -488,7 +666,7 @@ mod tests {
 
     /// A route as Lace writes it (what the kernel notifies has the same meaning).
     fn lace_route(key: RouteKey, nh: &KernelNexthop) -> RouteMessage {
-        crate::dataplane::apply::route_message(&key, Some(nh), &index_of).unwrap()
+        crate::dataplane::msg::route(&key, Some(nh), &index_of).unwrap()
     }
 
     /// `default via <gw> dev eth0 metric <metric>` in the main table, not Lace's.
@@ -496,7 +674,7 @@ mod tests {
         let mut r = RouteMessage::default();
         r.header.address_family = AddressFamily::Inet;
         r.header.table = 254;
-        r.header.kind = rtnetlink::packet_route::route::RouteType::Unicast;
+        r.header.kind = netlink_packet_route::route::RouteType::Unicast;
         r.attributes.push(RouteAttribute::Table(MAIN_TABLE));
         r.attributes
             .push(RouteAttribute::Gateway(RouteAddress::from(IpAddr::from(
@@ -801,7 +979,7 @@ mod tests {
 
     #[test]
     fn addresses_under_duplicate_detection_are_not_usable_yet() {
-        use rtnetlink::packet_route::address::AddressFlags;
+        use netlink_packet_route::address::AddressFlags;
         let mut c = node();
         let ip: IpAddr = "2001:db8:ff::5".parse().unwrap();
         let mut tentative = addr_msg(ip, 2);
