@@ -105,7 +105,10 @@ pub fn address(index: u32, addr: &IpNet) -> AddressMessage {
     m.header.prefix_len = addr.prefix_len();
     m.header.index = index;
     m.attributes.push(AddressAttribute::Address(addr.addr()));
-    if addr.addr().is_ipv6() {
+    if addr.addr().is_ipv4() {
+        // IPv4 requires the local address (what `ip` sends as both).
+        m.attributes.push(AddressAttribute::Local(addr.addr()));
+    } else {
         m.header.flags = AddressHeaderFlags::Nodad;
         m.attributes
             .push(AddressAttribute::Flags(AddressFlags::Nodad));
