@@ -556,7 +556,7 @@ fn teardown(out: &mut Diff, observed: &ObservedNode) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::api::{
         NetworkAllocationSpec, NetworkRoutingPolicySpec, NetworkSpec, NodeAllocationSpec, Subnet,
@@ -565,15 +565,15 @@ mod tests {
     use crate::plan::{plan, Family};
     use crate::state::{ClusterState, ObjectKey, PodAttachment};
 
-    const UPLINK: &str = "eth0";
-    const EGRESS: &str = "inet0";
+    pub(crate) const UPLINK: &str = "eth0";
+    pub(crate) const EGRESS: &str = "inet0";
 
     fn ul(i: u16) -> Ipv6Addr {
         Ipv6Addr::new(0x2001, 0xdb8, 0xff, 0, 0, 0, 0, i)
     }
 
     /// Two nodes; `a` reaches itself and the external `internet`, `b` reaches nothing.
-    fn state(with_b: bool) -> ClusterState {
+    pub(crate) fn state(with_b: bool) -> ClusterState {
         let mut s = ClusterState::default();
         let nets: &[(&str, u8, u16)] = if with_b {
             &[("a", 1, 1), ("b", 2, 2)]
@@ -633,7 +633,7 @@ mod tests {
         s
     }
 
-    fn desired(with_b: bool) -> DesiredNode {
+    pub(crate) fn desired(with_b: bool) -> DesiredNode {
         let mut pods = vec![PodAttachment {
             pod: ObjectKey::new("ns", "pa"),
             container_id: "c1".into(),
@@ -653,7 +653,7 @@ mod tests {
         plan("n1", &state(with_b), &pods).unwrap()
     }
 
-    fn link(index: u32) -> ObservedLink {
+    pub(crate) fn link(index: u32) -> ObservedLink {
         ObservedLink {
             index,
             vrf_table: None,
@@ -665,7 +665,7 @@ mod tests {
 
     /// A host with an uplink, an egress link with the default route, the pod veths, and a
     /// foreign link: nothing of Lace's.
-    fn bare_host() -> ObservedNode {
+    pub(crate) fn bare_host() -> ObservedNode {
         ObservedNode {
             links: [
                 ("lo", 1),
@@ -701,7 +701,7 @@ mod tests {
 
     /// A fake kernel: applies `ops` to `o` the way the reconciler's writes change what the
     /// next observation returns.
-    fn model(o: &mut ObservedNode, ops: &[Op]) {
+    pub(crate) fn model(o: &mut ObservedNode, ops: &[Op]) {
         for op in ops {
             match op {
                 Op::ReplaceLink { name } | Op::DelLink { name } => {
@@ -1089,5 +1089,135 @@ mod tests {
                 src
             })
         );
+    }
+
+    /// The plan of just `pods` of `d` (what ADD attaches).
+    fn just(d: &DesiredNode, dev: &str) -> DesiredNode {
+        let mut p = d.clone();
+        p.pod_routes.retain(
+            |_, nh| matches!(nh, Nexthop::Dev(x) | Nexthop::DevSrc { dev: x, .. } if x == dev),
+        );
+        p
+    }
+
+    #[test]
+    fn attach_writes_the_pod_s_part_of_the_plan_and_the_reconcile_nothing_more() {
+        let d = desired(true);
+        // The node as reconciled before pod b's ADD: everything but pod b; its veth exists.
+        let mut before = d.clone();
+        before.pod_routes = just(&d, "lp-pa").pod_routes;
+        let mut o = bare_host();
+        let ops = diff(Some(&before), &o, None).unwrap().ops;
+        model(&mut o, &ops);
+        assert!(o.links["lp-pb"].master.is_none());
+
+        let pod = just(&d, "lp-pb");
+        let ops = attach(&pod, &o).unwrap().ops;
+        let b_table = d.base.vrfs["lv-b"].table;
+        assert!(ops.windows(2).all(|w| w[0].phase() <= w[1].phase()));
+        assert!(ops.contains(&Op::SetMaster {
+            link: "lp-pb".into(),
+            master: "lv-b".into()
+        }));
+        for (key, _) in pod_link_sysctls("lp-pb") {
+            assert!(
+                ops.iter()
+                    .any(|op| matches!(op, Op::Sysctl { key: k, .. } if *k == key)),
+                "{key}: {ops:#?}"
+            );
+        }
+        let puts: BTreeSet<RouteKey> = ops
+            .iter()
+            .filter_map(|op| match op {
+                Op::PutRoute { key, .. } => Some(*key),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(puts, pod.pod_routes.keys().copied().collect());
+        assert!(puts.iter().any(|k| k.table == b_table));
+        assert!(puts.iter().any(|k| k.table == PROBE_TABLE));
+        // Nothing but the pod's: no other routes, rules, nft, node sysctls, deletions.
+        assert!(
+            ops.iter().all(|op| match op {
+                Op::SetMaster { .. } | Op::PutRoute { .. } => true,
+                Op::Sysctl { key, .. } => key.contains("lp-pb"),
+                _ => false,
+            }),
+            "{ops:#?}"
+        );
+        model(&mut o, &ops);
+        assert_eq!(
+            diff(Some(&d), &o, None).unwrap(),
+            Diff::default(),
+            "the reconcile after the ADD wrote something again"
+        );
+        assert_eq!(attach(&pod, &o).unwrap(), Diff::default(), "attach twice");
+    }
+
+    #[test]
+    fn attach_creates_a_missing_vrf_and_a_reconcile_that_ran_first_leaves_it_nothing() {
+        let d = desired(false);
+        let pod = just(&d, "lp-pa");
+        // A fresh node: the first pod's ADD comes before the first reconcile.
+        let mut o = bare_host();
+        let ops = attach(&pod, &o).unwrap().ops;
+        assert_eq!(
+            ops[0],
+            Op::AddVrf {
+                name: "lv-a".into(),
+                table: d.base.vrfs["lv-a"].table
+            }
+        );
+        model(&mut o, &ops);
+        let rest = diff(Some(&d), &o, None).unwrap().ops;
+        assert!(
+            !rest.iter().any(|op| op.to_string().contains("lp-pa")),
+            "{rest:#?}"
+        );
+        // The other way round: a reconcile found the veth first and set it up.
+        let mut o = bare_host();
+        let ops = diff(Some(&d), &o, None).unwrap().ops;
+        model(&mut o, &ops);
+        assert_eq!(attach(&pod, &o).unwrap(), Diff::default());
+    }
+
+    #[test]
+    fn a_pod_veth_down_or_out_of_its_vrf_is_put_back() {
+        let d = desired(false);
+        let mut o = bare_host();
+        let ops = diff(Some(&d), &o, None).unwrap().ops;
+        model(&mut o, &ops);
+        o.links.get_mut("lp-pa").unwrap().up = false;
+        assert_eq!(
+            diff(Some(&d), &o, None).unwrap().ops,
+            vec![Op::LinkUp {
+                name: "lp-pa".into()
+            }]
+        );
+        o.links.get_mut("lp-pa").unwrap().master = None;
+        let ops = diff(Some(&d), &o, None).unwrap().ops;
+        assert!(matches!(&ops[0], Op::SetMaster { link, .. } if link == "lp-pa"));
+        assert!(!ops.iter().any(|op| matches!(op, Op::LinkUp { .. })));
+    }
+
+    #[test]
+    fn drift_sees_only_what_notifications_change() {
+        let d = desired(true);
+        let mut o = bare_host();
+        let ops = diff(Some(&d), &o, None).unwrap().ops;
+        model(&mut o, &ops);
+        assert_eq!(drift(&d, &o).unwrap(), vec![]);
+        // The nft table, sysctls and tunsrc are no notification's business.
+        o.nft = NftState::Absent;
+        o.sysctls.clear();
+        o.tunsrc = None;
+        assert_eq!(drift(&d, &o).unwrap(), vec![]);
+        assert!(!diff(Some(&d), &o, None).unwrap().ops.is_empty());
+        let (key, _) = d.routes().next().unwrap();
+        o.routes.remove(key);
+        assert!(matches!(
+            drift(&d, &o).unwrap().as_slice(),
+            [Op::PutRoute { key: k, .. }] if k == key
+        ));
     }
 }

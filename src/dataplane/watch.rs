@@ -67,11 +67,60 @@ pub struct Session {
     pub nl: Nl,
     cache: Option<Cache>,
     rx_buf: usize,
-    /// What Lace last applied: the last plan reconciled, and the pods attached since (of
-    /// pods, only those whose host veth exists). Notifications that make the kernel differ
-    /// from it are drift.
-    planned: Option<DesiredNode>,
+    applied: Applied,
     on_drift: DriftSink,
+}
+
+/// What Lace last applied: the last plan reconciled, and the pods attached since (of pods,
+/// only those whose host veth exists). Notifications that make the kernel differ from it
+/// are drift; changes to anything else, and Lace's own writes echoing back, are not.
+#[derive(Debug, Default)]
+pub struct Applied(Option<DesiredNode>);
+
+impl Applied {
+    /// After a reconcile: `plan` (`None` after a teardown) is what Lace applied.
+    pub fn reconciled(&mut self, plan: Option<DesiredNode>, node: &ObservedNode) {
+        self.0 = plan;
+        self.prune(node);
+    }
+
+    /// After an attach: the pods of `pods` are part of what Lace applied.
+    pub fn attached(&mut self, pods: &DesiredNode, node: &ObservedNode) {
+        if let Some(plan) = &mut self.0 {
+            plan.pod_routes
+                .extend(pods.pod_routes.iter().map(|(k, nh)| (*k, nh.clone())));
+        }
+        self.prune(node);
+    }
+
+    /// Whether anything was applied (before the first reconcile, nothing can drift).
+    pub fn is_some(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// Pods whose host veth is gone (deleted by CNI DEL) are no longer part of what Lace
+    /// applied: if a link of that name comes back (a retried ADD), it is the ADD's to set up.
+    fn prune(&mut self, node: &ObservedNode) {
+        if let Some(plan) = &mut self.0 {
+            plan.pod_routes
+                .retain(|_, nh| nexthop_link(nh).is_none_or(|dev| node.links.contains_key(dev)));
+        }
+    }
+
+    /// How `node` (the kernel as notified) differs from what Lace applied, if it does.
+    pub fn drift(&mut self, node: &ObservedNode) -> Option<Drift> {
+        self.prune(node);
+        match super::diff::drift(self.0.as_ref()?, node) {
+            Ok(ops) => ops.first().map(|first| Drift {
+                ops: ops.len(),
+                summary: first.to_string(),
+            }),
+            Err(e) => Some(Drift {
+                ops: 0,
+                summary: e.to_string(),
+            }),
+        }
+    }
 }
 
 impl std::fmt::Debug for Session {
@@ -79,7 +128,7 @@ impl std::fmt::Debug for Session {
         f.debug_struct("Session")
             .field("nl", &self.nl)
             .field("cache", &self.cache)
-            .field("planned", &self.planned.as_ref().map(|p| &p.node))
+            .field("applied", &self.applied.0.as_ref().map(|p| &p.node))
             .finish_non_exhaustive()
     }
 }
@@ -143,7 +192,7 @@ impl Session {
             nl,
             cache: None,
             rx_buf,
-            planned: None,
+            applied: Applied::default(),
             on_drift,
         }
     }
@@ -233,25 +282,20 @@ impl Session {
             }
         }
         if let Some(plan) = plan {
-            self.planned = plan;
+            self.applied.reconciled(plan, &cache.node);
             // What arrived while the apply ran includes its own echoes, which leave nothing
             // to do, and whatever changed meanwhile, which does.
             if notified {
                 self.check_drift();
-            } else {
-                self.prune_planned();
             }
         }
     }
 
     /// After an attach: the pods of `pods` are part of what Lace applied.
     pub fn attached(&mut self, pods: &DesiredNode) {
-        if let Some(planned) = &mut self.planned {
-            planned
-                .pod_routes
-                .extend(pods.pod_routes.iter().map(|(k, nh)| (*k, nh.clone())));
+        if let Some(cache) = &self.cache {
+            self.applied.attached(pods, &cache.node);
         }
-        self.prune_planned();
     }
 
     /// Between reconciles: takes in what the kernel notified, so its socket never overruns
@@ -277,7 +321,7 @@ impl Session {
             Some(why) => {
                 tracing::warn!(reason = %why, "dataplane: the kernel's notifications cannot be trusted; the next reconcile dumps");
                 self.cache = None;
-                if self.planned.is_some() {
+                if self.applied.is_some() {
                     self.report(Drift {
                         ops: 0,
                         summary: format!("the kernel's notifications could not be followed: {why}"),
@@ -292,38 +336,14 @@ impl Session {
         self.cache.as_ref().map(|c| &c.node)
     }
 
-    /// Pods whose host veth is gone (deleted by CNI DEL) are no longer part of what Lace
-    /// applied: if a link of that name comes back (a retried ADD), it is the ADD's to set up.
-    fn prune_planned(&mut self) {
-        let (Some(planned), Some(cache)) = (&mut self.planned, &self.cache) else {
-            return;
-        };
-        planned
-            .pod_routes
-            .retain(|_, nh| nexthop_link(nh).is_none_or(|dev| cache.node.links.contains_key(dev)));
-    }
-
     /// Reports drift if the cached kernel state differs from what Lace applied.
     fn check_drift(&mut self) {
-        self.prune_planned();
-        let Some(drift) = self.drift() else { return };
+        let Some(cache) = &self.cache else { return };
+        let Some(drift) = self.applied.drift(&cache.node) else {
+            return;
+        };
         tracing::debug!(%drift, "dataplane: drift");
         self.report(drift);
-    }
-
-    /// How the cached kernel state differs from what Lace applied, if it does.
-    fn drift(&self) -> Option<Drift> {
-        let (planned, cache) = (self.planned.as_ref()?, self.cache.as_ref()?);
-        match super::diff::drift(planned, &cache.node) {
-            Ok(ops) => ops.first().map(|first| Drift {
-                ops: ops.len(),
-                summary: first.to_string(),
-            }),
-            Err(e) => Some(Drift {
-                ops: 0,
-                summary: e.to_string(),
-            }),
-        }
     }
 
     fn report(&self, drift: Drift) {
@@ -1064,5 +1084,313 @@ mod tests {
         assert!(!c.node.links.contains_key("lv-a"));
         assert!(!has(&c, "2001:db8:100::1:1:0/128"));
         assert!(c.node.link_name(10).is_none());
+    }
+
+    // --- Drift: what a notification means for what Lace applied ---------------------------
+
+    mod drift {
+        use super::*;
+        use crate::dataplane::diff::diff;
+        use crate::dataplane::diff::tests::{bare_host, desired, model};
+        use crate::dataplane::ObservedNode;
+        use netlink_packet_route::route::{RouteProtocol, RouteType};
+
+        /// A link message as the kernel notifies `name` of `o`.
+        fn link_of(o: &ObservedNode, name: &str) -> LinkMessage {
+            let l = &o.links[name];
+            let mut m = LinkMessage::default();
+            m.header.index = l.index;
+            if l.up {
+                m.header.flags = LinkFlags::Up;
+            }
+            m.attributes.push(LinkAttribute::IfName(name.into()));
+            if let Some(master) = l.master {
+                m.attributes.push(LinkAttribute::Controller(master));
+            }
+            if let Some(t) = l.vrf_table {
+                m.attributes
+                    .push(LinkAttribute::LinkInfo(vec![LinkInfo::Data(
+                        InfoData::Vrf(vec![InfoVrf::TableId(t)]),
+                    )]));
+            }
+            m
+        }
+
+        fn index_in(o: &ObservedNode) -> impl Fn(&str) -> Result<u32, String> + '_ {
+            |name| {
+                o.links
+                    .get(name)
+                    .map(|l| l.index)
+                    .ok_or_else(|| format!("no link {name}"))
+            }
+        }
+
+        /// `ip route add <dst> dev <dev> table <table>`: a foreign route (`proto boot`).
+        fn foreign_route(o: &ObservedNode, table: u32, dst: &str, dev: &str) -> RouteMessage {
+            let key = RouteKey {
+                table,
+                dst: dst.parse().unwrap(),
+            };
+            let mut r = crate::dataplane::msg::route(
+                &key,
+                Some(&KernelNexthop::Dev(dev.into())),
+                &index_in(o),
+            )
+            .unwrap();
+            r.header.protocol = RouteProtocol::Boot;
+            r
+        }
+
+        fn replacing(
+            mut m: NetlinkMessage<RouteNetlinkMessage>,
+        ) -> NetlinkMessage<RouteNetlinkMessage> {
+            m.header.flags |= NLM_F_REPLACE;
+            m
+        }
+
+        /// Everything the kernel would notify to describe `o`, as Lace's writes produce it.
+        fn notified(o: &ObservedNode) -> Vec<NetlinkMessage<RouteNetlinkMessage>> {
+            let mut out: Vec<_> = o
+                .links
+                .keys()
+                .map(|n| msg(RouteNetlinkMessage::NewLink(link_of(o, n))))
+                .collect();
+            for (ip, i) in &o.addrs {
+                out.push(msg(RouteNetlinkMessage::NewAddress(addr_msg(*ip, *i))));
+            }
+            for h in &o.host_routes {
+                let mut r = RouteMessage::default();
+                r.header.address_family = match h.dst {
+                    IpNet::V4(_) => AddressFamily::Inet,
+                    IpNet::V6(_) => AddressFamily::Inet6,
+                };
+                r.header.destination_prefix_length = h.dst.prefix_len();
+                r.header.table = 254;
+                r.header.kind = RouteType::Unicast;
+                r.header.protocol = RouteProtocol::Boot;
+                r.attributes.push(RouteAttribute::Table(MAIN_TABLE));
+                if h.dst.prefix_len() > 0 {
+                    r.attributes
+                        .push(RouteAttribute::Destination(RouteAddress::from(
+                            h.dst.addr(),
+                        )));
+                }
+                if let Some(gw) = h.gateway {
+                    r.attributes
+                        .push(RouteAttribute::Gateway(RouteAddress::from(gw)));
+                }
+                if let Some(dev) = &h.dev {
+                    r.attributes.push(RouteAttribute::Oif(o.links[dev].index));
+                }
+                out.push(msg(RouteNetlinkMessage::NewRoute(r)));
+            }
+            for (key, nh) in &o.routes {
+                let r = crate::dataplane::msg::route(key, Some(nh), &index_in(o)).unwrap();
+                out.push(msg(RouteNetlinkMessage::NewRoute(r)));
+            }
+            for rule in o.rules.iter().filter_map(|r| r.rule) {
+                out.push(msg(RouteNetlinkMessage::NewRule(
+                    crate::dataplane::msg::rule(&rule),
+                )));
+            }
+            out
+        }
+
+        /// A node to which Lace applied `desired(true)`, as its memory holds it (built from
+        /// notifications), and what Lace applied.
+        fn applied() -> (Cache, Applied, ObservedNode) {
+            let d = desired(true);
+            let mut o = bare_host();
+            let ops = diff(Some(&d), &o, None).unwrap().ops;
+            model(&mut o, &ops);
+            let mut c = Cache::new(
+                ObservedNode {
+                    links: BTreeMap::new(),
+                    addrs: vec![],
+                    routes: BTreeMap::new(),
+                    host_routes: vec![],
+                    rules: vec![],
+                    sysctls: o.sysctls.clone(),
+                    tunsrc: o.tunsrc,
+                    nft: o.nft.clone(),
+                },
+                HostRoutes::new(),
+            );
+            c.apply_all(notified(&o)).unwrap();
+            assert_eq!(c.node.routes, o.routes, "the memory holds what was applied");
+            assert_eq!(c.node.links, o.links);
+            let mut a = Applied::default();
+            a.reconciled(Some(d), &c.node);
+            assert_eq!(a.drift(&c.node), None, "nothing changed yet");
+            (c, a, o)
+        }
+
+        fn after(
+            c: &mut Cache,
+            a: &mut Applied,
+            m: Vec<NetlinkMessage<RouteNetlinkMessage>>,
+        ) -> Option<Drift> {
+            c.apply_all(m).unwrap();
+            a.drift(&c.node)
+        }
+
+        #[test]
+        fn lace_s_own_writes_echoing_back_are_not_drift() {
+            let (mut c, mut a, o) = applied();
+            // Every write of the apply, notified (again, late), some as replaces.
+            let echoes: Vec<_> = notified(&o).into_iter().map(replacing).collect();
+            assert_eq!(after(&mut c, &mut a, notified(&o)), None);
+            assert_eq!(after(&mut c, &mut a, echoes), None);
+        }
+
+        #[test]
+        fn changes_to_foreign_objects_are_not_drift() {
+            let (mut c, mut a, o) = applied();
+            let table = 1_000_001;
+            let mut down = link_of(&o, "keep0");
+            down.header.flags = LinkFlags::empty();
+            let mut foreign_rule = RuleMessage::default();
+            foreign_rule.header.family = AddressFamily::Inet;
+            foreign_rule.attributes.push(RuleAttribute::Priority(500));
+            let changes = vec![
+                // A foreign route in Lace's VRF table and in the main table, added and gone.
+                msg(RouteNetlinkMessage::NewRoute(foreign_route(
+                    &o,
+                    table,
+                    "192.0.2.0/24",
+                    "keep0",
+                ))),
+                msg(RouteNetlinkMessage::NewRoute(foreign_route(
+                    &o,
+                    MAIN_TABLE,
+                    "203.0.113.0/24",
+                    "keep0",
+                ))),
+                msg(RouteNetlinkMessage::DelRoute(foreign_route(
+                    &o,
+                    table,
+                    "192.0.2.0/24",
+                    "keep0",
+                ))),
+                // A rule outside Lace's band, a foreign link going down, an address on it.
+                msg(RouteNetlinkMessage::NewRule(foreign_rule.clone())),
+                msg(RouteNetlinkMessage::DelRule(foreign_rule)),
+                msg(RouteNetlinkMessage::NewLink(down)),
+                msg(RouteNetlinkMessage::NewAddress(addr_msg(
+                    "198.18.0.1".parse().unwrap(),
+                    o.links["keep0"].index,
+                ))),
+            ];
+            assert_eq!(after(&mut c, &mut a, changes), None);
+        }
+
+        #[test]
+        fn lace_s_objects_changed_by_someone_else_are_drift() {
+            let (_, _, o) = applied();
+            let (key, nh) = o
+                .routes
+                .iter()
+                .find(|(_, nh)| matches!(nh, KernelNexthop::Seg6Encap { .. }))
+                .map(|(k, nh)| (*k, nh.clone()))
+                .unwrap();
+            let lace = |nh: &KernelNexthop| {
+                crate::dataplane::msg::route(&key, Some(nh), &index_in(&o)).unwrap()
+            };
+            let mut replaced_by_foreign = lace(&nh);
+            replaced_by_foreign.header.protocol = RouteProtocol::Static;
+            let rule = o.rules[0].rule.unwrap();
+            let mut pod_down = link_of(&o, "lp-pa");
+            pod_down.header.flags = LinkFlags::empty();
+            let cases: Vec<(&str, Vec<NetlinkMessage<RouteNetlinkMessage>>, &str)> = vec![
+                (
+                    "a route deleted",
+                    vec![msg(RouteNetlinkMessage::DelRoute(lace(&nh)))],
+                    "route replace",
+                ),
+                (
+                    "a route rewritten",
+                    vec![replacing(msg(RouteNetlinkMessage::NewRoute(lace(
+                        &KernelNexthop::Dev("keep0".into()),
+                    ))))],
+                    "route replace",
+                ),
+                (
+                    "a route replaced by another protocol's",
+                    vec![replacing(msg(RouteNetlinkMessage::NewRoute(
+                        replaced_by_foreign,
+                    )))],
+                    "route replace",
+                ),
+                (
+                    "a rule deleted",
+                    vec![msg(RouteNetlinkMessage::DelRule(
+                        crate::dataplane::msg::rule(&rule),
+                    ))],
+                    "rule add",
+                ),
+                (
+                    "the VRF deleted",
+                    vec![msg(RouteNetlinkMessage::DelLink(link_of(&o, "lv-a")))],
+                    "link add lv-a",
+                ),
+                (
+                    "a pod veth down (its routes flushed)",
+                    vec![msg(RouteNetlinkMessage::NewLink(pod_down))],
+                    "link set lp-pa up",
+                ),
+            ];
+            for (what, changes, op) in cases {
+                let (mut c, mut a, _) = applied();
+                let drift = after(&mut c, &mut a, changes);
+                assert!(
+                    drift
+                        .as_ref()
+                        .is_some_and(|d| d.ops > 0 && d.summary.contains(op)),
+                    "{what}: {drift:?}"
+                );
+            }
+        }
+
+        #[test]
+        fn a_deleted_pod_is_not_drift_and_its_retried_add_is_the_add_s() {
+            let (mut c, mut a, o) = applied();
+            let del = msg(RouteNetlinkMessage::DelLink(link_of(&o, "lp-pb")));
+            assert_eq!(after(&mut c, &mut a, vec![del]), None, "CNI DEL");
+            // A retried ADD of the same container: the veth is back, not set up yet.
+            let mut back = link_of(&o, "lp-pb");
+            back.attributes
+                .retain(|x| !matches!(x, LinkAttribute::Controller(_)));
+            back.header.flags = LinkFlags::empty();
+            assert_eq!(
+                after(
+                    &mut c,
+                    &mut a,
+                    vec![msg(RouteNetlinkMessage::NewLink(back))]
+                ),
+                None
+            );
+        }
+
+        #[test]
+        fn notifications_that_cannot_be_followed_make_drift_without_operations() {
+            let (mut c, mut a, o) = applied();
+            let mut renamed = link_of(&o, "lp-pa");
+            renamed
+                .attributes
+                .retain(|x| !matches!(x, LinkAttribute::IfName(_)));
+            renamed
+                .attributes
+                .push(LinkAttribute::IfName("lp-zz".into()));
+            assert!(c
+                .apply_all(vec![msg(RouteNetlinkMessage::NewLink(renamed))])
+                .is_err());
+            // The session drops the memory and reports; an error of the plan itself is drift
+            // too (a reconcile reports it properly).
+            let mut no_uplink = c.node.clone();
+            no_uplink.addrs.clear();
+            let d = a.drift(&no_uplink).unwrap();
+            assert_eq!(d.ops, 0);
+            assert!(d.summary.contains("underlay"), "{d:?}");
+        }
     }
 }
