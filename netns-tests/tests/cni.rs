@@ -691,3 +691,366 @@ fn sigterm_during_adds_drains_and_restart_keeps_pods() {
     }
     assert!(bed.ipam_addresses().is_empty() && bed.host_links().is_empty());
 }
+
+// --- A node that heals itself ---------------------------------------------------------------
+
+/// The value of the agent's counter or gauge `name` (a line `name <value>`).
+fn metric(bed: &Bed, name: &str) -> u64 {
+    let text = bed.metrics();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no metric {name} in:\n{text}"))
+}
+
+/// Polls `ok` every 100 ms until it holds; panics naming `what` (and with the agent's log)
+/// if it still does not after `deadline`. Returns how long it took.
+fn within(bed: &Bed, deadline: Duration, what: &str, mut ok: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while !ok() {
+        assert!(
+            start.elapsed() < deadline,
+            "{what}: not the case within {deadline:?}\n{}",
+            bed.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let took = start.elapsed();
+    eprintln!("{what}: after {took:?}");
+    took
+}
+
+/// One ping from `pod` (`-4`/`-6`) to `dst`.
+fn pings(pod: &Ns, fam: &str, dst: &str) -> bool {
+    Command::new("ip")
+        .args([
+            "netns", "exec", &pod.0, "ping", fam, "-c", "1", "-W", "3", dst,
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// `ip -n <node> <args>` (split on whitespace).
+fn node_ip(bed: &Bed, args: &str) -> String {
+    let mut all = vec!["-n", &bed.node.0];
+    all.extend(args.split_whitespace());
+    ip(&all)
+}
+
+/// With a real agent running (standalone mode, its periodic resync an hour away), a Lace
+/// route, a Lace rule, an address on a pod veth and the whole VRF are deleted by hand: each
+/// is back within 5 s with nothing else happening (no CNI request, no manifest change), and
+/// traffic through it works again. Foreign routes in Lace's tables stay as they were.
+#[test]
+fn heal_what_lace_owns_deleted_by_hand_comes_back_within_5s() {
+    const DEADLINE: Duration = Duration::from_secs(5);
+    let mut bed = Bed::for_node("hl", cni_bed::NODE);
+    bed.agent_args = vec!["--resync-interval".into(), "3600".into()];
+    bed.start_agent();
+    let a = Ns::new(format!("lace-ct-ha-{}", bed.tag));
+    let b = Ns::new(format!("lace-ct-hb-{}", bed.tag));
+    let host = |r: &Value| r["interfaces"][0]["name"].as_str().unwrap().to_owned();
+    let (host_a, host_b) = (host(&bed.add("ctr-a", &a)), host(&bed.add("ctr-b", &b)));
+    let (b4, b6) = ("10.244.64.2", "fd00:244:0:100::2");
+    assert!(pings(&a, "-4", b4) && pings(&a, "-6", b6), "{}", bed.log());
+
+    // Foreign routes: in the Network's table, the kubelet-probe table and the main table.
+    let foreign = [
+        "-4 route add 198.51.100.0/24 dev up0 table 1000001",
+        "-6 route add 2001:db8:f00::/48 dev up0 table 1000001",
+        "-4 route add 198.51.100.0/24 dev up0 table 1065536",
+        "-4 route add 203.0.113.0/24 dev up0",
+    ];
+    for f in foreign {
+        node_ip(&bed, f);
+    }
+    let foreign_now = || -> Vec<String> {
+        foreign
+            .iter()
+            .map(|f| node_ip(&bed, &f.replace("route add", "route show")))
+            .collect()
+    };
+    let foreign_before = foreign_now();
+    assert!(foreign_before.iter().all(|r| !r.trim().is_empty()));
+    let drift_before = metric(&bed, "lace_dataplane_drift_total");
+
+    // 1. Lace routes: pod b's host route (what a -> b goes through) and an SRv6 encap route.
+    let pod_route = || node_ip(&bed, &format!("-4 route show table 1000001 {b4}"));
+    let encap = || node_ip(&bed, "-4 route show table 1000001 10.244.65.0/24");
+    assert!(pod_route().contains("proto 76") && encap().contains("encap seg6"));
+    node_ip(&bed, &format!("-4 route del {b4}/32 table 1000001"));
+    node_ip(&bed, "-4 route del 10.244.65.0/24 table 1000001");
+    within(&bed, DEADLINE, "the deleted Lace routes are back", || {
+        pod_route().contains(&format!("dev {host_b}"))
+            && pod_route().contains("proto 76")
+            && encap().contains("encap seg6")
+    });
+    assert!(pings(&a, "-4", b4), "a -> b after the route came back");
+
+    // 2. A Lace rule: the l3mdev rules, through which every lookup in a VRF goes.
+    for fam in ["-4", "-6"] {
+        node_ip(&bed, &format!("{fam} rule del pref 1000 l3mdev"));
+    }
+    within(&bed, DEADLINE, "the deleted l3mdev rules are back", || {
+        ["-4", "-6"]
+            .iter()
+            .all(|fam| node_ip(&bed, &format!("{fam} rule show pref 1000")).contains("l3mdev"))
+    });
+    assert!(
+        pings(&a, "-4", b4) && pings(&a, "-6", b6),
+        "a -> b after the rules came back"
+    );
+
+    // 3. An address on a pod veth: fe80::1 on a's host end, the source of its IPv6
+    //    kubelet-probe route (what the probe program's mark selects; `ping -m` sets it).
+    node_ip(&bed, &format!("-6 addr del fe80::1/64 dev {host_a}"));
+    within(&bed, DEADLINE, "fe80::1 is back on the pod veth", || {
+        node_ip(&bed, &format!("-6 addr show dev {host_a}")).contains("fe80::1/64")
+            && node_ip(&bed, "-6 route show table 1065536 fd00:244:0:100::1")
+                .contains("src fe80::1")
+    });
+    let probe = |dst: &str| {
+        Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &bed.node.0,
+                "ping",
+                "-6",
+                "-c",
+                "1",
+                "-W",
+                "3",
+            ])
+            .args(["-m", "4096", dst]) // the probe mark, 0x1000
+            .output()
+            .unwrap()
+    };
+    let out = probe("fd00:244:0:100::1");
+    assert!(
+        out.status.success(),
+        "a probe from the node (fe80::1) to pod a after the address came back: {}{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        node_ip(&bed, "-6 route get fd00:244:0:100::1 mark 0x1000")
+    );
+
+    // 4. The whole VRF: its pods' veths fall out of it, their routes with them.
+    node_ip(&bed, &format!("link del {VRF}"));
+    within(
+        &bed,
+        DEADLINE,
+        "the VRF, its pods and routes are back",
+        || {
+            let vrf_ok = ip_ok(&["-n", &bed.node.0, "link", "show", "dev", VRF])
+                && node_ip(&bed, &format!("-d link show dev {VRF}"))
+                    .contains(&format!("vrf table {TABLE}"));
+            vrf_ok
+                && [&host_a, &host_b].iter().all(|h| {
+                    node_ip(&bed, &format!("link show dev {h}")).contains(&format!("master {VRF}"))
+                })
+                && bed.vrf_routes().len() == 4
+        },
+    );
+    assert!(
+        pings(&a, "-4", b4) && pings(&a, "-6", b6),
+        "a -> b after the VRF came back"
+    );
+
+    assert_eq!(foreign_now(), foreign_before, "a foreign route was touched");
+    // It was the kernel's notifications: drift seen, no resync ran.
+    assert!(metric(&bed, "lace_dataplane_drift_total") >= drift_before + 4);
+    assert_eq!(metric(&bed, "lace_dataplane_resyncs_total"), 0);
+}
+
+/// An ADD followed by the reconcile it triggers writes each of the pod's kernel objects once:
+/// `ip monitor` in the node's namespace sees each pod route and the pod veth's link-local
+/// address notified once, and no reconcile after the ADD (the one it triggers, periodic
+/// resyncs every 2 s) writes anything. The resync then puts back what no notification
+/// reports: the nft table, deleted by hand.
+#[test]
+fn add_and_its_reconcile_write_each_object_once_and_resync_restores_nft() {
+    let mut bed = Bed::for_node("wo", cni_bed::NODE);
+    bed.agent_args = vec!["--resync-interval".into(), "2".into()];
+    bed.start_agent();
+    let pod = Ns::new(format!("lace-ct-wo-{}", bed.tag));
+    let out = bed.p("monitor.txt");
+    let mut monitor = Command::new("ip")
+        .args(["-o", "-n", &bed.node.0, "monitor", "route", "address"])
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let seen = || std::fs::read_to_string(&out).unwrap_or_default();
+    // The monitor listens once it reports a marker route.
+    within(&bed, Duration::from_secs(20), "ip monitor listens", || {
+        node_ip(&bed, "-4 route replace 198.18.7.0/24 dev up0");
+        std::thread::sleep(Duration::from_millis(200));
+        seen().contains("198.18.7.0/24")
+    });
+
+    let log_from = bed.log().len();
+    let r = bed.add("ctr-w", &pod);
+    let host = r["interfaces"][0]["name"].as_str().unwrap().to_owned();
+    let after_add = metric(&bed, "lace_reconciles_total");
+    // Two more reconciles: at least one of them started after the ADD returned.
+    within(
+        &bed,
+        Duration::from_secs(30),
+        "two reconciles after the ADD",
+        || metric(&bed, "lace_reconciles_total") >= after_add + 2,
+    );
+    monitor.kill().unwrap();
+    let _ = monitor.wait();
+    let lines = seen();
+    let lines: Vec<&str> = lines
+        .lines()
+        .filter(|l| !l.starts_with("Deleted"))
+        .collect();
+    for ip_addr in addresses(&r) {
+        let dst = ip_addr.split('/').next().unwrap();
+        for table in [TABLE, "1065536"] {
+            let writes = lines
+                .iter()
+                .filter(|l| {
+                    l.starts_with(&format!("{dst} ")) && l.contains(&format!("table {table} "))
+                })
+                .count();
+            assert_eq!(
+                writes,
+                1,
+                "route {dst} table {table} notified {writes} times:\n{}",
+                lines.join("\n")
+            );
+        }
+    }
+    let address = lines
+        .iter()
+        .filter(|l| l.contains(&host) && l.contains("fe80::1/64"))
+        .count();
+    assert_eq!(address, 1, "fe80::1 on {host}:\n{}", lines.join("\n"));
+    let later = bed.log()[log_from..].to_owned();
+    assert!(
+        !later.contains("dataplane: applied"),
+        "a reconcile after the ADD wrote:\n{later}"
+    );
+
+    // What no notification reports: the periodic resync restores it.
+    let resyncs = metric(&bed, "lace_dataplane_resyncs_total");
+    assert!(resyncs > 0);
+    bed.node_nft_delete();
+    within(
+        &bed,
+        Duration::from_secs(15),
+        "the nft table is back",
+        || {
+            Command::new("ip")
+                .args([
+                    "netns",
+                    "exec",
+                    &bed.node.0,
+                    "nft",
+                    "list",
+                    "table",
+                    "inet",
+                    "lace",
+                ])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        },
+    );
+    assert!(metric(&bed, "lace_dataplane_resyncs_total") > resyncs);
+}
+
+/// A tool that keeps deleting a Lace route cannot make Lace spin: after a burst of quick
+/// repairs they are rate-limited (and counted), yet the route is back once the tool stops. A
+/// tool flapping its own route in Lace's table triggers nothing at all.
+#[test]
+fn a_flapping_tool_cannot_make_lace_spin() {
+    let mut bed = Bed::for_node("fl", cni_bed::NODE);
+    bed.agent_args = vec!["--resync-interval".into(), "3600".into()];
+    bed.start_agent();
+    let pod = Ns::new(format!("lace-ct-fl-{}", bed.tag));
+    let before = metric(&bed, "lace_reconciles_total");
+    let r = bed.add("ctr-f", &pod);
+    let dst = addresses(&r)[0].clone();
+    // Let the ADD's own reconcile pass, and the node fall quiet.
+    within(&bed, Duration::from_secs(20), "the ADD's reconcile", || {
+        metric(&bed, "lace_reconciles_total") > before
+    });
+    std::thread::sleep(Duration::from_secs(3));
+
+    let flap = |args: Vec<String>, every: Duration, for_: Duration| {
+        let node = bed.node.0.clone();
+        std::thread::spawn(move || {
+            let end = Instant::now() + for_;
+            while Instant::now() < end {
+                for a in &args {
+                    let mut all = vec!["-n".to_string(), node.clone()];
+                    all.extend(a.split_whitespace().map(str::to_owned));
+                    let _ = Command::new("ip").args(&all).stderr(Stdio::null()).status();
+                }
+                std::thread::sleep(every);
+            }
+        })
+    };
+    // A foreign route flapping in Lace's table: no drift, no reconcile.
+    let (drift0, rec0) = (
+        metric(&bed, "lace_dataplane_drift_total"),
+        metric(&bed, "lace_reconciles_total"),
+    );
+    flap(
+        vec![
+            "route add 198.51.100.0/24 dev up0 table 1000001".into(),
+            "route del 198.51.100.0/24 dev up0 table 1000001".into(),
+        ],
+        Duration::from_millis(100),
+        Duration::from_secs(4),
+    )
+    .join()
+    .unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(metric(&bed, "lace_dataplane_drift_total"), drift0);
+    assert_eq!(metric(&bed, "lace_reconciles_total"), rec0);
+
+    // Lace's own route deleted every 200 ms for 15 s.
+    let flap_for = Duration::from_secs(15);
+    flap(
+        vec![format!("route del {dst} table {TABLE}")],
+        Duration::from_millis(200),
+        flap_for,
+    )
+    .join()
+    .unwrap();
+    let repairs = metric(&bed, "lace_reconciles_total") - rec0;
+    let burst = u64::from(lace::agent::reconcile::DRIFT_BURST);
+    let refills = flap_for.as_secs() / lace::agent::reconcile::DRIFT_REFILL.as_secs();
+    assert!(metric(&bed, "lace_dataplane_drift_throttled_total") > 0);
+    assert!(
+        repairs <= burst + refills + 1,
+        "{repairs} reconciles in {flap_for:?} of flapping (burst {burst}, {refills} refills)"
+    );
+    assert!(
+        bed.log().contains("repairs are rate-limited"),
+        "{}",
+        bed.log()
+    );
+    let route = || {
+        node_ip(
+            &bed,
+            &format!(
+                "-4 route show table {TABLE} {}",
+                dst.trim_end_matches("/32")
+            ),
+        )
+    };
+    within(
+        &bed,
+        lace::agent::reconcile::DRIFT_REFILL + Duration::from_secs(5),
+        "the route is back once the tool stopped",
+        || route().contains("proto 76"),
+    );
+}

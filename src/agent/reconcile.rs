@@ -266,42 +266,58 @@ impl DriftLimiter {
     }
 }
 
-/// Drift messages, at most one per [`DRIFT_LOG_INTERVAL`].
+/// Drift messages: at most one about drift being repaired and one about repairs being
+/// rate-limited per [`DRIFT_LOG_INTERVAL`], each counting what it did not log.
 #[derive(Debug, Default)]
 struct DriftLog {
-    last: Option<Instant>,
-    unlogged: u64,
-    throttled: u64,
+    repairing: LogSlot,
+    throttled: LogSlot,
 }
 
-impl DriftLog {
-    fn report(&mut self, drift: &Drift, throttled: Option<Duration>, now: Instant) {
-        self.throttled += u64::from(throttled.is_some());
+#[derive(Debug, Default)]
+struct LogSlot {
+    last: Option<Instant>,
+    unlogged: u64,
+}
+
+impl LogSlot {
+    /// Whether to log now; if so, how many went unlogged since the last message.
+    fn due(&mut self, now: Instant) -> Option<u64> {
         if self
             .last
             .is_some_and(|last| now.saturating_duration_since(last) < DRIFT_LOG_INTERVAL)
         {
             self.unlogged += 1;
-            return;
+            return None;
         }
-        let (unlogged, throttled_since) = (self.unlogged, self.throttled);
         self.last = Some(now);
-        self.unlogged = 0;
-        self.throttled = 0;
+        Some(std::mem::take(&mut self.unlogged))
+    }
+}
+
+impl DriftLog {
+    fn report(&mut self, drift: &Drift, throttled: Option<Duration>, now: Instant) {
         match throttled {
-            None if throttled_since == 0 => tracing::warn!(
-                %drift,
-                more_since_last_message = unlogged,
-                "dataplane: something Lace owns changed without Lace; repairing"
-            ),
-            _ => tracing::warn!(
-                %drift,
-                more_since_last_message = unlogged,
-                repairs_delayed = throttled_since,
-                next_repair_in = ?throttled.unwrap_or_default(),
-                "dataplane: something keeps changing what Lace owns; repairs are rate-limited \
-                 (is another tool managing these routes, rules or links?)"
-            ),
+            None => {
+                if let Some(unlogged) = self.repairing.due(now) {
+                    tracing::warn!(
+                        %drift,
+                        unlogged_since_last_message = unlogged,
+                        "dataplane: something Lace owns changed without Lace; repairing"
+                    );
+                }
+            }
+            Some(wait) => {
+                if let Some(unlogged) = self.throttled.due(now) {
+                    tracing::warn!(
+                        %drift,
+                        unlogged_since_last_message = unlogged,
+                        next_repair_in = ?wait,
+                        "dataplane: something keeps changing what Lace owns; repairs are \
+                         rate-limited (is another tool managing these routes, rules or links?)"
+                    );
+                }
+            }
         }
     }
 }

@@ -396,6 +396,28 @@ impl Bed {
             .unwrap_or(0)
     }
 
+    /// `nft delete table inet lace` in the node's namespace.
+    pub fn node_nft_delete(&self) {
+        let out = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &self.node.0,
+                "nft",
+                "delete",
+                "table",
+                "inet",
+                "lace",
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "nft delete table inet lace: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     pub fn metrics(&self) -> String {
         self.http_get("/metrics")
     }
