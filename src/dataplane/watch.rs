@@ -84,13 +84,12 @@ impl Applied {
         self.prune(node);
     }
 
-    /// After an attach: the pods of `pods` are part of what Lace applied.
-    pub fn attached(&mut self, pods: &DesiredNode, node: &ObservedNode) {
+    /// After an attach: the pods of `pods` are part of what Lace applied (their veths exist).
+    pub fn attached(&mut self, pods: &DesiredNode) {
         if let Some(plan) = &mut self.0 {
             plan.pod_routes
                 .extend(pods.pod_routes.iter().map(|(k, nh)| (*k, nh.clone())));
         }
-        self.prune(node);
     }
 
     /// Whether anything was applied (before the first reconcile, nothing can drift).
@@ -293,9 +292,7 @@ impl Session {
 
     /// After an attach: the pods of `pods` are part of what Lace applied.
     pub fn attached(&mut self, pods: &DesiredNode) {
-        if let Some(cache) = &self.cache {
-            self.applied.attached(pods, &cache.node);
-        }
+        self.applied.attached(pods);
     }
 
     /// Between reconciles: takes in what the kernel notified, so its socket never overruns
