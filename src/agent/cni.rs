@@ -14,6 +14,12 @@
 //!
 //! DEL never fails for missing things: unknown container, missing netns, half-created pod
 //! all succeed after cleaning what exists.
+//!
+//! Every kernel read and write goes through the agent's [`Dataplane`]: ADD creates the veth
+//! pair and configures the pod end in the pod's namespace, then has the dataplane apply the
+//! pod's part of the plan on the node ([`Dataplane::attach`]); DEL, GC and the start-up check
+//! delete veths through it; CHECK reads the pod end in its namespace and the host end from
+//! the dataplane's memory of the node.
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;

@@ -6,6 +6,27 @@
 //! namespace, on a dedicated thread that entered it ([`netns`]), plus the `nft` binary (one
 //! atomic transaction per change), `/proc/sys` and generic netlink for `ip sr tunsrc`.
 //!
+//! ## The CNI's kernel work
+//! CNI ADD, DEL, CHECK and GC use the same stack (messages of [`msg`], the blocking socket of
+//! [`nl`]) and the same notion of what Lace owns. In the pod's namespace a thread made for the
+//! request creates the veth pair (its host end straight into the node's namespace) and
+//! configures the pod end in one batch ([`Reconciler::create_pod_interface`]). On the node,
+//! [`Reconciler::attach`] applies the pod's part of the plan ([`diff::attach`]: the Network's
+//! VRF if missing, the veth enslaved and up, its link-local probe source, its routes, with
+//! Lace's protocol) as a job of the namespace's worker, so it is ordered with the reconciles
+//! and updates the same memory: the reconcile that follows finds the pod as planned and
+//! writes nothing for it. [`Reconciler::reconcile_with`] plans on the worker too, so a plan
+//! never predates an attach that ran before it. DEL deletes the veth through the worker.
+//!
+//! ## Drift
+//! The memory also says when something Lace applied changed without Lace: whenever
+//! notifications arrive between jobs, or during an apply, the reconciler diffs what it last
+//! applied against the memory ([`diff::drift`]: links, addresses, rules, routes). Its own
+//! writes echoing back leave nothing to do, changes to foreign objects neither; anything else
+//! (a route or rule deleted, a VRF deleted, an address or a link's routes flushed, a route
+//! replaced by another tool) is reported to [`Reconciler::on_drift`], as is a gap in the
+//! notifications. The agent schedules the repair (see `agent::reconcile`).
+//!
 //! ## Memory
 //! The reconciler keeps what it observed between calls: the first reconcile dumps links,
 //! addresses, routes and rules, and from then on a second rtnetlink socket subscribed to
@@ -23,9 +44,10 @@
 //!   ([`plan::VRF_TABLE_BASE`]`..=`[`plan::PROBE_TABLE`]) or in the main table (SIDs, locators,
 //!   reply routes), deleted with the protocol set so the kernel never matches a foreign route;
 //! - FIB rules with a priority in [`plan::RULE_PRIORITY_PROBE`]`..=`[`plan::RULE_PRIORITY_L3MDEV`];
-//! - links named [`plan::VRF_PREFIX`]`*` (VRFs). Pod veths (created by the CNI) are only
-//!   enslaved to their VRF and given the link-local source of their IPv6 probe route
-//!   ([`plan::POD_GATEWAY_V6`]), never created or deleted here;
+//! - links named [`plan::VRF_PREFIX`]`*` (VRFs). Pod veths ([`POD_LINK_PREFIX`]`*`, created
+//!   and deleted by the CNI) are enslaved to their VRF, brought up, given the link-local
+//!   source of their IPv6 probe route ([`plan::POD_GATEWAY_V6`]) and, when enslaved, their
+//!   proxy ARP sysctls ([`diff::pod_link_sysctls`]);
 //! - the sysctls the plan lists (set, never reverted: their previous values are unknown);
 //! - the nftables table `inet lace`;
 //! - `ip sr tunsrc` (one value per namespace).
@@ -66,10 +88,12 @@
 //! ## Threads and sockets
 //! Each [`Reconciler`] owns one worker thread that entered the namespace with `setns`, one
 //! blocking rtnetlink socket on it ([`nl`]) and the notification socket, which the thread
-//! also drains while idle. There is no async runtime on that thread: batching
-//! (many requests per `send`, ACKs read back per chunk) needs control of the socket that
-//! `rtnetlink`'s connection task does not give, and nothing else runs there. The message
-//! types are `netlink-packet-route` 0.34's, through `rtnetlink`'s re-exports.
+//! also drains while idle (every [`watch::IDLE_DRAIN`] without a job, which is also how soon
+//! drift is seen). There is no async runtime on that thread: batching (many requests per
+//! `send`, ACKs read back per chunk) needs control of the socket, and nothing else runs
+//! there. A CNI request's work in a pod's namespace gets a thread and socket of its own for
+//! the request. The message types are `netlink-packet-route` 0.34's, the socket
+//! `netlink-sys`'s: one netlink stack, no async rtnetlink.
 //!
 //! [`DesiredNode`]: crate::plan::DesiredNode
 //! [`Nexthop::Host`]: crate::plan::Nexthop::Host
@@ -560,7 +584,7 @@ fn converge(
         .map(|d| d.base.sysctls.keys().cloned().collect())
         .unwrap_or_default();
     let outcome = session
-        .with_observed(Some(&keys), |nl, observed, full_dump| {
+        .with_observed(Some(&keys), move |nl, observed, full_dump| {
             let d = diff::diff(desired.as_ref(), observed, known.as_ref())?;
             let nft_tag = nft::tag_after(&d.ops, &observed.nft);
             let report = ApplyReport {
@@ -586,18 +610,21 @@ fn converge(
             } else {
                 None
             };
-            Ok((ApplyReport { writes, ..report }, deleted, failures))
+            // What was applied: of pods, only those whose veth was there to be set up (an ADD
+            // in flight sets up the others itself).
+            let applied = desired.map(|d| watch::Applied::of(d, observed));
+            Ok((ApplyReport { writes, ..report }, deleted, failures, applied))
         })
         .map_err(|source| DataplaneError::Observe {
             target: target.clone(),
             source,
         })?;
-    let (report, deleted, failures) = outcome.map_err(|source| DataplaneError::Diff {
+    let (report, deleted, failures, plan) = outcome.map_err(|source| DataplaneError::Diff {
         target: target.clone(),
         source,
     })?;
     let applied = failures.is_empty();
-    session.settle(deleted, applied, applied.then_some(desired));
+    session.settle(deleted, applied, applied.then_some(plan));
     if applied {
         Ok(report)
     } else {

@@ -11,8 +11,8 @@
 //! current ([`super::watch`]). [`Nl::batch`] drains it after every chunk, so the notifications
 //! of a large batch never pile up in (and overflow) its receive buffer.
 //!
-//! Types come from the `rtnetlink` crate's re-exports (`netlink-packet-route` 0.34,
-//! `netlink-packet-core`, `netlink-sys`), so the project depends on one netlink stack.
+//! Types come from `netlink-packet-route` 0.34 and `netlink-packet-core`, the socket from
+//! `netlink-sys`: the project's one netlink stack, for the reconciler and the CNI alike.
 
 use std::io;
 use std::os::fd::AsFd;

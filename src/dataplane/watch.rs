@@ -78,10 +78,18 @@ pub struct Session {
 pub struct Applied(Option<DesiredNode>);
 
 impl Applied {
-    /// After a reconcile: `plan` (`None` after a teardown) is what Lace applied.
-    pub fn reconciled(&mut self, plan: Option<DesiredNode>, node: &ObservedNode) {
+    /// What a reconcile of `plan` against `observed` applies: the plan, but of its pods only
+    /// those whose host veth is in `observed` (the others are left to their ADD).
+    pub fn of(mut plan: DesiredNode, observed: &ObservedNode) -> DesiredNode {
+        plan.pod_routes
+            .retain(|_, nh| nexthop_link(nh).is_none_or(|dev| observed.links.contains_key(dev)));
+        plan
+    }
+
+    /// After a reconcile: `plan` (`None` after a teardown; see [`Applied::of`]) is what Lace
+    /// applied.
+    pub fn reconciled(&mut self, plan: Option<DesiredNode>) {
         self.0 = plan;
-        self.prune(node);
     }
 
     /// After an attach: the pods of `pods` are part of what Lace applied (their veths exist).
@@ -281,7 +289,7 @@ impl Session {
             }
         }
         if let Some(plan) = plan {
-            self.applied.reconciled(plan, &cache.node);
+            self.applied.reconciled(plan);
             // What arrived while the apply ran includes its own echoes, which leave nothing
             // to do, and whatever changed meanwhile, which does.
             if notified {
@@ -1217,7 +1225,7 @@ mod tests {
             assert_eq!(c.node.routes, o.routes, "the memory holds what was applied");
             assert_eq!(c.node.links, o.links);
             let mut a = Applied::default();
-            a.reconciled(Some(d), &c.node);
+            a.reconciled(Some(Applied::of(d, &o)));
             assert_eq!(a.drift(&c.node), None, "nothing changed yet");
             (c, a, o)
         }
@@ -1346,6 +1354,32 @@ mod tests {
                     "{what}: {drift:?}"
                 );
             }
+        }
+
+        #[test]
+        fn a_pod_veth_that_appears_after_the_reconcile_looked_is_left_to_its_add() {
+            let d = desired(true);
+            let mut o = bare_host();
+            // The reconcile looked while pod b's ADD had its address but no veth yet.
+            o.links.remove("lp-pb");
+            let ops = diff(Some(&d), &o, None).unwrap().ops;
+            model(&mut o, &ops);
+            let mut a = Applied::default();
+            a.reconciled(Some(Applied::of(d.clone(), &o)));
+            // Then the veth appears (the ADD's pod side), not set up yet.
+            o.links
+                .insert("lp-pb".into(), crate::dataplane::diff::tests::link(5));
+            assert_eq!(a.drift(&o), None, "the ADD's own work in progress");
+            // The ADD's attach: now it is part of what Lace applied.
+            let mut pods = d.clone();
+            pods.pod_routes
+                .retain(|_, nh| matches!(nh, crate::plan::Nexthop::Dev(x) | crate::plan::Nexthop::DevSrc { dev: x, .. } if x == "lp-pb"));
+            let ops = crate::dataplane::diff::attach(&pods, &o).unwrap().ops;
+            model(&mut o, &ops);
+            a.attached(&pods);
+            assert_eq!(a.drift(&o), None);
+            o.routes.retain(|k, _| k.table != d.base.vrfs["lv-b"].table);
+            assert!(a.drift(&o).is_some(), "pod b's routes deleted by hand");
         }
 
         #[test]
