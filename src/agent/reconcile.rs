@@ -7,7 +7,10 @@
 //!
 //! ## When the node is reconciled
 //! - **On a change**: cluster state, a pod attached or detached ([`Agent::reconcile_wanted`]).
-//!   Triggers that come while a reconcile runs make one more, not one each.
+//!   A burst of changes (an ADD storm) makes one reconcile, once [`DEBOUNCE`] passed without
+//!   another or [`MAX_DELAY`] after the first: ADD and DEL do their pod's kernel work
+//!   themselves, so this reconcile is the safety net that finds nothing to do, and it shares
+//!   the dataplane's thread with their work.
 //! - **On drift**: the dataplane reports that the kernel's notifications show something Lace
 //!   applied changed without Lace (a route, rule or VRF deleted, an address or a link's
 //!   routes flushed); foreign objects changing and Lace's own writes echoing back are not
@@ -38,8 +41,10 @@ use crate::plan::DesiredNode;
 
 /// Delay before retrying a failed apply.
 const RETRY: Duration = Duration::from_secs(2);
-/// How long a drift repair waits for the rest of a burst of changes.
+/// How long a reconcile waits for the rest of a burst of changes or drift.
 pub const DEBOUNCE: Duration = Duration::from_millis(200);
+/// The longest a change waits for its reconcile while changes keep coming.
+pub const MAX_DELAY: Duration = Duration::from_secs(1);
 /// Drift repairs that may run back to back.
 pub const DRIFT_BURST: u32 = 5;
 /// Once the burst is spent, one more drift repair per this long.
@@ -340,10 +345,18 @@ pub(crate) async fn run(agent: Arc<super::Agent>, resync_every: Duration) {
     let mut limiter = DriftLimiter::new(Instant::now());
     let mut log = DriftLog::default();
     let mut repair_at: Option<Instant> = None;
+    // When the changes seen so far are reconciled, and when the first of them came.
+    let mut change: Option<(Instant, Instant)> = None;
     let mut resync_at = Instant::now() + resync_every;
     loop {
         let trigger = tokio::select! {
-            _ = agent.reconcile_wanted.notified() => Trigger::Change,
+            _ = agent.reconcile_wanted.notified() => {
+                let now = Instant::now();
+                let first = change.map_or(now, |(_, first)| first);
+                change = Some(((now + DEBOUNCE).min(first + MAX_DELAY), first));
+                continue;
+            }
+            _ = tokio::time::sleep_until(change.map_or_else(Instant::now, |(at, _)| at)), if change.is_some() => Trigger::Change,
             Some(drift) = drift_rx.recv() => {
                 let now = Instant::now();
                 agent.metrics.dataplane_drift();
@@ -364,8 +377,9 @@ pub(crate) async fn run(agent: Arc<super::Agent>, resync_every: Duration) {
         if trigger == Trigger::Drift {
             limiter.take(now);
         }
-        // Whatever the trigger, this reconcile repairs the drift seen so far.
+        // Whatever the trigger, this reconcile covers every change and drift seen so far.
         repair_at = None;
+        change = None;
         if trigger == Trigger::Resync {
             resync_at = now + resync_every;
             agent.metrics.dataplane_resync();

@@ -1,5 +1,10 @@
 //! Runs [`Op`]s phase by phase. The netlink operations of one phase go out as one batch
 //! ([`Nl::batch`]); after a phase with a failure nothing more is applied.
+//!
+//! The pod-sized operations of CNI ADD ([`Batching::Pod`]) go out in fewer batches: the links
+//! (VRF) first, then everything else in one batch, in phase order (the kernel handles the
+//! messages of a batch in order): a few objects of one pod, on the ADD's latency, where
+//! stopping between phases would save nothing (a failed ADD removes the pod's veth).
 
 use std::collections::HashMap;
 
@@ -10,8 +15,22 @@ use super::diff::Op;
 use super::nl::Nl;
 use super::{host, msg, nft, observe, ObservedNode, OpFailure};
 
+/// How operations are grouped into batches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Batching {
+    /// One batch per phase, stopping after a phase with a failure.
+    Phases,
+    /// Links first, then one batch for the rest (see the module docs).
+    Pod,
+}
+
 /// Applies `ops` (in diff order); returns the number of writes issued and the failures.
-pub fn apply(nl: &mut Nl, observed: &ObservedNode, ops: Vec<Op>) -> (u64, Vec<OpFailure>) {
+pub fn apply(
+    nl: &mut Nl,
+    observed: &ObservedNode,
+    ops: Vec<Op>,
+    batching: Batching,
+) -> (u64, Vec<OpFailure>) {
     let mut index: HashMap<String, u32> = observed
         .links
         .iter()
@@ -24,7 +43,11 @@ pub fn apply(nl: &mut Nl, observed: &ObservedNode, ops: Vec<Op>) -> (u64, Vec<Op
     while let Some(first) = ops.next() {
         let phase = first.phase();
         let mut group = vec![first];
-        while let Some(op) = ops.next_if(|o| o.phase() == phase) {
+        let together = |o: &Op| match batching {
+            Batching::Phases => o.phase() == phase,
+            Batching::Pod => o.phase() == phase || (phase >= 3 && o.phase() >= 3),
+        };
+        while let Some(op) = ops.next_if(together) {
             group.push(op);
         }
         // Link indices of VRFs created in an earlier phase.

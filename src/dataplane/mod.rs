@@ -494,7 +494,8 @@ impl Reconciler {
                         skipped: d.skipped,
                         full_dump,
                     };
-                    let (writes, failures) = apply::apply(nl, observed, d.ops);
+                    let (writes, failures) =
+                        apply::apply(nl, observed, d.ops, apply::Batching::Pod);
                     Ok((ApplyReport { writes, ..report }, failures))
                 })
                 .map_err(|source| DataplaneError::Observe {
@@ -601,7 +602,7 @@ fn converge(
             };
             let deleted: Vec<watch::Deleted> =
                 d.ops.iter().filter_map(watch::Deleted::by).collect();
-            let (writes, failures) = apply::apply(nl, observed, d.ops);
+            let (writes, failures) = apply::apply(nl, observed, d.ops, apply::Batching::Phases);
             // After a failure the table may or may not have changed: forget, and let the next
             // observation decide.
             *known = if failures.is_empty() {

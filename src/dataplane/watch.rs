@@ -68,6 +68,9 @@ pub struct Session {
     cache: Option<Cache>,
     rx_buf: usize,
     applied: Applied,
+    /// Notifications were taken in (or the kernel dumped) by a job that does not diff the
+    /// whole plan (an attach, a snapshot, a DEL): the next idle checks for drift.
+    unchecked: bool,
     on_drift: DriftSink,
 }
 
@@ -200,6 +203,7 @@ impl Session {
             cache: None,
             rx_buf,
             applied: Applied::default(),
+            unchecked: false,
             on_drift,
         }
     }
@@ -221,12 +225,17 @@ impl Session {
     ) -> Result<R, ObserveError> {
         self.nl.subscribe(self.rx_buf)?;
         let stale = match (&mut self.cache, self.nl.notifications()) {
-            (Some(cache), Some(n)) => n
-                .take()
-                .and_then(|t| cache.apply_stream(t.messages()))
-                .err(),
+            (Some(cache), Some(n)) => match n.take() {
+                Ok(t) => {
+                    self.unchecked |= !t.is_empty();
+                    cache.apply_stream(t.messages()).err()
+                }
+                Err(why) => Some(why),
+            },
             _ => Some(String::new()),
         };
+        // A reconcile diffs everything it observes; any other job leaves that to idle.
+        self.unchecked = sysctls.is_none() && (self.unchecked || stale.is_some());
         let cache = match (stale, self.cache.take()) {
             (None, Some(cache)) => self.cache.insert(cache),
             (why, had) => {
@@ -288,13 +297,16 @@ impl Session {
                 return;
             }
         }
-        if let Some(plan) = plan {
-            self.applied.reconciled(plan);
-            // What arrived while the apply ran includes its own echoes, which leave nothing
-            // to do, and whatever changed meanwhile, which does.
-            if notified {
-                self.check_drift();
+        match plan {
+            Some(plan) => {
+                self.applied.reconciled(plan);
+                // What arrived while the apply ran includes its own echoes, which leave
+                // nothing to do, and whatever changed meanwhile, which does.
+                if notified {
+                    self.check_drift();
+                }
             }
+            None => self.unchecked |= notified,
         }
     }
 
@@ -317,7 +329,7 @@ impl Session {
         };
         let taken = n.take();
         let lost = match taken {
-            Ok(t) if t.is_empty() => return,
+            Ok(t) if t.is_empty() && !self.unchecked => return,
             Ok(t) => cache.apply_stream(t.messages()).err(),
             Err(why) => Some(why),
         };
@@ -343,6 +355,7 @@ impl Session {
 
     /// Reports drift if the cached kernel state differs from what Lace applied.
     fn check_drift(&mut self) {
+        self.unchecked = false;
         let Some(cache) = &self.cache else { return };
         let Some(drift) = self.applied.drift(&cache.node) else {
             return;
