@@ -12,7 +12,13 @@ if [ ${#need[@]} -gt 0 ]; then
     { echo "test-charts: could not pip install ${need[*]}" >&2; exit 1; }
 fi
 ./scripts/install-helm.sh >/dev/null
-# The rendered Networks are also checked by Lace's own validator.
-cargo build -q -p lace --bin lace-agent
-export LACE_AGENT="${CARGO_TARGET_DIR:-$PWD/target}/debug/lace-agent"
+# The rendered Networks are also checked by Lace's own validator: lace-agent from LACE_BIN_DIR
+# when given (scripts/test.sh passes its test build's), else built here.
+if [ -n "${LACE_BIN_DIR:-}" ]; then
+  export LACE_AGENT=$LACE_BIN_DIR/lace-agent
+else
+  cargo build -q -p lace --bin lace-agent
+  export LACE_AGENT="${CARGO_TARGET_DIR:-$PWD/target}/debug/lace-agent"
+fi
+[ -x "$LACE_AGENT" ] || { echo "test-charts: $LACE_AGENT is missing or not executable" >&2; exit 1; }
 exec python3 -m pytest -q tests/charts "$@"
