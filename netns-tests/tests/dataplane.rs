@@ -12,8 +12,8 @@ use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
@@ -303,10 +303,21 @@ impl World {
         w
     }
 
+    /// One ICMP echo from pod `from` to `to`, answered within 2 s. ping is started from a
+    /// thread inside the pod's namespace (one exec instead of `ip netns exec`'s two).
     fn ping(&self, from: &str, to: IpAddr) -> bool {
+        let to = to.to_string();
         self.ns(from)
-            .exec("ping", &["-c", "1", "-W", "2", &to.to_string()])
-            .is_ok()
+            .enter(|| {
+                Command::new("ping")
+                    .args(["-c", "1", "-W", "2", &to])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status()
+            })
+            .unwrap()
+            .unwrap_or_else(|e| panic!("ping: {e}"))
+            .success()
     }
 
     /// Starts a TCP server on every pod's addresses (both families) and on the internet's.
@@ -402,52 +413,95 @@ fn allowed(from: &PodSpec, to: &PodSpec) -> bool {
     )
 }
 
-/// Checks every ordered pair of `pods` in `families`, with ICMP (echo and its reply) and
-/// TCP (handshake, request and response), a few pairs at a time; returns every check whose
-/// outcome differs from the policy. [`World::servers`] must be running.
-fn matrix(w: &World, pods: &[&PodSpec], families: &[Family]) -> Vec<String> {
-    let pairs: Vec<(&PodSpec, &PodSpec)> = pods
-        .iter()
-        .flat_map(|a| pods.iter().map(move |b| (*a, *b)))
-        .filter(|(a, b)| a.label != b.label)
-        .collect();
-    let mut wrong = Vec::new();
-    for chunk in pairs.chunks(14) {
-        let results: Vec<Vec<String>> = std::thread::scope(|s| {
-            let hs: Vec<_> = chunk
-                .iter()
-                .map(|(a, b)| {
-                    s.spawn(move || {
-                        let want = allowed(a, b);
-                        let mut wrong = Vec::new();
-                        for &f in families {
-                            let pair = format!("{} -> {} ({f:?})", a.label, b.label);
-                            let icmp = w.ping(a.label, b.ip(f));
-                            if icmp != want {
-                                wrong.push(format!("{pair}: policy {want}, ICMP {icmp}"));
-                            }
-                            match (want, tcp(w, a.label, b.ip(f))) {
-                                (true, Ok(seen)) if seen != a.ip(f) => wrong.push(format!(
-                                    "{pair}: TCP server saw {seen}, not the pod (NAT between pods)"
-                                )),
-                                (true, Err(e)) => {
-                                    wrong.push(format!("{pair}: policy true, TCP failed: {e}"))
-                                }
-                                (false, Ok(_)) => {
-                                    wrong.push(format!("{pair}: policy false, TCP connected"))
-                                }
-                                _ => {}
-                            }
-                        }
-                        wrong
-                    })
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join().unwrap()).collect()
-        });
-        wrong.extend(results.into_iter().flatten());
+/// One connectivity check from pod `from` to `to`: an ICMP echo (and its reply) or a TCP
+/// exchange (handshake, request, response), and what the policies expect of it.
+struct Check {
+    from: &'static str,
+    to: IpAddr,
+    what: String,
+    tcp: bool,
+    allowed: bool,
+    /// The source address the TCP server must report (the pod's own: no NAT between pods;
+    /// node 1's for masquerade).
+    seen: IpAddr,
+}
+
+impl Check {
+    /// Both checks (ICMP and TCP) from `from` to `to`.
+    fn both(
+        from: &'static PodSpec,
+        to: IpAddr,
+        what: String,
+        allowed: bool,
+        seen: IpAddr,
+    ) -> [Check; 2] {
+        [false, true].map(|tcp| Check {
+            from: from.label,
+            to,
+            what: what.clone(),
+            tcp,
+            allowed,
+            seen,
+        })
     }
+
+    /// Runs the check; a description of how the outcome differs from the policy, if it does.
+    fn run(&self, w: &World) -> Option<String> {
+        let (what, want) = (&self.what, self.allowed);
+        if !self.tcp {
+            let icmp = w.ping(self.from, self.to);
+            return (icmp != want).then(|| format!("{what}: policy {want}, ICMP {icmp}"));
+        }
+        match (want, tcp(w, self.from, self.to)) {
+            (true, Ok(seen)) if seen != self.seen => Some(format!(
+                "{what}: TCP server saw {seen}, not {} (NAT between pods, or no masquerade)",
+                self.seen
+            )),
+            (true, Err(e)) => Some(format!("{what}: policy true, TCP failed: {e}")),
+            (false, Ok(_)) => Some(format!("{what}: policy false, TCP connected")),
+            _ => None,
+        }
+    }
+}
+
+/// Checks at once: a denied check waits for its timeout, so they overlap; each spawns at most
+/// one process (ping), which bounds the load of a round under emulation.
+const CHECKS_AT_ONCE: usize = 24;
+
+/// Runs `checks` on a pool of [`CHECKS_AT_ONCE`] threads; returns every outcome that differs
+/// from the policy. [`World::servers`] must be running for the TCP checks.
+fn run_checks(w: &World, checks: &[Check]) -> Vec<String> {
+    let next = AtomicUsize::new(0);
+    let wrong = Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..CHECKS_AT_ONCE.min(checks.len()) {
+            s.spawn(|| {
+                while let Some(c) = checks.get(next.fetch_add(1, Ordering::Relaxed)) {
+                    if let Some(e) = c.run(w) {
+                        wrong.lock().unwrap().push(e);
+                    }
+                }
+            });
+        }
+    });
+    let mut wrong = wrong.into_inner().unwrap();
+    wrong.sort();
     wrong
+}
+
+/// Checks every ordered pair of `pods` in `families`, with ICMP and TCP; returns every check
+/// whose outcome differs from the policy. [`World::servers`] must be running.
+fn matrix(w: &World, pods: &[&'static PodSpec], families: &[Family]) -> Vec<String> {
+    let mut checks = Vec::new();
+    for a in pods {
+        for b in pods.iter().filter(|b| b.label != a.label) {
+            for &f in families {
+                let what = format!("{} -> {} ({f:?})", a.label, b.label);
+                checks.extend(Check::both(a, b.ip(f), what, allowed(a, b), a.ip(f)));
+            }
+        }
+    }
+    run_checks(w, &checks)
 }
 
 /// A TCP server on one address in one namespace (port [`TCP_PORT`]): reads one line and
@@ -591,7 +645,7 @@ fn dataplane_three_nodes_policies_srv6_teardown_restart() {
     let servers = w.servers();
 
     // --- The connectivity matrix: same node and across nodes, per family. ----------------
-    let all: Vec<&PodSpec> = PODS.iter().collect();
+    let all: Vec<&'static PodSpec> = PODS.iter().collect();
     for f in FAMILIES {
         let srv6_before = w.srv6_in(2);
         let wrong = matrix(&w, &all, &[f]);
@@ -609,26 +663,23 @@ fn dataplane_three_nodes_policies_srv6_teardown_restart() {
 
     // `default` egresses to the internet, masqueraded behind node 1, in both families; the
     // other Networks have no way out.
+    let mut egress = Vec::new();
     for (internet, node1) in [
         (IpAddr::V4(INTERNET_V4), IpAddr::V4(NODE1_INET_V4)),
         (IpAddr::V6(INTERNET_V6), IpAddr::V6(NODE1_INET_V6)),
     ] {
-        let from = "p1-default";
-        assert!(w.ping(from, internet), "{from} -> {internet} (ICMP)");
-        let seen =
-            tcp(&w, from, internet).unwrap_or_else(|e| panic!("{from} -> {internet} (TCP): {e}"));
-        assert_eq!(
-            seen, node1,
-            "{from} -> {internet}: not masqueraded behind node 1"
-        );
-        for from in ["p1-system", "p1-tenant"] {
-            assert!(!w.ping(from, internet), "{from} reached {internet} (ICMP)");
-            assert!(
-                tcp(&w, from, internet).is_err(),
-                "{from} reached {internet} (TCP)"
-            );
+        for from in ["p1-default", "p1-system", "p1-tenant"] {
+            let what = format!("{from} -> internet {internet}");
+            let p = pod_by(from);
+            egress.extend(Check::both(p, internet, what, from == "p1-default", node1));
         }
     }
+    let wrong = run_checks(&w, &egress);
+    assert!(
+        wrong.is_empty(),
+        "egress differs from policy:\n{}",
+        wrong.join("\n")
+    );
 
     // A hand-crafted SRv6 packet to node 1's `system` SID from a non-node is dropped.
     let rogue = w.ns("rogue");
@@ -704,7 +755,7 @@ fn dataplane_three_nodes_policies_srv6_teardown_restart() {
             "node{i} nft still mentions tenant-a"
         );
     }
-    let rest: Vec<&PodSpec> = PODS.iter().filter(|p| p.network != "tenant-a").collect();
+    let rest: Vec<&'static PodSpec> = PODS.iter().filter(|p| p.network != "tenant-a").collect();
     let wrong = matrix(&w, &rest[..], &FAMILIES);
     assert!(
         wrong.is_empty(),
