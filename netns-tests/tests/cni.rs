@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cni_bed::{addresses, ip, ip_ok, Bed, Ns, PodNamespaces, TABLE, VRF};
+use cni_bed::{addresses, ip, ip_ok, Bed, Ns, PodNamespaces, DEADLINE, TABLE, VRF};
 use serde_json::{json, Value};
 #[test]
 fn lifecycle_add_check_del_del() {
@@ -217,7 +217,7 @@ fn tcp_peer(client: &Ns, server: &Ns, listen: &str, connect: &str) -> std::net::
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + DEADLINE;
     let answer = loop {
         let out = Command::new("ip")
             .args([
@@ -295,7 +295,7 @@ fn sigkill_during_adds_then_restart_and_gc_leaks_nothing() {
     let done = Arc::new(AtomicUsize::new(0));
     let threads = add_storm(&bed, &pods, &done);
     // Let some ADDs finish and others be in flight, then kill.
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + DEADLINE;
     // A few done, most still in flight (ADDs take ~0.1–0.3 s each in the VM).
     while done.load(Ordering::SeqCst) < 3 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(5));
@@ -420,11 +420,11 @@ fn unallocated_node_is_not_ready_until_allocated() {
     // Wait until the agent serves its socket: watching the file, not exec'ing STATUS in a loop
     // (plugin execs would compete with the agent's start under emulation).
     let socket = bed.p("run/cni.sock");
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + DEADLINE;
     while !socket.exists() {
         assert!(
             Instant::now() < deadline,
-            "the agent did not serve {} within 60 s:\n{}",
+            "the agent did not serve {} within {DEADLINE:?}:\n{}",
             socket.display(),
             bed.log()
         );
@@ -464,9 +464,7 @@ fn unallocated_node_is_not_ready_until_allocated() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    // Generous: under emulation, with debug binaries (the agent copies a ~50 MB plugin) on
-    // a loaded machine, this took over 15 s.
-    bed.wait_for_conflist(Duration::from_secs(60));
+    bed.wait_for_conflist(DEADLINE);
     let (ok, out) = status(&bed);
     assert!(ok, "{out}");
     assert!(bed.http_get("/healthz").starts_with("HTTP/1.1 200"));
@@ -602,7 +600,7 @@ fn sigterm_during_adds_drains_and_restart_keeps_pods() {
     let pods = Arc::new(PodNamespaces::new(&format!("lace-ct-t{}-", bed.tag), n));
     let done = Arc::new(AtomicUsize::new(0));
     let threads = add_storm(&bed, &pods, &done);
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + DEADLINE;
     while done.load(Ordering::SeqCst) < 2 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(5));
     }

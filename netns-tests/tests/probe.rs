@@ -1116,7 +1116,7 @@ fn real_agent_restarts_keep_kubelet_probes_working_over_both_families() {
         .map(|a| a.split('/').next().unwrap().to_string())
         .collect();
     assert_eq!(addrs.len(), 2, "{result}");
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + cni_bed::DEADLINE;
     loop {
         // Until the first reconcile the table does not exist (`ip` fails): keep waiting.
         let table = lace::plan::PROBE_TABLE.to_string();
@@ -1223,7 +1223,7 @@ fn real_agent_restarts_keep_kubelet_probes_working_over_both_families() {
         "{log}"
     );
     let late = Cgroup::new("lace-test-agent-kubelet-late");
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + cni_bed::DEADLINE;
     while !log_since(&bed, from).contains("kubelet cgroup changed") {
         assert!(
             Instant::now() < deadline,

@@ -16,6 +16,11 @@ use std::time::{Duration, Instant};
 use nix::sys::statfs::FsType;
 use serde_json::{json, Value};
 
+/// How long the tests wait for something the agent or the kernel must do (start, become
+/// ready, install a route) before they fail: generous, since only a failure waits that long,
+/// and an agent start took over 60 s in the VM on the 2-core CI machine at load 11.
+pub const DEADLINE: Duration = Duration::from_secs(180);
+
 pub const NODE: &str = "node-1";
 pub const VRF: &str = "lv-default";
 pub const TABLE: &str = "1000001";
@@ -282,7 +287,7 @@ impl Bed {
         let _ = std::fs::remove_file(self.p("conf/10-lace.conflist"));
         self.spawn_agent();
         // Ready = the conflist is written (the agent does that only once it can serve ADD).
-        self.wait_for_conflist(Duration::from_secs(60));
+        self.wait_for_conflist(DEADLINE);
     }
 
     /// Waits for the conflist; panics with the agent's log after `timeout`.
