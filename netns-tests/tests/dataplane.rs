@@ -30,7 +30,11 @@ const NODES: [u32; 3] = [1, 2, 3];
 /// (Network, second octet, SID function).
 const NETS: [(&str, u8, u16); 3] = [("default", 1, 1), ("system", 2, 2), ("tenant-a", 3, 3)];
 const TCP_PORT: u16 = 7100;
+/// How long a check the policies deny waits for an answer that must not come.
 const TIMEOUT: Duration = Duration::from_secs(3);
+/// How long a check the policies allow waits for its answer: only a failure waits that long,
+/// and under emulation on a loaded machine an allowed handshake took over 3 s.
+const PATIENT: Duration = Duration::from_secs(15);
 /// The internet namespace's address beyond node 1, per family.
 const INTERNET_V4: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 1);
 const INTERNET_V6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xeeee, 0, 0, 0, 0, 1);
@@ -303,14 +307,14 @@ impl World {
         w
     }
 
-    /// One ICMP echo from pod `from` to `to`, answered within 2 s. ping is started from a
+    /// One ICMP echo from pod `from` to `to`, answered within `wait`. ping is started from a
     /// thread inside the pod's namespace (one exec instead of `ip netns exec`'s two).
-    fn ping(&self, from: &str, to: IpAddr) -> bool {
-        let to = to.to_string();
+    fn ping(&self, from: &str, to: IpAddr, wait: Duration) -> bool {
+        let (to, wait) = (to.to_string(), wait.as_secs().to_string());
         self.ns(from)
             .enter(|| {
                 Command::new("ping")
-                    .args(["-c", "1", "-W", "2", &to])
+                    .args(["-c", "1", "-W", &wait, &to])
                     .stdout(Stdio::null())
                     .stderr(Stdio::null())
                     .status()
@@ -445,14 +449,23 @@ impl Check {
         })
     }
 
+    /// How long the check waits for an answer.
+    fn patience(&self) -> Duration {
+        if self.allowed {
+            PATIENT
+        } else {
+            TIMEOUT
+        }
+    }
+
     /// Runs the check; a description of how the outcome differs from the policy, if it does.
     fn run(&self, w: &World) -> Option<String> {
         let (what, want) = (&self.what, self.allowed);
         if !self.tcp {
-            let icmp = w.ping(self.from, self.to);
+            let icmp = w.ping(self.from, self.to, self.patience());
             return (icmp != want).then(|| format!("{what}: policy {want}, ICMP {icmp}"));
         }
-        match (want, tcp(w, self.from, self.to)) {
+        match (want, tcp(w, self.from, self.to, self.patience())) {
             (true, Ok(seen)) if seen != self.seen => Some(format!(
                 "{what}: TCP server saw {seen}, not {} (NAT between pods, or no masquerade)",
                 self.seen
@@ -547,7 +560,7 @@ impl Server {
 
 fn serve(conn: TcpStream, peer: SocketAddr) -> std::io::Result<()> {
     conn.set_nonblocking(false)?;
-    conn.set_read_timeout(Some(TIMEOUT))?;
+    conn.set_read_timeout(Some(PATIENT))?;
     let mut line = String::new();
     BufReader::new(&conn).read_line(&mut line)?;
     if line == "ping\n" {
@@ -566,15 +579,16 @@ impl Drop for Server {
 }
 
 /// Opens a TCP connection from pod `from` to a [`Server`] at `to`, sends a request and reads
-/// the answer: the address the server saw (so both directions carried data), or the error.
-fn tcp(w: &World, from: &str, to: IpAddr) -> Result<IpAddr, String> {
+/// the answer, waiting up to `timeout` for each: the address the server saw (so both
+/// directions carried data), or the error.
+fn tcp(w: &World, from: &str, to: IpAddr, timeout: Duration) -> Result<IpAddr, String> {
     let server: SocketAddr = (to, TCP_PORT).into();
     let client = w
         .ns(from)
-        .enter(|| TcpStream::connect_timeout(&server, TIMEOUT))
+        .enter(|| TcpStream::connect_timeout(&server, timeout))
         .unwrap();
     let client = client.map_err(|e| format!("connect: {e}"))?;
-    client.set_read_timeout(Some(TIMEOUT)).unwrap();
+    client.set_read_timeout(Some(timeout)).unwrap();
     (&client)
         .write_all(b"ping\n")
         .map_err(|e| format!("send: {e}"))?;
@@ -636,7 +650,7 @@ fn dataplane_three_nodes_policies_srv6_teardown_restart() {
 
     // Before Lace: no pod reaches another.
     for f in FAMILIES {
-        assert!(!w.ping("p1-system", pod_by("p2-system").ip(f)));
+        assert!(!w.ping("p1-system", pod_by("p2-system").ip(f), TIMEOUT));
     }
 
     let recs = reconcilers(&w);
@@ -818,7 +832,7 @@ fn dataplane_three_nodes_policies_srv6_teardown_restart() {
     assert!(tables.contains("inet observe"), "{tables}");
     // Node 1 without Lace: its pods are cut off again; a second teardown writes nothing.
     for f in FAMILIES {
-        assert!(!w.ping("p1-system", pod_by("p2-system").ip(f)));
+        assert!(!w.ping("p1-system", pod_by("p2-system").ip(f), TIMEOUT));
     }
     drop(servers);
     assert_eq!(recs[0].teardown_all().unwrap().writes, 0);
