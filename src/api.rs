@@ -277,8 +277,13 @@ pub struct NetworkAllocationSpec {
     pub function: u16,
 }
 
-/// Internal, derived by the controller per Node: its locator, underlay address and per-Network
-/// address blocks. Owned by the Node.
+/// Internal, derived by the controller per Node: its index, locator and underlay addresses.
+/// Owned by the Node.
+///
+/// The node's address blocks are not listed: node `index` holds block `index - 1` of every
+/// subnet of every Network ([`crate::alloc::node_blocks`]). So a new Network costs one
+/// NetworkAllocation and no NodeAllocation write, a new node one NodeAllocation, and every
+/// object stays a few hundred bytes however many nodes and Networks the cluster has.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "kube", derive(kube::CustomResource, schemars::JsonSchema))]
 #[cfg_attr(
@@ -290,20 +295,28 @@ pub struct NetworkAllocationSpec {
         shortname = "lnodealloc",
         printcolumn = r#"{"name":"Index","type":"integer","jsonPath":".spec.index"}"#,
         printcolumn = r#"{"name":"Locator","type":"string","jsonPath":".spec.locator"}"#,
-        printcolumn = r#"{"name":"Underlay","type":"string","jsonPath":".spec.underlay"}"#
+        printcolumn = r#"{"name":"IPv4","type":"string","jsonPath":".spec.underlay.ipv4"}"#,
+        printcolumn = r#"{"name":"IPv6","type":"string","jsonPath":".spec.underlay.ipv6"}"#
     )
 )]
 #[serde(rename_all = "camelCase")]
 pub struct NodeAllocationSpec {
-    /// Stable index of the node within the locator prefix.
+    /// Stable index of the node within the locator prefix (from 1); also the number of its
+    /// address blocks (block `index - 1` of each subnet).
     pub index: u32,
     /// The node's SRv6 locator, carved from `srv6LocatorPrefix`.
     #[cfg_attr(feature = "kube", schemars(with = "String"))]
     pub locator: ipnet::Ipv6Net,
-    /// The node's underlay IPv6 address (other nodes route its locator via it).
-    pub underlay: std::net::Ipv6Addr,
-    /// Per Network (by name), the blocks of this node: one per subnet of the Network.
-    #[serde(default)]
-    #[cfg_attr(feature = "kube", schemars(with = "BTreeMap<String, Vec<String>>"))]
-    pub blocks: BTreeMap<String, Vec<IpNet>>,
+    /// Where the other nodes reach this node: its InternalIPs.
+    pub underlay: Underlay,
+}
+
+/// A node's underlay addresses: its first InternalIP of each family. At least one is set.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "kube", derive(schemars::JsonSchema))]
+pub struct Underlay {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv4: Option<std::net::Ipv4Addr>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv6: Option<std::net::Ipv6Addr>,
 }

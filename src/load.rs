@@ -739,7 +739,7 @@ mod tests {
             (3, 4, 8)
         );
         assert_eq!(
-            state.nodes["node-2"].underlay_v6(),
+            state.nodes["node-2"].underlay().ipv6,
             Some("fd00:fab::2".parse().unwrap())
         );
         assert_eq!(state.namespaces["team-a"].labels["lace.io/tenant"], "a");
@@ -782,11 +782,12 @@ mod tests {
                 let ok = if pod.host_network {
                     state.nodes[&pod.node].internal_ips.contains(addr)
                 } else {
-                    alloc.node_allocations[&pod.node]
-                        .blocks
-                        .values()
-                        .flatten()
-                        .any(|b| b.contains(addr))
+                    let index = alloc.node_allocations[&pod.node].index;
+                    state.networks.values().any(|n| {
+                        crate::alloc::node_blocks(index, &n.subnets)
+                            .iter()
+                            .any(|b| b.contains(addr))
+                    })
                 };
                 assert!(ok, "{key}: {addr} is not in a block of {}", pod.node);
             }

@@ -201,7 +201,8 @@ pub fn validate_network_allocation_update(
 }
 
 /// Validates an update of a NodeAllocation: the index and the locator are immutable (other
-/// nodes encapsulate towards the locator). Underlay and blocks may change.
+/// nodes encapsulate towards the locator, and the node's blocks derive from the index).
+/// The underlay may change.
 pub fn validate_node_allocation_update(
     name: &str,
     old: &NodeAllocationSpec,
@@ -817,11 +818,14 @@ mod tests {
         let a = NodeAllocationSpec {
             index: 1,
             locator: "2001:db8:100::1:0:0/96".parse().unwrap(),
-            underlay: "fd00:fab::1".parse().unwrap(),
-            blocks: BTreeMap::new(),
+            underlay: crate::api::Underlay {
+                ipv4: None,
+                ipv6: Some("fd00:fab::1".parse().unwrap()),
+            },
         };
         let mut moved_underlay = a.clone();
-        moved_underlay.underlay = "fd00:fab::9".parse().unwrap();
+        moved_underlay.underlay.ipv6 = Some("fd00:fab::9".parse().unwrap());
+        moved_underlay.underlay.ipv4 = Some("192.168.0.1".parse().unwrap());
         assert!(validate_node_allocation_update("node-1", &a, &moved_underlay).is_ok());
         let mut b = a.clone();
         b.index = 2;

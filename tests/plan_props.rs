@@ -90,11 +90,7 @@ fn case() -> impl Strategy<Value = Case> {
 }
 
 fn blocks_of(s: &ClusterState, node: &str, net: &str) -> Vec<IpNet> {
-    s.node_allocations[node]
-        .blocks
-        .get(net)
-        .cloned()
-        .unwrap_or_default()
+    lace::alloc::node_blocks(s.node_allocations[node].index, &s.networks[net].subnets)
 }
 
 fn table_of(d: &lace::plan::DesiredNode, net: &str) -> u32 {
@@ -136,7 +132,8 @@ proptest! {
         let s = &c.state;
         let me = "n0";
         let d = plan(me, s, &c.local).expect("random cluster plans");
-        let index: BTreeMap<&str, u32> = s.node_allocations.iter().map(|(k, v)| (k.as_str(), v.index)).collect();
+        // The locator number of each node (mk_node: allocation index = locator number + 1).
+        let index: BTreeMap<&str, u32> = s.node_allocations.iter().map(|(k, v)| (k.as_str(), v.index - 1)).collect();
         let pairs4 = d.base.nft.set("pairs_v4").unwrap();
         let pairs6 = d.base.nft.set("pairs_v6").unwrap();
         let has_element = |k: &str| pairs4.elements.contains_key(k) || pairs6.elements.contains_key(k);

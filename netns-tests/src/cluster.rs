@@ -6,6 +6,7 @@ use std::net::{IpAddr, Ipv6Addr};
 
 use lace::api::{
     NetworkAllocationSpec, NetworkRoutingPolicySpec, NetworkSpec, NodeAllocationSpec, Subnet,
+    Underlay,
 };
 use lace::state::{ClusterState, Node};
 
@@ -92,16 +93,13 @@ pub fn ipv4_cluster(node_prefix: &str, nodes: u16, networks: &[TestNetwork]) -> 
         s.node_allocations.insert(
             node,
             NodeAllocationSpec {
-                index: u32::from(i),
+                // Index i + 1 holds block i of every subnet: `10.<second>.<i>.0/24`.
+                index: u32::from(i) + 1,
                 locator: format!("2001:db8:100::{i}:0:0/96").parse().unwrap(),
-                underlay: underlay(i),
-                blocks: networks
-                    .iter()
-                    .map(|n| {
-                        let block = format!("10.{}.{i}.0/24", n.second).parse().unwrap();
-                        (n.name.to_string(), vec![block])
-                    })
-                    .collect(),
+                underlay: Underlay {
+                    ipv4: None,
+                    ipv6: Some(underlay(i)),
+                },
             },
         );
     }

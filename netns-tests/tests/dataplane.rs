@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
-use lace::api::{NetworkRoutingPolicySpec, NetworkSpec, NodeAllocationSpec};
+use lace::api::{NetworkRoutingPolicySpec, NetworkSpec, NodeAllocationSpec, Underlay};
 use lace::dataplane::{NetnsTarget, Reconciler, ROUTE_PROTOCOL};
 use lace::plan::{plan, DesiredNode};
 use lace::state::{ClusterState, Node, ObjectKey, PodAttachment};
@@ -70,10 +70,6 @@ const FAMILIES: [Family; 2] = [Family::V4, Family::V6];
 /// The Network's IPv6 block on node `node`: `fd00:<second>:0:<node>::/64`.
 const fn block6(second: u8, node: u32) -> Ipv6Addr {
     Ipv6Addr::new(0xfd00, second as u16, 0, node as u16, 0, 0, 0, 0)
-}
-
-fn octet(network: &str) -> u8 {
-    NETS.iter().find(|n| n.0 == network).map(|n| n.1).unwrap()
 }
 
 const fn pod(label: &'static str, node: u32, network: &'static str, host: u8) -> PodSpec {
@@ -168,25 +164,17 @@ fn cluster(with_tenant: bool) -> ClusterState {
                 internal_ips: vec![IpAddr::V6(underlay(i))],
             },
         );
-        let blocks = s
-            .networks
-            .iter()
-            .filter(|(_, n)| !n.external)
-            .map(|(name, _)| {
-                let b: IpNet = Ipv4Net::new(Ipv4Addr::new(10, octet(name), i as u8, 0), 24)
-                    .unwrap()
-                    .into();
-                let b6: IpNet = Ipv6Net::new(block6(octet(name), i), 64).unwrap().into();
-                (name.clone(), vec![b, b6])
-            })
-            .collect();
         s.node_allocations.insert(
             node_label(i),
             NodeAllocationSpec {
-                index: i,
+                // Index i + 1 holds block i of every subnet: 10.<octet>.<i>.0/24 and
+                // fd00:<octet>:0:<i>::/64 (add_dual_stack_network's subnets).
+                index: i + 1,
                 locator: locator(i),
-                underlay: underlay(i),
-                blocks,
+                underlay: Underlay {
+                    ipv4: None,
+                    ipv6: Some(underlay(i)),
+                },
             },
         );
     }

@@ -165,13 +165,23 @@ fn place(agent: &Agent, pod_key: &ObjectKey) -> Result<Placement, CniError> {
             ),
         )
     };
-    let blocks = state
+    let index = state
         .node_allocations
         .get(&agent.node)
-        .and_then(|a| a.blocks.get(&network))
-        .filter(|b| !b.is_empty())
-        .cloned()
-        .ok_or_else(|| not_here("has no address block yet"))?;
+        .ok_or_else(|| not_here("has no address block yet (the node has no NodeAllocation)"))?
+        .index;
+    let subnets = state
+        .networks
+        .get(&network)
+        .map(|n| n.subnets.as_slice())
+        .unwrap_or_default();
+    let blocks = crate::alloc::node_blocks(index, subnets);
+    if blocks.is_empty() {
+        return Err(not_here(&format!(
+            "has no address block (its subnets hold blocks for {} nodes; this node's index is {index})",
+            crate::alloc::block_capacity(subnets)
+        )));
+    }
     let function = state
         .network_allocations
         .get(&network)
@@ -750,7 +760,8 @@ mod tests {
         );
         assert_eq!(
             p.blocks,
-            example().node_allocations["node-1"].blocks["default"]
+            ["10.244.64.0/24", "fd00:244:0:100::/64"].map(|b| b.parse::<IpNet>().unwrap()),
+            "node-1 has index 1: the first block of each subnet"
         );
         let sys = place(&a, &ObjectKey::new("kube-system", "dns")).unwrap();
         assert_eq!(sys.network, "system");
@@ -769,12 +780,7 @@ mod tests {
 
         // Bound to a Network without a block here: retryable, names Network and node.
         let mut no_block = example();
-        no_block
-            .node_allocations
-            .get_mut("node-1")
-            .unwrap()
-            .blocks
-            .remove("default");
+        no_block.node_allocations.get_mut("node-1").unwrap().index = 65; // beyond the 64 blocks of default's subnets
         a.set_state(Ok(no_block));
         let err = place(&a, &pod).err().unwrap();
         assert_eq!(err.code, ErrorCode::TRY_AGAIN_LATER);

@@ -291,7 +291,8 @@ impl Agent {
         };
         let mut candidates: Vec<IpAddr> = Vec::new();
         if let Some(a) = loaded.state.node_allocations.get(&self.node) {
-            candidates.push(IpAddr::V6(a.underlay));
+            candidates.extend(a.underlay.ipv6.map(IpAddr::V6));
+            candidates.extend(a.underlay.ipv4.map(IpAddr::V4));
         }
         if let Some(n) = loaded.state.nodes.get(&self.node) {
             candidates.extend(n.internal_ips.iter().copied());

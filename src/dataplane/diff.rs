@@ -486,22 +486,16 @@ mod tests {
             );
         }
         for i in 1..=2u16 {
-            let blocks = nets
-                .iter()
-                .map(|&(name, o, _)| {
-                    (
-                        name.to_string(),
-                        vec![format!("10.{o}.{i}.0/24").parse().unwrap()],
-                    )
-                })
-                .collect();
             s.node_allocations.insert(
                 format!("n{i}"),
                 NodeAllocationSpec {
-                    index: u32::from(i),
+                    // Index i + 1: block i of every subnet (10.<o>.<i>.0/24).
+                    index: u32::from(i) + 1,
                     locator: format!("2001:db8:100::{i}:0:0/96").parse().unwrap(),
-                    underlay: ul(i),
-                    blocks,
+                    underlay: crate::api::Underlay {
+                        ipv4: None,
+                        ipv6: Some(ul(i)),
+                    },
                 },
             );
         }
@@ -853,13 +847,7 @@ mod tests {
             cidr: "fd00:1::/48".parse().unwrap(),
             block_prefix: 64,
         });
-        s.node_allocations
-            .get_mut("n1")
-            .unwrap()
-            .blocks
-            .get_mut("a")
-            .unwrap()
-            .push("fd00:1:0:1::/64".parse().unwrap());
+        // n1 (index 2) holds block 1 of it: fd00:1:0:1::/64.
         let pod = PodAttachment {
             pod: ObjectKey::new("ns", "pa"),
             container_id: "c1".into(),

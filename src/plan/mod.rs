@@ -34,6 +34,7 @@ use std::sync::Arc;
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
+use crate::alloc::node_blocks;
 use crate::api::NodeAllocationSpec;
 use crate::routing::{allowed_pairs, service_grants, BackendLocation};
 use crate::sid::sid;
@@ -93,6 +94,8 @@ pub const IFNAME_MAX: usize = 15;
 pub enum PlanError {
     #[error("node {node:?} has no NodeAllocation yet (no locator, underlay address or blocks)")]
     NodeNotAllocated { node: String },
+    #[error("node {node:?} has no IPv6 InternalIP: SRv6 over an IPv4-only underlay is not supported yet")]
+    NoIpv6Underlay { node: String },
     #[error(
         "Network {network:?} has no NetworkAllocation yet (no SID function, so no VRF table id)"
     )]
@@ -534,6 +537,8 @@ struct NetInfo<'a> {
     has_v4: bool,
     has_v6: bool,
     subnets: Vec<IpNet>,
+    /// The Network's subnets with their block sizes: each node's blocks derive from them.
+    spec_subnets: &'a [crate::api::Subnet],
 }
 
 fn build_base(node: &str, state: &ClusterState) -> Result<NodeBase, PlanError> {
@@ -544,6 +549,9 @@ fn build_base(node: &str, state: &ClusterState) -> Result<NodeBase, PlanError> {
             .ok_or_else(|| PlanError::NodeNotAllocated {
                 node: node.to_string(),
             })?;
+    let my_underlay = me.underlay.ipv6.ok_or_else(|| PlanError::NoIpv6Underlay {
+        node: node.to_string(),
+    })?;
 
     // --- VRFs -------------------------------------------------------------------------------
     let mut nets: BTreeMap<&str, NetInfo<'_>> = BTreeMap::new();
@@ -592,6 +600,7 @@ fn build_base(node: &str, state: &ClusterState) -> Result<NodeBase, PlanError> {
                 has_v4: subnets.iter().any(|s| matches!(s, IpNet::V4(_))),
                 has_v6: subnets.iter().any(|s| matches!(s, IpNet::V6(_))),
                 subnets,
+                spec_subnets: &spec.subnets,
             },
         );
     }
@@ -675,14 +684,9 @@ fn build_base(node: &str, state: &ClusterState) -> Result<NodeBase, PlanError> {
         }
     }
     for n in &host_reply {
-        if let (Some(info), Some(blocks)) = (nets.get(n), me.blocks.get(*n)) {
-            for b in blocks {
-                rb.add(
-                    MAIN_TABLE,
-                    b.trunc(),
-                    PREC_REACH,
-                    Nexthop::Dev(info.vrf.clone()),
-                );
+        if let Some(info) = nets.get(n) {
+            for b in node_blocks(me.index, info.spec_subnets) {
+                rb.add(MAIN_TABLE, b, PREC_REACH, Nexthop::Dev(info.vrf.clone()));
             }
         }
     }
@@ -708,55 +712,56 @@ fn build_base(node: &str, state: &ClusterState) -> Result<NodeBase, PlanError> {
             srcs_by_dst.entry(dst).or_default().push(info);
         }
     }
+    // Deterministic order of the reachable destination Networks (the routes are sorted at
+    // the end anyway; this keeps the work itself in a stable order).
+    let mut dsts: Vec<(&NetInfo<'_>, &Vec<&NetInfo<'_>>)> = srcs_by_dst
+        .iter()
+        .filter_map(|(dst, srcs)| Some((nets.get(dst)?, srcs)))
+        .collect();
+    dsts.sort_by_key(|(d, _)| d.name);
     for (other, alloc) in &state.node_allocations {
         let local = other == node;
+        // Peers without an IPv6 underlay are not reachable over SRv6 yet.
+        let Some(via) = alloc.underlay.ipv6 else {
+            continue;
+        };
         if !local {
             rb.add(
                 MAIN_TABLE,
                 IpNet::V6(alloc.locator.trunc()),
                 PREC_REACH,
-                Nexthop::Underlay {
-                    via: alloc.underlay,
-                },
+                Nexthop::Underlay { via },
             );
         }
-        for (dst, blocks) in &alloc.blocks {
-            let (Some(srcs), Some(dst_info)) =
-                (srcs_by_dst.get(dst.as_str()), nets.get(dst.as_str()))
-            else {
+        for &(dst_info, srcs) in &dsts {
+            let blocks = node_blocks(alloc.index, dst_info.spec_subnets);
+            if blocks.is_empty() {
                 continue;
-            };
+            }
             for src in srcs {
                 if local {
                     if src.name == dst_info.name {
                         continue; // local pods of the same Network: their own host routes
                     }
-                    for b in blocks {
+                    for b in &blocks {
                         rb.add(
                             src.table,
-                            b.trunc(),
+                            *b,
                             PREC_REACH,
                             Nexthop::Dev(dst_info.vrf.clone()),
                         );
                     }
                 } else {
                     let segs = sid(alloc.locator, dst_info.function);
-                    for b in blocks {
-                        rb.add(
-                            src.table,
-                            b.trunc(),
-                            PREC_REACH,
-                            Nexthop::Seg6Encap { segs },
-                        );
+                    for b in &blocks {
+                        rb.add(src.table, *b, PREC_REACH, Nexthop::Seg6Encap { segs });
                     }
                     // The outer lookup after encap happens in the VRF's own IPv6 table.
                     rb.add(
                         src.table,
                         IpNet::V6(alloc.locator.trunc()),
                         PREC_REACH,
-                        Nexthop::Underlay {
-                            via: alloc.underlay,
-                        },
+                        Nexthop::Underlay { via },
                     );
                 }
             }
@@ -788,16 +793,18 @@ fn build_base(node: &str, state: &ClusterState) -> Result<NodeBase, PlanError> {
                                 Nexthop::Dev(dst_info.vrf.clone()),
                             );
                         }
-                    } else if let Some(alloc) = state.node_allocations.get(bnode) {
+                    } else if let Some((alloc, via)) = state
+                        .node_allocations
+                        .get(bnode)
+                        .and_then(|a| Some((a, a.underlay.ipv6?)))
+                    {
                         let segs = sid(alloc.locator, dst_info.function);
                         rb.add(src.table, dst, PREC_REACH, Nexthop::Seg6Encap { segs });
                         rb.add(
                             src.table,
                             IpNet::V6(alloc.locator.trunc()),
                             PREC_REACH,
-                            Nexthop::Underlay {
-                                via: alloc.underlay,
-                            },
+                            Nexthop::Underlay { via },
                         );
                     }
                 }
@@ -856,11 +863,7 @@ fn build_base(node: &str, state: &ClusterState) -> Result<NodeBase, PlanError> {
     let pod_networks = nets
         .values()
         .map(|n| {
-            let blocks = me
-                .blocks
-                .get(n.name)
-                .map(|b| b.iter().map(|b| b.trunc()).collect())
-                .unwrap_or_default();
+            let blocks = node_blocks(me.index, n.spec_subnets);
             (
                 n.name.to_string(),
                 PodNetwork {
@@ -872,8 +875,8 @@ fn build_base(node: &str, state: &ClusterState) -> Result<NodeBase, PlanError> {
         .collect();
     Ok(NodeBase {
         locator: me.locator.trunc(),
-        underlay: me.underlay,
-        seg6_tunsrc: me.underlay,
+        underlay: my_underlay,
+        seg6_tunsrc: my_underlay,
         vrfs,
         routes: rb.finish(),
         rules,
@@ -906,8 +909,12 @@ fn build_nft(
         false,
         "underlay addresses of the cluster's nodes",
     );
-    for (n, a) in &state.node_allocations {
-        underlays.add(a.underlay.to_string(), None, &format!("node {n}"));
+    for (n, ip) in state
+        .node_allocations
+        .iter()
+        .filter_map(|(n, a)| Some((n, a.underlay.ipv6?)))
+    {
+        underlays.add(ip.to_string(), None, &format!("node {n}"));
     }
     let mut sids = Set::new(
         "local_sids",

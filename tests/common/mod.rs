@@ -8,11 +8,11 @@
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv6Addr};
 
-use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+use ipnet::{IpNet, Ipv6Net};
 use lace::api::{
     LabelSelector, NetworkAllocationSpec, NetworkBindingPolicySpec, NetworkRoutingPolicySpec,
     NetworkSpec, NodeAllocationSpec, ServiceBindingPolicySpec, ServiceRef,
-    ServiceRoutingPolicySpec, Subnet,
+    ServiceRoutingPolicySpec, Subnet, Underlay,
 };
 use lace::state::{ClusterState, Endpoints, Node, ObjectKey, PodAttachment, Service, ServicePort};
 
@@ -38,7 +38,9 @@ pub fn mk_external() -> NetworkSpec {
     }
 }
 
-/// A node with an IPv6 InternalIP equal to its underlay address.
+/// A node with an IPv6 InternalIP equal to its underlay address, locator `locator(index)`
+/// and block number `index` of every subnet (its allocation's index is `index + 1`, since
+/// node index `i` holds block `i - 1`).
 pub fn mk_node(state: &mut ClusterState, name: &str, index: u32) {
     state.nodes.insert(
         name.into(),
@@ -50,10 +52,12 @@ pub fn mk_node(state: &mut ClusterState, name: &str, index: u32) {
     state.node_allocations.insert(
         name.into(),
         NodeAllocationSpec {
-            index,
+            index: index + 1,
             locator: locator(index),
-            underlay: underlay(index),
-            blocks: BTreeMap::new(),
+            underlay: Underlay {
+                ipv4: None,
+                ipv6: Some(underlay(index)),
+            },
         },
     );
 }
@@ -67,24 +71,7 @@ pub fn underlay(index: u32) -> Ipv6Addr {
     Ipv6Addr::from(u128::from("2001:db8:ff::".parse::<Ipv6Addr>().unwrap()) | u128::from(index))
 }
 
-/// Block number `index` of `subnet`.
-pub fn block(subnet: &Subnet, index: u32) -> IpNet {
-    match subnet.cidr {
-        IpNet::V4(n) => {
-            let size = 1u32 << (32 - subnet.block_prefix);
-            let a = u32::from(n.network()) + index * size;
-            IpNet::V4(Ipv4Net::new(a.into(), subnet.block_prefix).unwrap())
-        }
-        IpNet::V6(n) => {
-            let size = 1u128 << (128 - subnet.block_prefix);
-            let a = u128::from(n.network()) + u128::from(index) * size;
-            IpNet::V6(Ipv6Net::new(a.into(), subnet.block_prefix).unwrap())
-        }
-    }
-}
-
-/// Gives every internal Network a function (1.. in name order) and every node a block of every
-/// subnet of every internal Network. Overwrites earlier allocations.
+/// Gives every internal Network a function (1.. in name order). Overwrites earlier allocations.
 pub fn alloc_all(state: &mut ClusterState) {
     state.network_allocations.clear();
     let internal: Vec<(String, NetworkSpec)> = state
@@ -101,27 +88,15 @@ pub fn alloc_all(state: &mut ClusterState) {
             },
         );
     }
-    for alloc in state.node_allocations.values_mut() {
-        alloc.blocks = internal
-            .iter()
-            .map(|(name, n)| {
-                let blocks = n
-                    .subnets
-                    .iter()
-                    .map(|s| {
-                        let b = block(s, alloc.index);
-                        assert!(
-                            s.cidr.contains(&b),
-                            "fixture: Network {name} has no block {} in {}",
-                            alloc.index,
-                            s.cidr
-                        );
-                        b
-                    })
-                    .collect();
-                (name.clone(), blocks)
-            })
-            .collect();
+    // Blocks derive from the node index; check the fixture's subnets are big enough.
+    for (node, alloc) in &state.node_allocations {
+        for (name, n) in &internal {
+            assert!(
+                !lace::alloc::node_blocks(alloc.index, &n.subnets).is_empty(),
+                "fixture: Network {name} has no block for {node} (index {})",
+                alloc.index
+            );
+        }
     }
 }
 
