@@ -16,7 +16,9 @@ pub mod binding;
 pub mod crd;
 #[cfg(feature = "agent")]
 pub mod dataplane;
+pub mod index;
 pub mod load;
+pub mod objects;
 pub mod plan;
 #[cfg(feature = "agent")]
 pub mod probe;
