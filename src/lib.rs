@@ -17,6 +17,8 @@ pub mod crd;
 #[cfg(feature = "agent")]
 pub mod dataplane;
 pub mod index;
+#[cfg(feature = "kube")]
+pub mod k8s;
 pub mod load;
 pub mod objects;
 pub mod plan;

@@ -22,10 +22,7 @@ use serde::{Deserialize, Serialize};
 use crate::alloc::Allocation;
 use crate::api::{self, NetworkAllocationSpec, NodeAllocationSpec};
 use crate::index::ClusterIndex;
-use crate::objects::{
-    is_lace_config, Body, ConfigMapBody, EndpointSliceBody, Kind, Lace, Meta, NamespaceBody,
-    NodeBody, PodBody, ServiceBody,
-};
+use crate::objects::{is_lace_config, Body, BodyVisitor, Kind, Meta};
 use crate::state::ClusterState;
 
 /// Name of the file [`write_allocations`] writes.
@@ -186,17 +183,27 @@ impl Doc<'_> {
             self.invalid(precise.unwrap_or(err).to_string())
         })
     }
+}
 
-    /// Parses the document as a `B` and applies the object to `index`.
-    fn apply<B: Body>(&self, meta: Meta, index: &mut ClusterIndex) -> Result<(), LoadError> {
-        let object = self
+/// Parses a document as its kind's body and applies the object to the index.
+struct ApplyDoc<'a> {
+    doc: &'a Doc<'a>,
+    meta: Meta,
+    index: &'a mut ClusterIndex,
+}
+
+impl BodyVisitor for ApplyDoc<'_> {
+    type Output = Result<(), LoadError>;
+    fn visit<B: Body>(self) -> Self::Output {
+        let doc = self.doc;
+        let object = doc
             .parse::<B>()?
-            .into_object(meta)
-            .map_err(|m| self.invalid(m))?;
+            .into_object(self.meta)
+            .map_err(|m| doc.invalid(m))?;
         match object {
-            Some(object) => _ = index.apply(object),
+            Some(object) => _ = self.index.apply(object),
             None => {
-                tracing::debug!(file = %self.at.file.display(), doc = self.at.doc, kind = %self.kind, name = %self.name, "ignored");
+                tracing::debug!(file = %doc.at.file.display(), doc = doc.at.doc, kind = %doc.kind, name = %doc.name, "ignored");
             }
         }
         Ok(())
@@ -292,30 +299,11 @@ impl Loader {
             return Ok(()); // only Lace's own ConfigMap matters (and may be defined once)
         }
         self.check_unique(&doc)?;
-        let ix = &mut self.index;
-        match kind {
-            Kind::Network => doc.apply::<Lace<api::NetworkSpec>>(meta, ix),
-            Kind::NetworkBindingPolicy => {
-                doc.apply::<Lace<api::NetworkBindingPolicySpec>>(meta, ix)
-            }
-            Kind::ServiceBindingPolicy => {
-                doc.apply::<Lace<api::ServiceBindingPolicySpec>>(meta, ix)
-            }
-            Kind::NetworkRoutingPolicy => {
-                doc.apply::<Lace<api::NetworkRoutingPolicySpec>>(meta, ix)
-            }
-            Kind::ServiceRoutingPolicy => {
-                doc.apply::<Lace<api::ServiceRoutingPolicySpec>>(meta, ix)
-            }
-            Kind::NetworkAllocation => doc.apply::<Lace<NetworkAllocationSpec>>(meta, ix),
-            Kind::NodeAllocation => doc.apply::<Lace<NodeAllocationSpec>>(meta, ix),
-            Kind::Namespace => doc.apply::<NamespaceBody>(meta, ix),
-            Kind::Node => doc.apply::<NodeBody>(meta, ix),
-            Kind::Pod => doc.apply::<PodBody>(meta, ix),
-            Kind::Service => doc.apply::<ServiceBody>(meta, ix),
-            Kind::EndpointSlice => doc.apply::<EndpointSliceBody>(meta, ix),
-            Kind::ConfigMap => doc.apply::<ConfigMapBody>(meta, ix),
-        }
+        kind.visit(ApplyDoc {
+            doc: &doc,
+            meta,
+            index: &mut self.index,
+        })
     }
 
     fn check_unique(&mut self, doc: &Doc<'_>) -> Result<(), LoadError> {

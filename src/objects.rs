@@ -106,6 +106,57 @@ impl Kind {
         }
     }
 
+    /// The API group (empty for the core group).
+    pub fn group(self) -> &'static str {
+        self.api_version().rsplit_once('/').map_or("", |(g, _)| g)
+    }
+
+    /// The API version within the group.
+    pub fn version(self) -> &'static str {
+        self.api_version()
+            .rsplit_once('/')
+            .map_or(self.api_version(), |(_, v)| v)
+    }
+
+    /// The resource name in API paths (`networks`, `endpointslices`, ...).
+    pub fn plural(self) -> &'static str {
+        match self {
+            Kind::Network => "networks",
+            Kind::NetworkBindingPolicy => "networkbindingpolicies",
+            Kind::ServiceBindingPolicy => "servicebindingpolicies",
+            Kind::NetworkRoutingPolicy => "networkroutingpolicies",
+            Kind::ServiceRoutingPolicy => "serviceroutingpolicies",
+            Kind::NetworkAllocation => "networkallocations",
+            Kind::NodeAllocation => "nodeallocations",
+            Kind::Namespace => "namespaces",
+            Kind::Node => "nodes",
+            Kind::Pod => "pods",
+            Kind::Service => "services",
+            Kind::EndpointSlice => "endpointslices",
+            Kind::ConfigMap => "configmaps",
+        }
+    }
+
+    /// Calls `visitor` with the body type of this kind: the one place that maps a kind to
+    /// its type (the loader, the watches and the tests dispatch through it).
+    pub fn visit<V: BodyVisitor>(self, visitor: V) -> V::Output {
+        match self {
+            Kind::Network => visitor.visit::<Lace<NetworkSpec>>(),
+            Kind::NetworkBindingPolicy => visitor.visit::<Lace<NetworkBindingPolicySpec>>(),
+            Kind::ServiceBindingPolicy => visitor.visit::<Lace<ServiceBindingPolicySpec>>(),
+            Kind::NetworkRoutingPolicy => visitor.visit::<Lace<NetworkRoutingPolicySpec>>(),
+            Kind::ServiceRoutingPolicy => visitor.visit::<Lace<ServiceRoutingPolicySpec>>(),
+            Kind::NetworkAllocation => visitor.visit::<Lace<NetworkAllocationSpec>>(),
+            Kind::NodeAllocation => visitor.visit::<Lace<NodeAllocationSpec>>(),
+            Kind::Namespace => visitor.visit::<NamespaceBody>(),
+            Kind::Node => visitor.visit::<NodeBody>(),
+            Kind::Pod => visitor.visit::<PodBody>(),
+            Kind::Service => visitor.visit::<ServiceBody>(),
+            Kind::EndpointSlice => visitor.visit::<EndpointSliceBody>(),
+            Kind::ConfigMap => visitor.visit::<ConfigMapBody>(),
+        }
+    }
+
     /// Whether objects of this kind live in a namespace.
     pub fn namespaced(self) -> bool {
         matches!(
@@ -202,8 +253,14 @@ impl Object {
     }
 }
 
+/// Something done with the body type of a [`Kind`] ([`Kind::visit`]).
+pub trait BodyVisitor {
+    type Output;
+    fn visit<B: Body>(self) -> Self::Output;
+}
+
 /// The part of an object after `metadata`, as Lace reads it, for one kind.
-pub trait Body: DeserializeOwned {
+pub trait Body: DeserializeOwned + Clone + std::fmt::Debug + Send + Sync + 'static {
     /// The kind this body is of.
     const KIND: Kind;
     /// Converts an object with metadata `meta`; `Ok(None)` for an object Lace ignores (a
@@ -548,6 +605,25 @@ mod tests {
         assert_eq!(Kind::of("lace.io/v2", "Network"), None);
         assert_eq!(Kind::of("apps/v1", "Deployment"), None);
         assert!(Kind::Pod.namespaced() && !Kind::Node.namespaced());
+        assert_eq!(
+            (Kind::EndpointSlice.group(), Kind::EndpointSlice.version()),
+            ("discovery.k8s.io", "v1")
+        );
+        assert_eq!((Kind::Pod.group(), Kind::Pod.version()), ("", "v1"));
+        assert_eq!(
+            (Kind::Network.group(), Kind::Network.version()),
+            ("lace.io", "v1alpha1")
+        );
+        struct KindOf;
+        impl BodyVisitor for KindOf {
+            type Output = Kind;
+            fn visit<B: Body>(self) -> Kind {
+                B::KIND
+            }
+        }
+        for k in Kind::ALL {
+            assert_eq!(k.visit(KindOf), k, "visit dispatches to {k}'s body");
+        }
     }
 
     #[test]
