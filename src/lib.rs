@@ -30,5 +30,7 @@ pub mod sid;
 pub mod state;
 #[cfg(feature = "agent")]
 pub mod sys;
+#[cfg(feature = "serve")]
+pub mod telemetry;
 pub mod validate;
 pub mod wire;

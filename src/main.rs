@@ -163,8 +163,11 @@ fn main() -> Result<()> {
 }
 
 fn run(args: RunArgs) -> Result<()> {
-    let Some(manifests) = args.manifests else {
-        bail!("not implemented yet: Kubernetes mode; use --manifests DIR (standalone mode)");
+    let source: std::sync::Arc<dyn lace::agent::StateSource> = match args.manifests {
+        Some(dir) => std::sync::Arc::new(lace::agent::standalone::DirectorySource::new(dir)),
+        None => {
+            bail!("not implemented yet: Kubernetes mode; use --manifests DIR (standalone mode)")
+        }
     };
     let cni_bin_source = match args.cni_bin_source {
         Some(p) => p,
@@ -190,12 +193,11 @@ fn run(args: RunArgs) -> Result<()> {
         cni_conf_dir: args.cni_conf_dir,
         cni_conf_name: args.cni_conf_name,
         cni_bin_source,
-        manifests,
         metrics_addr: args.metrics_addr,
         kubelet_cgroup: args.kubelet_cgroup_path,
         release_pinned: args.release_pinned_maps,
     };
-    lace::agent::run_standalone(config, dataplane)?;
+    lace::agent::run(config, source, dataplane)?;
     Ok(())
 }
 

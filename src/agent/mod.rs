@@ -1,9 +1,16 @@
 //! The node agent: serves the CNI plugin over a unix socket, owns pod IPAM, keeps the node's
 //! plan up to date and hands it to the dataplane reconciler.
 //!
+//! One lifecycle ([`lifecycle::run`]) whatever feeds the cluster state: a [`StateSource`]
+//! (the manifest directory of standalone mode, [`standalone::DirectorySource`], or the
+//! Kubernetes watches) calls [`Agent::set_state`], which admits the state
+//! ([`crate::validate::admit`]: invalid Lace objects are left out and logged, the rest
+//! keeps working) and builds the node's planner.
+//!
 //! Start-up order (each step needs the previous one):
 //! 1. open the IPAM store (`--state-dir`, exclusive lock);
-//! 2. load the cluster state (standalone: `--manifests`) and build the node's planner;
+//! 2. start the state source (the node is not ready until it delivers a state in which this
+//!    node is allocated);
 //! 3. verify IPAM against the kernel: release records whose host veth is gone, delete
 //!    `lp-*` veths nobody owns ([`cni::verify_against_kernel`]);
 //! 4. replay the DELs the plugin queued while the agent was away;
@@ -28,26 +35,24 @@
 //! - **Pod host route**: ADD installs `<ip> dev <host veth> table <vrf table>` itself (the
 //!   route the plan's `pod_routes` has), for latency, then triggers a reconcile for the rest
 //!   (the kubelet-probe table route); plans leave out attachments whose ADD/DEL is in flight.
-//! - **Unknown pods** (standalone mode): a pod missing from the manifests is bound by its
-//!   namespace's labels with empty pod labels, so the demo and tests can create pods by
-//!   exec'ing the plugin without listing each one.
+//! - **Unknown pods**: a pod an ADD names that the state lacks is asked of the source
+//!   ([`StateSource::unknown_pod`]).
 //! - **Conflist on shutdown**: kept (see [`install`]).
-//!
-//! Kubernetes mode (watches instead of a directory) is a later issue; it will feed the same
-//! [`Agent::set_state`].
 
 pub mod cni;
 pub mod install;
 pub mod ipam;
+pub mod lifecycle;
 pub mod metrics;
 pub mod netns;
 pub mod reconcile;
 pub mod server;
+pub mod source;
 pub mod standalone;
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use tokio::sync::Notify;
@@ -59,6 +64,7 @@ use crate::wire::{LogLevel, PluginSettings, DEFAULT_TIMEOUT_SECONDS};
 #[cfg(test)]
 pub use reconcile::LogOnly;
 pub use reconcile::{Dataplane, DataplaneError};
+pub use source::StateSource;
 
 /// Pod MTU = underlay MTU minus this: the outer IPv6 header (40 bytes), the SRH (8 bytes)
 /// and one 16-byte segment, since Lace encapsulates with exactly one segment (the remote
@@ -88,8 +94,6 @@ pub struct Config {
     pub cni_conf_name: String,
     /// `--cni-bin-source`: the plugin binary to install.
     pub cni_bin_source: PathBuf,
-    /// `--manifests`: standalone mode's directory.
-    pub manifests: PathBuf,
     /// `--metrics-addr`.
     pub metrics_addr: SocketAddr,
     /// `--kubelet-cgroup-path`: attach the kubelet probe program there, if set.
@@ -148,9 +152,14 @@ pub struct Agent {
     pub(crate) ipam: ipam::IpamStore,
     pub(crate) metrics: metrics::Metrics,
     pub(crate) dataplane: Arc<dyn Dataplane>,
+    pub(crate) source: Arc<dyn StateSource>,
     pub(crate) reconcile_wanted: Notify,
     /// The state, or why there is none usable.
     cluster: RwLock<Result<Arc<Loaded>, String>>,
+    /// Bumped by every [`Agent::set_state`].
+    generation: AtomicU64,
+    /// The objects the last admission left out, with why (logged when the set changes).
+    rejected: std::sync::Mutex<Vec<String>>,
     underlay_mtu: AtomicU32,
     serving: AtomicBool,
     /// Attachments whose interfaces are being created or deleted right now. The plan leaves
@@ -188,12 +197,14 @@ impl std::fmt::Debug for Agent {
 }
 
 impl Agent {
-    /// An agent for `node` programming `node_ns`, not ready until [`Agent::set_state`].
+    /// An agent for `node` programming `node_ns`, fed by `source`; not ready until
+    /// [`Agent::set_state`].
     pub fn new(
         node: String,
         node_ns: netns::Netns,
         ipam: ipam::IpamStore,
         dataplane: Arc<dyn Dataplane>,
+        source: Arc<dyn StateSource>,
     ) -> Self {
         Self {
             node,
@@ -201,8 +212,11 @@ impl Agent {
             ipam,
             metrics: metrics::Metrics::default(),
             dataplane,
+            source,
             reconcile_wanted: Notify::new(),
             cluster: RwLock::new(Err("cluster state not loaded yet".into())),
+            generation: AtomicU64::new(0),
+            rejected: Default::default(),
             underlay_mtu: AtomicU32::new(DEFAULT_UNDERLAY_MTU),
             serving: AtomicBool::new(false),
             in_flight: Default::default(),
@@ -231,16 +245,21 @@ impl Agent {
     }
 
     /// Installs a new cluster state (or the reason there is none) and triggers a reconcile.
-    /// A state whose plan fails for this node (e.g. no allocation yet) makes the agent
-    /// not ready, with the planner's message as the reason.
+    /// The state is admitted first: Lace objects that fail validation are left out (each
+    /// logged once, when the set of rejected objects changes, and counted in
+    /// `lace_rejected_objects`), so one bad object never takes the node down. A state whose
+    /// plan fails for this node (e.g. no allocation yet) makes the agent not ready, with the
+    /// planner's message as the reason.
     pub fn set_state(&self, state: Result<ClusterState, String>) {
+        let state = state.map(|state| self.admit(state));
         let loaded = state.and_then(|state| match Planner::new(&self.node, &state) {
             Ok(planner) => Ok(Arc::new(Loaded {
                 state: Arc::new(state),
                 planner,
             })),
             Err(e @ PlanError::NodeNotAllocated { .. }) => Err(format!(
-                "{e}; run `lace-agent allocate` on the manifests directory"
+                "{e}; lace-controller allocates it in a cluster (`lace-agent allocate` on the \
+                 manifests directory in standalone mode)"
             )),
             Err(e) => Err(e.to_string()),
         });
@@ -248,7 +267,33 @@ impl Agent {
             tracing::warn!(node = %self.node, reason = %why, "not ready");
         }
         *self.cluster.write().unwrap_or_else(|e| e.into_inner()) = loaded;
+        self.generation.fetch_add(1, Ordering::AcqRel);
         self.reconcile_wanted.notify_one();
+    }
+
+    /// [`crate::validate::admit`], logging what it left out when that changes.
+    fn admit(&self, state: ClusterState) -> ClusterState {
+        let (state, rejected) = crate::validate::admit(state);
+        let now: Vec<String> = rejected
+            .iter()
+            .map(|r| format!("{}/{}: {r}", r.kind, r.name))
+            .collect();
+        let mut last = self.rejected.lock().unwrap_or_else(|e| e.into_inner());
+        if *last != now {
+            for (r, line) in rejected.iter().zip(&now) {
+                if !last.contains(line) {
+                    tracing::error!(kind = r.kind, name = %r.name, reason = %r, "invalid object left out of the cluster state; everything else keeps working");
+                }
+            }
+            self.metrics.set_rejected(&rejected);
+            *last = now;
+        }
+        state
+    }
+
+    /// How many states [`Agent::set_state`] has installed.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
     }
 
     /// The current state, or why the agent is not ready.
@@ -344,12 +389,16 @@ impl Agent {
     }
 }
 
-/// Runs the agent in standalone mode until SIGINT/SIGTERM.
-pub fn run_standalone(config: Config, dataplane: Arc<dyn Dataplane>) -> Result<(), AgentError> {
+/// Runs the agent, fed by `source`, until SIGINT/SIGTERM (see [`lifecycle::run`]).
+pub fn run(
+    config: Config,
+    source: Arc<dyn StateSource>,
+    dataplane: Arc<dyn Dataplane>,
+) -> Result<(), AgentError> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .map_err(AgentError::Runtime)?;
-    rt.block_on(standalone::run(config, dataplane))
+    rt.block_on(lifecycle::run(config, source, dataplane))
 }
