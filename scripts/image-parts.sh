@@ -58,6 +58,7 @@ rootfs() {
   command -v mmdebstrap >/dev/null ||
     { echo "image-parts: mmdebstrap missing: apt-get install mmdebstrap" >&2; exit 1; }
   rm -rf "${out:?}"
+  mkdir -p "$(dirname "$out")"
   # `extract` unpacks the packages and their dependencies without running maintainer scripts:
   # no shell, no dpkg or apt in the image, and any architecture can be made without emulation.
   # The hook (while the .debs are at hand) records each package for image scanners, the way
