@@ -53,7 +53,11 @@ pub fn parse_cidr(text: &str) -> Result<IpNet, String> {
     }
     let bits = match bits.parse::<u8>() {
         Ok(b) if bits == b.to_string() => b,
-        _ => return Err(bad("the prefix length is not a number without leading zeros")),
+        _ => {
+            return Err(bad(
+                "the prefix length is not a number without leading zeros",
+            ))
+        }
     };
     IpNet::new(addr, bits).map_err(|_| bad("the prefix length is too long for the address"))
 }

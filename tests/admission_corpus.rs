@@ -141,6 +141,9 @@ fn the_validator_names_the_fields_the_corpus_lists() {
     ] {
         let of_kind = corpus.cases.iter().filter(|c| c.object["kind"] == kind);
         let (valid, invalid): (Vec<_>, Vec<_>) = of_kind.partition(|c| c.invalid.is_empty());
-        assert!(!valid.is_empty() && !invalid.is_empty(), "{kind}: need both verdicts");
+        assert!(
+            !valid.is_empty() && !invalid.is_empty(),
+            "{kind}: need both verdicts"
+        );
     }
 }
