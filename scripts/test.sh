@@ -16,6 +16,7 @@
 #              applied, real traffic
 #   demo    scripts/demo.sh (the README's demo; fails if traffic differs from the policies)
 #   charts  scripts/test-charts.sh
+#   image   scripts/test-image.sh (builds the image with buildah + mmdebstrap, checks inside it)
 # Then a table of tier timings and the total of tests passed/failed.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -124,6 +125,11 @@ if [ -f scripts/test-charts.sh ]; then
     COUNTS_OK=0 COUNT_NOTE="scripts/test-charts.sh printed no pytest summary line"
   fi
 fi
+
+# ---- the image: built for real, checked from the inside (added by the image work)
+tier image bash scripts/test-image.sh
+n=$(grep -Eo '^[0-9]+ passed' "$LOGDIR/image.log" | tail -1 | cut -d' ' -f1 || true)
+PASSED=$((PASSED + ${n:-0}))
 
 # ---- summary
 echo

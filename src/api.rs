@@ -28,9 +28,42 @@ pub const PRIORITY_MAX: i32 = 1000;
 pub struct Subnet {
     /// The Network's address range, e.g. `10.244.0.0/16` or `fd00:10:244::/56`.
     #[cfg_attr(feature = "kube", schemars(with = "String"))]
+    #[serde(deserialize_with = "deserialize_cidr")]
     pub cidr: IpNet,
     /// Prefix length of the per-node block carved from `cidr`, e.g. 24 (IPv4) or 64 (IPv6).
     pub block_prefix: u8,
+}
+
+/// Parses a subnet's CIDR as strictly as the Kubernetes CEL library the admission policy uses
+/// (Go's `netip.ParsePrefix`): no IPv4 octets or prefix lengths with leading zeros, no IPv6
+/// zones, no IPv4-mapped IPv6 addresses. The message starts with the field's name (serde's
+/// error path stops at the subnet).
+pub fn parse_cidr(text: &str) -> Result<IpNet, String> {
+    let bad = |why: &str| format!("cidr {text:?} is not a CIDR: {why}");
+    let (addr, bits) = text
+        .rsplit_once('/')
+        .ok_or_else(|| bad("no prefix length (like 10.244.0.0/16)"))?;
+    let addr: std::net::IpAddr = addr.parse().map_err(|_| {
+        bad("not an IPv4 or IPv6 address (no leading zeros in IPv4 octets, no zones)")
+    })?;
+    if let std::net::IpAddr::V6(v6) = addr {
+        if v6.to_ipv4_mapped().is_some() {
+            return Err(bad("an IPv4-mapped IPv6 address; write the IPv4 subnet"));
+        }
+    }
+    let bits = match bits.parse::<u8>() {
+        Ok(b) if bits == b.to_string() => b,
+        _ => {
+            return Err(bad(
+                "the prefix length is not a number without leading zeros",
+            ))
+        }
+    };
+    IpNet::new(addr, bits).map_err(|_| bad("the prefix length is too long for the address"))
+}
+
+fn deserialize_cidr<'de, D: serde::Deserializer<'de>>(d: D) -> Result<IpNet, D::Error> {
+    parse_cidr(&String::deserialize(d)?).map_err(serde::de::Error::custom)
 }
 
 /// An isolated L3 domain. On each node it is one VRF.

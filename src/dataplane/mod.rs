@@ -76,7 +76,7 @@
 
 mod apply;
 pub mod diff;
-mod host;
+pub(crate) mod host;
 pub mod netns;
 mod nft;
 pub mod nl;
