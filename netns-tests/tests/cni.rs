@@ -421,11 +421,14 @@ fn unallocated_node_is_not_ready_until_allocated() {
         let json = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
         (out.status.success(), json)
     };
-    // Wait until the agent answers on its socket.
-    let deadline = Instant::now() + Duration::from_secs(30);
+    // Wait until the agent answers on its socket with the state loaded (it serves, not
+    // ready, while its state source loads). As generous as the conflist wait below: debug
+    // binaries under emulation on a loaded machine.
+    let deadline = Instant::now() + Duration::from_secs(60);
     let (ok, out) = loop {
         let (ok, out) = status(&bed);
-        if ok || out["code"] == 50 && out["msg"].as_str().unwrap().contains("node-9") {
+        let msg = out["msg"].as_str().unwrap_or_default();
+        if ok || out["code"] == 50 && msg.contains("node-9") && msg.contains("NodeAllocation") {
             break (ok, out);
         }
         assert!(
