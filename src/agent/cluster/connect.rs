@@ -111,13 +111,11 @@ pub fn parse_address(value: &str) -> Result<http::Uri, String> {
     } else if let Ok(ip) = value.parse::<IpAddr>() {
         // A bare IPv6 address has colons but no port.
         match ip {
-            IpAddr::V4(v4) => format!("https://{v4}:443"),
-            IpAddr::V6(v6) => format!("https://[{v6}]:443"),
+            IpAddr::V4(v4) => format!("https://{v4}"),
+            IpAddr::V6(v6) => format!("https://[{v6}]"),
         }
-    } else if value.rsplit_once(':').is_some_and(|(_, p)| !p.contains(']')) {
-        format!("https://{value}")
     } else {
-        format!("https://{value}:443")
+        format!("https://{value}")
     };
     let uri: http::Uri = url.parse().map_err(|e| format!("{e}"))?;
     match uri.scheme_str() {
@@ -129,6 +127,15 @@ pub fn parse_address(value: &str) -> Result<http::Uri, String> {
     };
     if authority.host().is_empty() {
         return Err("no host".into());
+    }
+    let after_host = authority
+        .as_str()
+        .rsplit_once(']')
+        .map_or(authority.as_str(), |(_, rest)| rest);
+    if let Some((_, port)) = after_host.rsplit_once(':') {
+        if port.parse::<u16>().is_err() {
+            return Err(format!("port {port:?} is not a number"));
+        }
     }
     if uri.path() != "/" && !uri.path().is_empty() {
         return Err(format!("a path ({}) is not supported", uri.path()));
@@ -409,7 +416,7 @@ mod tests {
         assert_eq!(ok("192.0.2.10"), "https://192.0.2.10/");
         assert_eq!(ok("[2001:db8::1]:6443"), "https://[2001:db8::1]:6443/");
         assert_eq!(ok("2001:db8::1"), "https://[2001:db8::1]/");
-        assert_eq!(ok("api.example.com:443"), "https://api.example.com/");
+        assert_eq!(ok("api.example.com:443"), "https://api.example.com:443/");
         assert_eq!(ok("api.example.com"), "https://api.example.com/");
         assert_eq!(ok("https://api.example.com:6443"), "https://api.example.com:6443/");
         assert_eq!(ok(" http://127.0.0.1:8001/ "), "http://127.0.0.1:8001/");
@@ -448,7 +455,7 @@ mod tests {
             api.describe(),
             "http://127.0.0.1:8001 (LACE_APISERVER_ADDRESS (node.apiserverAddress))"
         );
-        let err = api.client(false).unwrap_err().to_string();
+        let err = api.client(false).err().unwrap().to_string();
         assert!(err.contains(&dir.path().join("token").display().to_string()), "{err}");
     }
 }
