@@ -274,34 +274,34 @@ fn pem_certificates(pem: &[u8]) -> Vec<Vec<u8>> {
         .collect()
 }
 
-/// The rustls error somewhere in `err`'s chain (io errors wrap it without exposing it as a
-/// source).
-fn tls_error<'a>(err: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
-    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(err);
+/// `err` and everything behind it: its sources, and the errors io errors wrap (which they
+/// do not expose as sources; TLS failures come as io errors wrapping io errors wrapping the
+/// rustls error).
+fn causes<'a>(err: &'a (dyn std::error::Error + 'static)) -> Vec<&'a (dyn std::error::Error + 'static)> {
+    let mut out = Vec::new();
+    let mut cur: Option<&'a (dyn std::error::Error + 'static)> = Some(err);
     while let Some(e) = cur {
-        if let Some(t) = e.downcast_ref::<rustls::Error>() {
-            return Some(t);
-        }
-        if let Some(io) = e.downcast_ref::<std::io::Error>() {
-            if let Some(t) = io.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
-                return Some(t);
-            }
-        }
-        cur = e.source();
+        out.push(e);
+        cur = match e.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()) {
+            Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
+            None => e.source(),
+        };
     }
-    None
+    out
 }
 
-/// The io error kind somewhere in `err`'s chain.
+/// The rustls error somewhere in `err`'s chain.
+fn tls_error<'a>(err: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
+    causes(err).into_iter().find_map(|e| e.downcast_ref::<rustls::Error>())
+}
+
+/// The innermost io error kind in `err`'s chain.
 fn io_kind(err: &(dyn std::error::Error + 'static)) -> Option<std::io::ErrorKind> {
-    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(err);
-    while let Some(e) = cur {
-        if let Some(io) = e.downcast_ref::<std::io::Error>() {
-            return Some(io.kind());
-        }
-        cur = e.source();
-    }
-    None
+    causes(err)
+        .into_iter()
+        .filter_map(|e| e.downcast_ref::<std::io::Error>())
+        .map(std::io::Error::kind)
+        .last()
 }
 
 /// Whether `err` is a certificate that does not name the host it was verified for.

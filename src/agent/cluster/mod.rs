@@ -39,6 +39,8 @@ mod watch;
 #[cfg(test)]
 mod fake_api;
 #[cfg(test)]
+mod test_pki;
+#[cfg(test)]
 mod tests;
 
 use std::sync::{Arc, OnceLock};

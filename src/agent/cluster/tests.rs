@@ -569,3 +569,90 @@ async fn the_agents_api_requests_are_the_recorded_set() {
          lace-node ClusterRole"
     );
 }
+
+// ---- TLS to a real HTTPS server with kubeadm's certificate (and worse ones)
+
+mod tls {
+    use super::super::test_pki::{Answer, Pki, Responder, KUBEADM_NAMES};
+    use super::*;
+
+    fn node_list() -> Answer {
+        Arc::new(|_| {
+            let list = json!({"kind": "NodeList", "apiVersion": "v1",
+                              "metadata": {"resourceVersion": "1"}, "items": []});
+            (200, list.to_string())
+        })
+    }
+
+    fn agent_for(source: &Arc<KubeSource>, state: &Path) -> Agent {
+        Agent::new(
+            "node-1".into(),
+            Netns::current().unwrap(),
+            IpamStore::open(state).unwrap(),
+            Arc::new(crate::agent::LogOnly),
+            source.clone(),
+        )
+    }
+
+    /// Whether the source connects within a second; else the agent's not-ready reason.
+    async fn connect(pki: &Pki, addr: std::net::SocketAddr) -> Result<(), String> {
+        let sa = pki.service_account_dir("token-1");
+        let api = ApiServer::new(Some(&addr.to_string()), sa.path()).unwrap();
+        let source = Arc::new(KubeSource::new("node-1".into(), api).with_timings(timings()));
+        let state = tempfile::tempdir().unwrap();
+        let agent = agent_for(&source, state.path());
+        match tokio::time::timeout(Duration::from_secs(1), source.connect(&agent)).await {
+            Ok(_) => Ok(()),
+            Err(_) => Err(agent.loaded().err().unwrap_or_default()),
+        }
+    }
+
+    async fn list_nodes(api: &ApiServer, in_cluster_name: bool) -> Result<(), kube::Error> {
+        let client = api.client(in_cluster_name).unwrap();
+        let nodes: kube::Api<crate::k8s::Slim<crate::objects::NodeBody>> =
+            kube::Api::all_with(client, &());
+        nodes.list(&Default::default()).await.map(drop)
+    }
+
+    #[tokio::test]
+    async fn kubeadms_certificate_is_verified_for_the_endpointslice_ip() {
+        let pki = Pki::kubeadm("127.0.0.1".parse().unwrap());
+        let server = Responder::start(&pki, node_list()).await;
+        let sa = pki.service_account_dir("token-1");
+        // The address as the chart bakes it: the EndpointSlice's IP and port.
+        let api = ApiServer::new(Some(&server.addr.to_string()), sa.path()).unwrap();
+        list_nodes(&api, false).await.expect("verified as the IP, no other name needed");
+        assert_eq!(connect(&pki, server.addr).await, Ok(()));
+    }
+
+    #[tokio::test]
+    async fn a_certificate_without_the_ip_is_verified_as_kubernetes_default_svc() {
+        let pki = Pki::new(&KUBEADM_NAMES);
+        let server = Responder::start(&pki, node_list()).await;
+        let sa = pki.service_account_dir("token-1");
+        let api = ApiServer::new(Some(&server.addr.to_string()), sa.path()).unwrap();
+        let err = list_nodes(&api, false).await.unwrap_err();
+        assert!(super::super::connect::is_name_mismatch(&err), "{err:?}");
+        list_nodes(&api, true).await.expect("valid for kubernetes.default.svc");
+        assert_eq!(connect(&pki, server.addr).await, Ok(()), "the source falls back");
+    }
+
+    #[tokio::test]
+    async fn a_certificate_of_another_ca_is_refused_naming_the_ca_file() {
+        let pki = Pki::kubeadm("127.0.0.1".parse().unwrap());
+        let server = Responder::start(&pki, node_list()).await;
+        let other = Pki::kubeadm("127.0.0.1".parse().unwrap());
+        let why = connect(&other, server.addr).await.unwrap_err();
+        assert!(why.contains("not signed by the CA in") && why.contains("ca.crt"), "{why}");
+        assert!(why.contains(&format!("https://{}", server.addr)), "{why}");
+        assert_eq!(server.requests.load(std::sync::atomic::Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test]
+    async fn a_certificate_naming_neither_says_what_to_set() {
+        let pki = Pki::new(&["api.example.com"]);
+        let server = Responder::start(&pki, node_list()).await;
+        let why = connect(&pki, server.addr).await.unwrap_err();
+        assert!(why.contains("names neither") && why.contains("node.apiserverAddress"), "{why}");
+    }
+}
