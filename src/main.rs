@@ -117,7 +117,11 @@ fn main() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("LACE_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                // kube's client logs every failed request at ERROR without context; the
+                // agent logs each failure once, explained.
+                .unwrap_or_else(|_| {
+                    tracing_subscriber::EnvFilter::new("info,kube_client::client::builder=off")
+                }),
         )
         .with_writer(std::io::stderr)
         .init();
