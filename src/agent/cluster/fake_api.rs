@@ -497,9 +497,24 @@ impl Inner {
     }
 }
 
+/// The benchmark's control path: `POST /fake/put` with an object adds or replaces it.
+const CONTROL_PUT: &str = "/fake/put";
+
 async fn handle(State(fake): State<Arc<FakeApi>>, req: Request) -> Response {
     let method = req.method().clone();
     let uri = req.uri().clone();
+    if method == Method::POST && uri.path() == CONTROL_PUT {
+        let body = axum::body::to_bytes(req.into_body(), 1 << 20)
+            .await
+            .unwrap_or_default();
+        return match serde_json::from_slice::<Value>(&body) {
+            Ok(object) => {
+                fake.put(object);
+                StatusCode::NO_CONTENT.into_response()
+            }
+            Err(e) => status(400, "BadRequest", &e.to_string()),
+        };
+    }
     let q = query(&uri);
     let Some(target) = parse_path(uri.path()) else {
         return status(404, "NotFound", &format!("no such path {}", uri.path()));
