@@ -82,7 +82,12 @@ fn net(i: u32) -> String {
 /// Network `i`'s /12 (synthetic space from 16.0.0.0, as the plan benchmark) and the base
 /// address of node index `n`'s /26 block in it.
 fn block_base(i: u32, n: u32) -> Ipv4Addr {
-    let base = u32::from(Ipv4Addr::new(16 + (i / 16) as u8, ((i % 16) * 16) as u8, 0, 0));
+    let base = u32::from(Ipv4Addr::new(
+        16 + (i / 16) as u8,
+        ((i % 16) * 16) as u8,
+        0,
+        0,
+    ));
     Ipv4Addr::from(base + (n - 1) * 64)
 }
 
@@ -98,8 +103,16 @@ fn cluster(s: Size) -> Vec<Value> {
     let mut out = Vec::new();
     for i in 0..s.networks {
         let cidr = format!("{}/12", block_base(i, 1));
-        out.push(lace("Network", &net(i), json!({"subnets": [{"cidr": cidr, "blockPrefix": 26}]})));
-        out.push(lace("NetworkAllocation", &net(i), json!({"function": i + 1})));
+        out.push(lace(
+            "Network",
+            &net(i),
+            json!({"subnets": [{"cidr": cidr, "blockPrefix": 26}]}),
+        ));
+        out.push(lace(
+            "NetworkAllocation",
+            &net(i),
+            json!({"function": i + 1}),
+        ));
         out.push(lace(
             "NetworkRoutingPolicy",
             &format!("{}-to-self", net(i)),
@@ -163,11 +176,13 @@ fn cluster(s: Size) -> Vec<Value> {
                        "nodeName": format!("node-{:04}", node - 1)})
             })
             .collect();
-        out.push(json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        out.push(
+            json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
             "metadata": {"name": format!("{name}-abcde"), "namespace": ns,
                          "labels": {"kubernetes.io/service-name": name}},
             "addressType": "IPv4", "endpoints": endpoints,
-            "ports": [{"protocol": "TCP", "port": 8080}]}));
+            "ports": [{"protocol": "TCP", "port": 8080}]}),
+        );
     }
     out
 }
@@ -364,7 +379,11 @@ fn main() {
         let name = format!("bench-watch-{k}");
         r.stamps.expect(&name);
         let t0 = Instant::now();
-        client(&lace("NetworkRoutingPolicy", &name, json!({"from": from, "to": to})));
+        client(&lace(
+            "NetworkRoutingPolicy",
+            &name,
+            json!({"from": from, "to": to}),
+        ));
         watched.push(r.stamps.wait(&name) - t0);
 
         let name = format!("bench-direct-{k}");
@@ -387,7 +406,8 @@ fn main() {
     let _ = server.kill();
     let _ = server.wait();
 
-    let objects = s.networks * 6 + s.networks.min(6).saturating_sub(1) + s.nodes + 1 + 100 + 2 * s.services;
+    let objects =
+        s.networks * 6 + s.networks.min(6).saturating_sub(1) + s.nodes + 1 + 100 + 2 * s.services;
     println!();
     println!(
         "cluster: {} NodeAllocations, {} Networks, {} Services + {} EndpointSlices, 100 local pods ({objects} objects)",
@@ -419,7 +439,9 @@ fn main() {
         ms(percentile(&watched, 0.99)),
         ms(percentile(&direct, 0.99))
     );
-    println!("Anchor: Cilium's agent, 438 MiB average at 1,000 nodes / 50,000 pods. Target: < 100 MB.");
+    println!(
+        "Anchor: Cilium's agent, 438 MiB average at 1,000 nodes / 50,000 pods. Target: < 100 MB."
+    );
 }
 
 /// A minimal HTTP/1.1 POST of an object to the fake's control path.

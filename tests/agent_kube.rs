@@ -50,11 +50,19 @@ impl Agent {
         let arg = |p: &str| dir.path().join(p).display().to_string();
         let mut child = Command::new(env!("CARGO_BIN_EXE_lace-agent"))
             .args(["run", "--node-name", "node-1"])
-            .args(["--state-dir", &arg("state"), "--socket", &arg("run/lace.sock")])
+            .args([
+                "--state-dir",
+                &arg("state"),
+                "--socket",
+                &arg("run/lace.sock"),
+            ])
             .args(["--cni-bin-dir", &arg("bin"), "--cni-conf-dir", &arg("conf")])
             .args(["--cni-bin-source", &plugin.display().to_string()])
             .args(["--metrics-addr", &metrics.to_string()])
-            .args(["--service-account-dir", &service_account.display().to_string()])
+            .args([
+                "--service-account-dir",
+                &service_account.display().to_string(),
+            ])
             .env("LACE_APISERVER_ADDRESS", address)
             .env_remove("LACE_LOG")
             .env("NO_COLOR", "1")
@@ -126,11 +134,18 @@ impl Agent {
     /// `GET path` on the metrics endpoint: status code and body.
     fn get(&self, path: &str) -> (u16, String) {
         let mut s = std::net::TcpStream::connect(self.metrics).unwrap();
-        write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+        write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
         let mut out = String::new();
         s.read_to_string(&mut out).unwrap();
         let (head, body) = out.split_once("\r\n\r\n").unwrap();
-        (head.split(' ').nth(1).unwrap().parse().unwrap(), body.to_string())
+        (
+            head.split(' ').nth(1).unwrap().parse().unwrap(),
+            body.to_string(),
+        )
     }
 
     fn wait_serving(&self) {
@@ -160,7 +175,10 @@ impl Agent {
         let (_, metrics) = self.get("/metrics");
         assert!(metrics.contains("lace_ready 0\n"), "{metrics}");
         assert!(metrics.contains("lace_apiserver_up 0\n"), "{metrics}");
-        assert!(!self.path("conf/10-lace.conflist").exists(), "conflist written");
+        assert!(
+            !self.path("conf/10-lace.conflist").exists(),
+            "conflist written"
+        );
         assert!(!self.path("bin/lace").exists(), "plugin installed");
     }
 
@@ -197,9 +215,16 @@ fn no_api_server_listening_is_reported_with_the_address_and_retried() {
 fn rejecting(code: u16) -> (Agent, Responder, tokio::runtime::Runtime, tempfile::TempDir) {
     let rt = runtime();
     let pki = Pki::kubeadm("127.0.0.1".parse().unwrap());
-    let reason = if code == 401 { "Unauthorized" } else { "Forbidden" };
+    let reason = if code == 401 {
+        "Unauthorized"
+    } else {
+        "Forbidden"
+    };
     let answer: test_pki::Answer = Arc::new(move |line: &str| {
-        (code, status_body(code, reason, &format!("{line}: {reason}")))
+        (
+            code,
+            status_body(code, reason, &format!("{line}: {reason}")),
+        )
     });
     let server = rt.block_on(Responder::start(&pki, answer));
     let sa = pki.service_account_dir("token-of-another-cluster");
@@ -211,7 +236,11 @@ fn rejecting(code: u16) -> (Agent, Responder, tokio::runtime::Runtime, tempfile:
 fn an_api_server_refusing_the_token_is_reported_and_retried() {
     let (mut agent, server, _rt, _sa) = rejecting(401);
     let lines = agent.wait_for_log(2, &["401 Unauthorized", "retrying"]);
-    assert!(lines[0].contains(&format!("https://{}", server.addr)), "{}", lines[0]);
+    assert!(
+        lines[0].contains(&format!("https://{}", server.addr)),
+        "{}",
+        lines[0]
+    );
     assert!(lines[0].contains("service account token"), "{}", lines[0]);
     assert!(lines[0].contains("/token"), "{}", lines[0]);
     agent.assert_serves_nothing(&["401", "token"]);
@@ -223,7 +252,11 @@ fn an_api_server_refusing_the_token_is_reported_and_retried() {
 fn an_api_server_forbidding_the_agent_is_reported_and_retried() {
     let (mut agent, server, _rt, _sa) = rejecting(403);
     let lines = agent.wait_for_log(2, &["forbidden (403)", "retrying"]);
-    assert!(lines[0].contains(&format!("https://{}", server.addr)), "{}", lines[0]);
+    assert!(
+        lines[0].contains(&format!("https://{}", server.addr)),
+        "{}",
+        lines[0]
+    );
     assert!(lines[0].contains("lace-node ClusterRole"), "{}", lines[0]);
     agent.assert_serves_nothing(&["403", "ClusterRole"]);
 }
@@ -239,5 +272,8 @@ fn a_malformed_address_stops_the_agent_with_what_to_fix() {
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("LACE_APISERVER_ADDRESS") && err.contains("\"10.0.0.1:http\""), "{err}");
+    assert!(
+        err.contains("LACE_APISERVER_ADDRESS") && err.contains("\"10.0.0.1:http\""),
+        "{err}"
+    );
 }

@@ -162,24 +162,24 @@ impl ApiServer {
         service_account_dir: &Path,
     ) -> Result<Self, ConnectError> {
         let (origin, value) = match address.map(str::trim).filter(|a| !a.is_empty()) {
-            Some(a) => (format!("{ADDRESS_ENV} (node.apiserverAddress)"), a.to_string()),
-            None => {
-                match in_cluster {
-                    (Some(h), Some(p)) if !h.is_empty() => {
-                        let h = if h.contains(':') && !h.starts_with('[') {
-                            format!("[{h}]")
-                        } else {
-                            h
-                        };
-                        (
-                            "KUBERNETES_SERVICE_HOST:KUBERNETES_SERVICE_PORT (in-cluster)"
-                                .to_string(),
-                            format!("{h}:{p}"),
-                        )
-                    }
-                    _ => return Err(ConnectError::NoAddress),
+            Some(a) => (
+                format!("{ADDRESS_ENV} (node.apiserverAddress)"),
+                a.to_string(),
+            ),
+            None => match in_cluster {
+                (Some(h), Some(p)) if !h.is_empty() => {
+                    let h = if h.contains(':') && !h.starts_with('[') {
+                        format!("[{h}]")
+                    } else {
+                        h
+                    };
+                    (
+                        "KUBERNETES_SERVICE_HOST:KUBERNETES_SERVICE_PORT (in-cluster)".to_string(),
+                        format!("{h}:{p}"),
+                    )
                 }
-            }
+                _ => return Err(ConnectError::NoAddress),
+            },
         };
         let uri = parse_address(&value).map_err(|reason| ConnectError::Address {
             origin: origin.clone(),
@@ -277,12 +277,17 @@ fn pem_certificates(pem: &[u8]) -> Vec<Vec<u8>> {
 /// `err` and everything behind it: its sources, and the errors io errors wrap (which they
 /// do not expose as sources; TLS failures come as io errors wrapping io errors wrapping the
 /// rustls error).
-fn causes<'a>(err: &'a (dyn std::error::Error + 'static)) -> Vec<&'a (dyn std::error::Error + 'static)> {
+fn causes<'a>(
+    err: &'a (dyn std::error::Error + 'static),
+) -> Vec<&'a (dyn std::error::Error + 'static)> {
     let mut out = Vec::new();
     let mut cur: Option<&'a (dyn std::error::Error + 'static)> = Some(err);
     while let Some(e) = cur {
         out.push(e);
-        cur = match e.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()) {
+        cur = match e
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
             Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
             None => e.source(),
         };
@@ -292,7 +297,9 @@ fn causes<'a>(err: &'a (dyn std::error::Error + 'static)) -> Vec<&'a (dyn std::e
 
 /// The rustls error somewhere in `err`'s chain.
 fn tls_error<'a>(err: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
-    causes(err).into_iter().find_map(|e| e.downcast_ref::<rustls::Error>())
+    causes(err)
+        .into_iter()
+        .find_map(|e| e.downcast_ref::<rustls::Error>())
 }
 
 /// The innermost io error kind in `err`'s chain.
@@ -361,8 +368,7 @@ pub fn explain(err: &kube::Error, what: &str, api: &ApiServer) -> String {
     if let Some(tls) = tls_error(err) {
         let hint = match tls {
             rustls::Error::InvalidCertificate(
-                rustls::CertificateError::UnknownIssuer
-                | rustls::CertificateError::BadSignature,
+                rustls::CertificateError::UnknownIssuer | rustls::CertificateError::BadSignature,
             ) => format!(
                 "the API server's certificate is not signed by the CA in {}: it must hold the \
                  cluster's CA",
@@ -418,9 +424,19 @@ mod tests {
         assert_eq!(ok("2001:db8::1"), "https://[2001:db8::1]/");
         assert_eq!(ok("api.example.com:443"), "https://api.example.com:443/");
         assert_eq!(ok("api.example.com"), "https://api.example.com/");
-        assert_eq!(ok("https://api.example.com:6443"), "https://api.example.com:6443/");
+        assert_eq!(
+            ok("https://api.example.com:6443"),
+            "https://api.example.com:6443/"
+        );
         assert_eq!(ok(" http://127.0.0.1:8001/ "), "http://127.0.0.1:8001/");
-        for bad in ["", "ftp://x", "https://x/api", "a b:1", "https://u:p@x", "host:port"] {
+        for bad in [
+            "",
+            "ftp://x",
+            "https://x/api",
+            "a b:1",
+            "https://u:p@x",
+            "host:port",
+        ] {
             assert!(parse_address(bad).is_err(), "{bad:?}");
         }
     }
@@ -431,11 +447,17 @@ mod tests {
         let err = ApiServer::new(Some("10.0.0.1:x"), dir.path())
             .unwrap_err()
             .to_string();
-        assert!(err.contains("LACE_APISERVER_ADDRESS") && err.contains("\"10.0.0.1:x\""), "{err}");
+        assert!(
+            err.contains("LACE_APISERVER_ADDRESS") && err.contains("\"10.0.0.1:x\""),
+            "{err}"
+        );
         let err = ApiServer::new(Some("10.0.0.1:6443"), dir.path())
             .unwrap_err()
             .to_string();
-        assert!(err.contains(&dir.path().join("ca.crt").display().to_string()), "{err}");
+        assert!(
+            err.contains(&dir.path().join("ca.crt").display().to_string()),
+            "{err}"
+        );
         assert!(err.contains("automountServiceAccountToken"), "{err}");
         std::fs::write(dir.path().join("ca.crt"), "not pem").unwrap();
         let err = ApiServer::new(Some("10.0.0.1:6443"), dir.path()).unwrap_err();
@@ -447,7 +469,9 @@ mod tests {
             Err(ConnectError::NoAddress)
         ));
         let env = (Some("fd00:96::1".to_string()), Some("443".to_string()));
-        let err = ApiServer::resolve(None, env, dir.path()).unwrap_err().to_string();
+        let err = ApiServer::resolve(None, env, dir.path())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("ca.crt"), "{err}");
         // Plain HTTP (a local proxy) needs no CA; the token is still required.
         let api = ApiServer::new(Some("http://127.0.0.1:8001"), dir.path()).unwrap();
@@ -456,6 +480,9 @@ mod tests {
             "http://127.0.0.1:8001 (LACE_APISERVER_ADDRESS (node.apiserverAddress))"
         );
         let err = api.client(false).err().unwrap().to_string();
-        assert!(err.contains(&dir.path().join("token").display().to_string()), "{err}");
+        assert!(
+            err.contains(&dir.path().join("token").display().to_string()),
+            "{err}"
+        );
     }
 }

@@ -128,13 +128,21 @@ impl Filter {
             namespace,
             ..Filter::default()
         };
-        for term in query.get("fieldSelector").into_iter().flat_map(|s| s.split(',')) {
+        for term in query
+            .get("fieldSelector")
+            .into_iter()
+            .flat_map(|s| s.split(','))
+        {
             if let Some((k, v)) = term.split_once('=') {
                 f.fields
                     .push((k.to_string(), v.trim_start_matches('=').to_string()));
             }
         }
-        for term in query.get("labelSelector").into_iter().flat_map(|s| s.split(',')) {
+        for term in query
+            .get("labelSelector")
+            .into_iter()
+            .flat_map(|s| s.split(','))
+        {
             let term = term.trim();
             if let Some(key) = term.strip_prefix('!') {
                 f.labels.push((key.to_string(), None, false));
@@ -436,7 +444,11 @@ impl FakeApi {
 
     /// How many requests so far were `rbac` (`list pods`).
     pub fn count(&self, rbac: &str) -> usize {
-        self.lock().requests.iter().filter(|r| r.rbac == rbac).count()
+        self.lock()
+            .requests
+            .iter()
+            .filter(|r| r.rbac == rbac)
+            .count()
     }
 
     /// How many requests so far started with `prefix` (`watch `).
@@ -468,9 +480,10 @@ impl FakeApi {
             let fake = Arc::clone(&fake);
             async move {
                 if fake.lock().mode == Some(Mode::Refusing) {
-                    return Err(Box::new(std::io::Error::from(
-                        std::io::ErrorKind::ConnectionRefused,
-                    )) as Box<dyn std::error::Error + Send + Sync>);
+                    return Err(
+                        Box::new(std::io::Error::from(std::io::ErrorKind::ConnectionRefused))
+                            as Box<dyn std::error::Error + Send + Sync>,
+                    );
                 }
                 let response = fake.router().oneshot(req.map(Body::new)).await;
                 Ok::<_, Box<dyn std::error::Error + Send + Sync>>(match response {
@@ -486,8 +499,11 @@ impl FakeApi {
 impl Inner {
     fn announce(&mut self, rv: u64, coll: Coll, kind: &'static str, object: Value) {
         let line = event_line(kind, &object);
-        self.watches
-            .retain(|w| w.coll != coll || !w.filter.matches(&object) || w.tx.unbounded_send(line.clone()).is_ok());
+        self.watches.retain(|w| {
+            w.coll != coll
+                || !w.filter.matches(&object)
+                || w.tx.unbounded_send(line.clone()).is_ok()
+        });
         self.log.push(Logged {
             rv,
             coll,
@@ -550,7 +566,11 @@ async fn handle(State(fake): State<Arc<FakeApi>>, req: Request) -> Response {
         return status(code, reason, &format!("{verb} {resource}: injected {code}"));
     }
     if inner.missing.contains(&target.coll) {
-        return status(404, "NotFound", "the server could not find the requested resource");
+        return status(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        );
     }
     let filter = Filter::parse(target.namespace.clone(), &q);
     match verb {
@@ -569,7 +589,11 @@ async fn handle(State(fake): State<Arc<FakeApi>>, req: Request) -> Response {
                 "metadata": {"resourceVersion": inner.rv.to_string()},
                 "items": items,
             });
-            ([(header::CONTENT_TYPE, "application/json")], list.to_string()).into_response()
+            (
+                [(header::CONTENT_TYPE, "application/json")],
+                list.to_string(),
+            )
+                .into_response()
         }
         "watch" => {
             let from: u64 = q
@@ -580,9 +604,11 @@ async fn handle(State(fake): State<Arc<FakeApi>>, req: Request) -> Response {
             if from != 0 && from < inner.oldest {
                 let _ = tx.unbounded_send(gone_line());
             } else {
-                for e in inner.log.iter().filter(|e| {
-                    e.rv > from && e.coll == target.coll && filter.matches(&e.object)
-                }) {
+                for e in inner
+                    .log
+                    .iter()
+                    .filter(|e| e.rv > from && e.coll == target.coll && filter.matches(&e.object))
+                {
                     let _ = tx.unbounded_send(event_line(e.kind, &e.object));
                 }
                 inner.watches.push(LiveWatch {
@@ -604,8 +630,14 @@ async fn handle(State(fake): State<Arc<FakeApi>>, req: Request) -> Response {
                 target.name.clone().unwrap_or_default(),
             );
             match inner.objects.get(&target.coll).and_then(|i| i.get(&key)) {
-                Some(o) => ([(header::CONTENT_TYPE, "application/json")], o.to_string()).into_response(),
-                None => status(404, "NotFound", &format!("{resource} {:?} not found", key.1)),
+                Some(o) => {
+                    ([(header::CONTENT_TYPE, "application/json")], o.to_string()).into_response()
+                }
+                None => status(
+                    404,
+                    "NotFound",
+                    &format!("{resource} {:?} not found", key.1),
+                ),
             }
         }
         "patch" if target.sub.as_deref() == Some("status") => {
@@ -616,8 +648,16 @@ async fn handle(State(fake): State<Arc<FakeApi>>, req: Request) -> Response {
             let Ok(patch) = serde_json::from_slice::<Value>(&body) else {
                 return status(400, "BadRequest", "patch is not JSON");
             };
-            let Some(object) = inner.objects.get_mut(&target.coll).and_then(|i| i.get_mut(&key)) else {
-                return status(404, "NotFound", &format!("{resource} {:?} not found", key.1));
+            let Some(object) = inner
+                .objects
+                .get_mut(&target.coll)
+                .and_then(|i| i.get_mut(&key))
+            else {
+                return status(
+                    404,
+                    "NotFound",
+                    &format!("{resource} {:?} not found", key.1),
+                );
             };
             merge(object, &patch, "");
             let mut object = object.clone();
@@ -629,8 +669,16 @@ async fn handle(State(fake): State<Arc<FakeApi>>, req: Request) -> Response {
                 .get_mut(&target.coll)
                 .and_then(|i| i.insert(key, object.clone()));
             inner.announce(rv, target.coll.clone(), "MODIFIED", object.clone());
-            ([(header::CONTENT_TYPE, "application/json")], object.to_string()).into_response()
+            (
+                [(header::CONTENT_TYPE, "application/json")],
+                object.to_string(),
+            )
+                .into_response()
         }
-        _ => status(405, "MethodNotAllowed", &format!("{verb} {resource} is not faked")),
+        _ => status(
+            405,
+            "MethodNotAllowed",
+            &format!("{verb} {resource} is not faked"),
+        ),
     }
 }

@@ -202,7 +202,11 @@ impl KubeSource {
     /// server is away. Whether the Node exists.
     async fn probe(&self, client: &Client) -> Result<bool, kube::Error> {
         let nodes: Api<Slim<Lenient<NodeBody>>> = Api::all_with(client.clone(), &());
-        Ok(!nodes.list(&own_node_list(&self.node)).await?.items.is_empty())
+        Ok(!nodes
+            .list(&own_node_list(&self.node))
+            .await?
+            .items
+            .is_empty())
     }
 
     /// Retries until the API server answers; the agent says why it is not ready meanwhile.
@@ -229,7 +233,9 @@ impl KubeSource {
                         in_cluster_name = true;
                         continue;
                     }
-                    Err(e) => connect::explain(&e, &format!("list {}", resource(Kind::Node)), &self.api),
+                    Err(e) => {
+                        connect::explain(&e, &format!("list {}", resource(Kind::Node)), &self.api)
+                    }
                 },
                 Err(e) => e.to_string(),
             };
@@ -382,7 +388,6 @@ impl KubeSource {
         error: &watcher::Error,
         retry_in: Duration,
     ) {
-        self.metrics.error(kind);
         let name = resource(kind);
         let (why, transport) = match error {
             watcher::Error::WatchError(status) if status.code == 410 => {
@@ -408,13 +413,19 @@ impl KubeSource {
                 false,
             ),
             watcher::Error::NoResourceVersion => (
-                format!("watch {name}: the API server sent an object without metadata.resourceVersion"),
+                format!(
+                    "watch {name}: the API server sent an object without metadata.resourceVersion"
+                ),
                 false,
             ),
         };
+        self.metrics.error(kind);
         if !s.handed_over {
             let pending: Vec<String> = feeder.unsynced().into_iter().map(resource).collect();
-            let reason = format!("{why} (still waiting for the initial lists of {})", pending.join(", "));
+            let reason = format!(
+                "{why} (still waiting for the initial lists of {})",
+                pending.join(", ")
+            );
             if reason != s.not_ready {
                 agent.set_state(Err(reason.clone()));
                 s.not_ready = reason;

@@ -219,7 +219,8 @@ async fn scenario_plans(node_name: &str) -> Arc<FakeApi> {
         format!("metadata.name%3D{node_name}"),
     ] {
         assert!(
-            uris.iter().any(|u| u.contains(&selector) && u.contains("watch=true")),
+            uris.iter()
+                .any(|u| u.contains(&selector) && u.contains("watch=true")),
             "no watch with {selector}: {uris:?}"
         );
     }
@@ -279,7 +280,10 @@ async fn scenario_unknown_pod() -> Arc<FakeApi> {
     let key = ObjectKey::new("team-a", "late");
     assert!(!h.agent.loaded().unwrap().state.pods.contains_key(&key));
     let placed = crate::agent::cni::place(&h.agent, &key).await.unwrap();
-    assert_eq!(placed.network, "tenant-a", "bound by its namespace's labels");
+    assert_eq!(
+        placed.network, "tenant-a",
+        "bound by its namespace's labels"
+    );
     assert_eq!(fake.count("get pods"), 1);
     assert!(fake
         .requests()
@@ -291,9 +295,17 @@ async fn scenario_unknown_pod() -> Arc<FakeApi> {
         .err()
         .unwrap();
     assert_eq!(err.code, ErrorCode::TRY_AGAIN_LATER);
-    assert!(err.msg.contains("team-a/ghost") && err.msg.contains("does not exist"), "{}", err.msg);
-    assert!(h.metrics().contains("lace_pod_lookups_total{result=\"found\"} 1\n"));
-    assert!(h.metrics().contains("lace_pod_lookups_total{result=\"missing\"} 1\n"));
+    assert!(
+        err.msg.contains("team-a/ghost") && err.msg.contains("does not exist"),
+        "{}",
+        err.msg
+    );
+    assert!(h
+        .metrics()
+        .contains("lace_pod_lookups_total{result=\"found\"} 1\n"));
+    assert!(h
+        .metrics()
+        .contains("lace_pod_lookups_total{result=\"missing\"} 1\n"));
     assert_granted(&fake);
     h.stop().await;
     fake
@@ -308,7 +320,8 @@ async fn cni_add_for_a_pod_the_cache_has_not_seen_fetches_it() {
 async fn a_pod_no_binding_policy_matches_keeps_failing_retryably() {
     let mut objects = example_objects();
     // Without the catch-all, pods in plain namespaces match nothing.
-    objects.retain(|o| !(o["kind"] == "NetworkBindingPolicy" && o["metadata"]["name"] == "default"));
+    objects
+        .retain(|o| !(o["kind"] == "NetworkBindingPolicy" && o["metadata"]["name"] == "default"));
     let fake = fake_with(&objects);
     let h = Harness::start("node-1", &fake, timings());
     until("ready", || h.agent.is_ready()).await;
@@ -322,7 +335,11 @@ async fn a_pod_no_binding_policy_matches_keeps_failing_retryably() {
         .err()
         .unwrap();
     assert_eq!(err.code, ErrorCode::TRY_AGAIN_LATER);
-    assert!(err.msg.contains("matches no NetworkBindingPolicy"), "{}", err.msg);
+    assert!(
+        err.msg.contains("matches no NetworkBindingPolicy"),
+        "{}",
+        err.msg
+    );
     h.stop().await;
 }
 
@@ -347,7 +364,11 @@ async fn a_watch_error_and_a_410_relist_converge_to_the_same_plan() {
     let h = Harness::start("node-1", &fake, timings());
     until("the first plan", || h.dataplane.count() > 0).await;
     let with_extras = h.dataplane.last().unwrap();
-    assert_ne!(with_extras, standalone_plan("node-1"), "the extras show in the plan");
+    assert_ne!(
+        with_extras,
+        standalone_plan("node-1"),
+        "the extras show in the plan"
+    );
     let lists = fake.count("list networkroutingpolicies.lace.io");
 
     // An error event in the watches (the API server's 500): the watches go on.
@@ -359,21 +380,39 @@ async fn a_watch_error_and_a_410_relist_converge_to_the_same_plan() {
     // The API server goes away; meanwhile the extras are deleted and its history compacted,
     // so the resumed watches get 410 Gone and must relist to see the deletes.
     fake.set_mode(Mode::Refusing);
-    assert!(fake.remove("lace.io/v1alpha1", "NetworkRoutingPolicy", "", "extra-default-self"));
+    assert!(fake.remove(
+        "lace.io/v1alpha1",
+        "NetworkRoutingPolicy",
+        "",
+        "extra-default-self"
+    ));
     assert!(fake.remove("v1", "Namespace", "", "extra"));
     fake.compact();
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(h.dataplane.last().unwrap(), with_extras, "nothing changes while away");
+    assert_eq!(
+        h.dataplane.last().unwrap(),
+        with_extras,
+        "nothing changes while away"
+    );
     fake.set_mode(Mode::Up);
     until("the relist converges on the example's plan", || {
         h.dataplane.last().unwrap() == standalone_plan("node-1")
     })
     .await;
-    assert!(fake.count("list networkroutingpolicies.lace.io") > lists, "relisted");
+    assert!(
+        fake.count("list networkroutingpolicies.lace.io") > lists,
+        "relisted"
+    );
     let state = h.agent.loaded().unwrap().state.clone();
     assert!(!state.namespaces.contains_key("extra"));
     assert!(!state.network_routes.contains_key("extra-default-self"));
-    assert!(h.metrics().contains("lace_watch_events_total{kind=\"NetworkRoutingPolicy\",event=\"relisted\"} 2\n"), "{}", h.metrics());
+    assert!(
+        h.metrics().contains(
+            "lace_watch_events_total{kind=\"NetworkRoutingPolicy\",event=\"relisted\"} 2\n"
+        ),
+        "{}",
+        h.metrics()
+    );
     assert_granted(&fake);
     h.stop().await;
 }
@@ -383,7 +422,10 @@ async fn a_restarted_api_server_costs_watches_not_relists() {
     let fake = fake_with(&example_objects());
     let h = Harness::start("node-1", &fake, timings());
     until("the first plan", || h.dataplane.count() > 0).await;
-    until("every watch is open", || fake.open_watches() == super::WATCHED.len()).await;
+    until("every watch is open", || {
+        fake.open_watches() == super::WATCHED.len()
+    })
+    .await;
     // Lists by the watches (the reachability probe of the own Node lists without a limit).
     let watch_lists = |fake: &FakeApi| {
         fake.requests()
@@ -401,10 +443,18 @@ async fn a_restarted_api_server_costs_watches_not_relists() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     fake.set_mode(Mode::Up);
     until("the change made while away arrives", || {
-        h.agent.loaded().unwrap().state.network_routes.contains_key("while-away")
+        h.agent
+            .loaded()
+            .unwrap()
+            .state
+            .network_routes
+            .contains_key("while-away")
     })
     .await;
-    until("every watch is open again", || fake.open_watches() == super::WATCHED.len()).await;
+    until("every watch is open again", || {
+        fake.open_watches() == super::WATCHED.len()
+    })
+    .await;
     assert_eq!(watch_lists(&fake), lists, "no relist");
     assert!(fake.count_prefix("watch ") >= watches + super::WATCHED.len());
     h.stop().await;
@@ -428,23 +478,37 @@ async fn the_dataplane_is_untouched_while_the_api_server_is_away() {
     tokio::time::sleep(Duration::from_millis(600)).await;
     let during = h.dataplane.since(n);
     assert!(!during.is_empty(), "resyncs keep re-applying");
-    assert!(during.iter().all(|p| *p == before), "the plan never changes while away");
-    assert!(h.agent.is_ready(), "CNI keeps serving from the last known state");
+    assert!(
+        during.iter().all(|p| *p == before),
+        "the plan never changes while away"
+    );
+    assert!(
+        h.agent.is_ready(),
+        "CNI keeps serving from the last known state"
+    );
     // ADD for a pod in the state works; for one it would have to fetch, a clear error.
-    let known = crate::agent::cni::place(&h.agent, &ObjectKey::new("kube-system", "coredns-1")).await;
+    let known =
+        crate::agent::cni::place(&h.agent, &ObjectKey::new("kube-system", "coredns-1")).await;
     assert_eq!(known.unwrap().network, "system");
     let err = crate::agent::cni::place(&h.agent, &ObjectKey::new("team-a", "new"))
         .await
         .err()
         .unwrap();
     assert_eq!(err.code, ErrorCode::TRY_AGAIN_LATER);
-    assert!(err.msg.contains("cannot reach the API server at https://fake.invalid:6443"), "{}", err.msg);
+    assert!(
+        err.msg
+            .contains("cannot reach the API server at https://fake.invalid:6443"),
+        "{}",
+        err.msg
+    );
     fake.set_mode(Mode::Up);
     until("the API server is back in the metrics", || {
         h.metrics().contains("lace_apiserver_up 1\n")
     })
     .await;
-    assert!(h.metrics().contains("lace_watch_errors_total{kind=\"Network\"}"));
+    assert!(h
+        .metrics()
+        .contains("lace_watch_errors_total{kind=\"Network\"}"));
     h.stop().await;
 }
 
@@ -477,9 +541,14 @@ async fn bad_objects_are_left_out_and_everything_else_keeps_working() {
     until("the first plan", || h.dataplane.count() > 0).await;
     assert_eq!(h.dataplane.last().unwrap(), standalone_plan("node-1"));
     let state = h.agent.loaded().unwrap().state.clone();
-    assert!(state.pods.contains_key(&ObjectKey::new("default", "bare")), "no status is fine");
+    assert!(
+        state.pods.contains_key(&ObjectKey::new("default", "bare")),
+        "no status is fine"
+    );
     assert!(!state.network_bindings.contains_key("wrong-type"));
-    assert!(!state.services.contains_key(&ObjectKey::new("default", "bad-ip")));
+    assert!(!state
+        .services
+        .contains_key(&ObjectKey::new("default", "bad-ip")));
     let m = h.metrics();
     for line in [
         "lace_rejected_objects{kind=\"Network\"} 1",
@@ -491,14 +560,23 @@ async fn bad_objects_are_left_out_and_everything_else_keeps_working() {
         assert!(m.contains(&format!("{line}\n")), "{line}\n{m}");
     }
     // Fixed, it comes in.
-    fake.put(json!({"apiVersion": "lace.io/v1alpha1", "kind": "NetworkBindingPolicy",
+    fake.put(
+        json!({"apiVersion": "lace.io/v1alpha1", "kind": "NetworkBindingPolicy",
                     "metadata": {"name": "wrong-type"},
-                    "spec": {"network": "default", "priority": 3}}));
+                    "spec": {"network": "default", "priority": 3}}),
+    );
     until("the fixed object arrives", || {
-        h.agent.loaded().unwrap().state.network_bindings.contains_key("wrong-type")
+        h.agent
+            .loaded()
+            .unwrap()
+            .state
+            .network_bindings
+            .contains_key("wrong-type")
     })
     .await;
-    assert!(!h.metrics().contains("lace_undecodable_objects{kind=\"NetworkBindingPolicy\"}"));
+    assert!(!h
+        .metrics()
+        .contains("lace_undecodable_objects{kind=\"NetworkBindingPolicy\"}"));
     h.stop().await;
 }
 
@@ -509,14 +587,22 @@ async fn not_ready_until_every_watch_has_listed() {
     fake.set_missing("lace.io/v1alpha1", "NodeAllocation", true);
     let h = Harness::start("node-1", &fake, timings());
     until("the other watches have listed", || {
-        h.metrics().contains("lace_watch_synced{kind=\"Network\"} 1\n")
+        h.metrics()
+            .contains("lace_watch_synced{kind=\"Network\"} 1\n")
     })
     .await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     let why = h.agent.not_ready_reason().unwrap();
-    assert!(why.contains("nodeallocations.lace.io") && why.contains("CRDs"), "{why}");
+    assert!(
+        why.contains("nodeallocations.lace.io") && why.contains("CRDs"),
+        "{why}"
+    );
     assert!(why.contains("https://fake.invalid:6443"), "{why}");
-    assert_eq!(h.dataplane.count(), 0, "nothing is applied from a partial state");
+    assert_eq!(
+        h.dataplane.count(),
+        0,
+        "nothing is applied from a partial state"
+    );
     fake.set_missing("lace.io/v1alpha1", "NodeAllocation", false);
     until("ready", || h.agent.is_ready()).await;
     until("the first plan", || h.dataplane.count() > 0).await;
@@ -535,7 +621,9 @@ async fn an_api_server_that_refuses_the_token_keeps_the_agent_not_ready() {
     assert!(h.metrics().contains("lace_apiserver_up 0\n"));
     fake.set_mode(Mode::Status(403));
     until("the 403 is reported", || {
-        h.agent.not_ready_reason().is_some_and(|w| w.contains("403"))
+        h.agent
+            .not_ready_reason()
+            .is_some_and(|w| w.contains("403"))
     })
     .await;
     assert!(h.agent.not_ready_reason().unwrap().contains("ClusterRole"));
@@ -621,7 +709,9 @@ mod tls {
         let sa = pki.service_account_dir("token-1");
         // The address as the chart bakes it: the EndpointSlice's IP and port.
         let api = ApiServer::new(Some(&server.addr.to_string()), sa.path()).unwrap();
-        list_nodes(&api, false).await.expect("verified as the IP, no other name needed");
+        list_nodes(&api, false)
+            .await
+            .expect("verified as the IP, no other name needed");
         assert_eq!(connect(&pki, server.addr).await, Ok(()));
     }
 
@@ -633,8 +723,14 @@ mod tls {
         let api = ApiServer::new(Some(&server.addr.to_string()), sa.path()).unwrap();
         let err = list_nodes(&api, false).await.unwrap_err();
         assert!(super::super::connect::is_name_mismatch(&err), "{err:?}");
-        list_nodes(&api, true).await.expect("valid for kubernetes.default.svc");
-        assert_eq!(connect(&pki, server.addr).await, Ok(()), "the source falls back");
+        list_nodes(&api, true)
+            .await
+            .expect("valid for kubernetes.default.svc");
+        assert_eq!(
+            connect(&pki, server.addr).await,
+            Ok(()),
+            "the source falls back"
+        );
     }
 
     #[tokio::test]
@@ -643,7 +739,10 @@ mod tls {
         let server = Responder::start(&pki, node_list()).await;
         let other = Pki::kubeadm("127.0.0.1".parse().unwrap());
         let why = connect(&other, server.addr).await.unwrap_err();
-        assert!(why.contains("not signed by the CA in") && why.contains("ca.crt"), "{why}");
+        assert!(
+            why.contains("not signed by the CA in") && why.contains("ca.crt"),
+            "{why}"
+        );
         assert!(why.contains(&format!("https://{}", server.addr)), "{why}");
         assert_eq!(server.requests.load(std::sync::atomic::Ordering::SeqCst), 0);
     }
@@ -653,6 +752,9 @@ mod tls {
         let pki = Pki::new(&["api.example.com"]);
         let server = Responder::start(&pki, node_list()).await;
         let why = connect(&pki, server.addr).await.unwrap_err();
-        assert!(why.contains("names neither") && why.contains("node.apiserverAddress"), "{why}");
+        assert!(
+            why.contains("names neither") && why.contains("node.apiserverAddress"),
+            "{why}"
+        );
     }
 }

@@ -138,7 +138,11 @@ pub(super) struct Backoff {
 
 impl Backoff {
     pub fn new(min: Duration, max: Duration) -> Self {
-        Self { min, max, next: min }
+        Self {
+            min,
+            max,
+            next: min,
+        }
     }
 
     pub fn reset(&mut self) {
