@@ -130,14 +130,14 @@ pub async fn handle(agent: &Arc<Agent>, req: Request) -> Result<Option<CniResult
 }
 
 /// Where a pod goes: its Network, that Network's VRF and table, and this node's blocks.
-struct Placement {
-    network: String,
+pub(crate) struct Placement {
+    pub(crate) network: String,
     vrf: String,
     table: u32,
     blocks: Vec<IpNet>,
 }
 
-async fn place(agent: &Agent, pod_key: &ObjectKey) -> Result<Placement, CniError> {
+pub(crate) async fn place(agent: &Agent, pod_key: &ObjectKey) -> Result<Placement, CniError> {
     let loaded = agent.loaded().map_err(|why| {
         CniError::new(
             ErrorCode::TRY_AGAIN_LATER,

@@ -141,6 +141,13 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// The agent's metrics plus those of its state source.
+    pub fn with_source(source: &dyn super::StateSource) -> Self {
+        let mut m = Self::default();
+        source.register_metrics(&mut m.registry);
+        m
+    }
+
     /// Records one CNI request: `result` is `ok` or the CNI error code.
     pub fn cni_request(&self, verb: &'static str, result: String, took: Duration) {
         self.requests

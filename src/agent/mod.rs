@@ -39,6 +39,7 @@
 //!   ([`StateSource::unknown_pod`]).
 //! - **Conflist on shutdown**: kept (see [`install`]).
 
+pub mod cluster;
 pub mod cni;
 pub mod install;
 pub mod ipam;
@@ -154,6 +155,9 @@ pub struct Agent {
     pub(crate) dataplane: Arc<dyn Dataplane>,
     pub(crate) source: Arc<dyn StateSource>,
     pub(crate) reconcile_wanted: Notify,
+    /// How many dataplane applies have succeeded (the Kubernetes source marks the Node's
+    /// network available after the first).
+    pub(crate) applied: tokio::sync::watch::Sender<u64>,
     /// The state, or why there is none usable.
     cluster: RwLock<Result<Arc<Loaded>, String>>,
     /// Bumped by every [`Agent::set_state`].
@@ -210,10 +214,11 @@ impl Agent {
             node,
             node_ns,
             ipam,
-            metrics: metrics::Metrics::default(),
+            metrics: metrics::Metrics::with_source(&*source),
             dataplane,
             source,
             reconcile_wanted: Notify::new(),
+            applied: tokio::sync::watch::Sender::new(0),
             cluster: RwLock::new(Err("cluster state not loaded yet".into())),
             generation: AtomicU64::new(0),
             rejected: Default::default(),
@@ -289,6 +294,11 @@ impl Agent {
             *last = now;
         }
         state
+    }
+
+    /// Follows how many dataplane applies have succeeded.
+    pub fn applied(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.applied.subscribe()
     }
 
     /// How many states [`Agent::set_state`] has installed.

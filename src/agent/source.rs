@@ -4,11 +4,12 @@
 //!
 //! - [`super::standalone::DirectorySource`]: a directory of YAML manifests (the demo, the
 //!   tests);
-//! - the Kubernetes watches (in-cluster mode).
+//! - [`super::cluster::KubeSource`]: the Kubernetes API (in-cluster mode).
 
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
+use prometheus_client::registry::Registry;
 
 use super::Agent;
 use crate::state::{ObjectKey, Pod};
@@ -38,6 +39,9 @@ pub trait StateSource: Send + Sync + 'static {
         &'a self,
         pod: &'a ObjectKey,
     ) -> BoxFuture<'a, Result<Option<Pod>, PodLookupError>>;
+
+    /// Adds the source's own metrics to the agent's registry (served on `/metrics`).
+    fn register_metrics(&self, _registry: &mut Registry) {}
 }
 
 /// A source that only answers for the pods it is given (unit tests of the agent).
