@@ -87,6 +87,9 @@ mod tests {
                 "{}", err(long)
             );
         }
-        assert_eq!(parse_prefix("2001:db8::/95").map(sid::max_node_index), Ok(Ok(1)));
+        assert_eq!(
+            parse_prefix("2001:db8::/95").map(sid::max_node_index),
+            Ok(Ok(1))
+        );
     }
 }

@@ -142,7 +142,8 @@ impl Loop {
                 if total > 0 {
                     tracing::info!(writes = written, seconds, "reconciled");
                 }
-                self.metrics.pass(if total == 0 { "nothing" } else { "ok" }, seconds);
+                self.metrics
+                    .pass(if total == 0 { "nothing" } else { "ok" }, seconds);
                 self.dirty = false;
                 self.retry_at = None;
                 self.backoff = self.settings.retry_min;

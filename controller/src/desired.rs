@@ -288,19 +288,19 @@ pub fn desired(model: &Model, prefix: Ipv6Net, now: &str) -> Desired {
             );
         }
         let kept = |node: &String| out.node_allocations.contains_key(node);
-        if let Some((node, reason, message)) = node_failure(error, match error {
-            AllocError::NoUnderlay { node } => kept(node),
-            _ => false,
-        }) {
+        if let Some((node, reason, message)) = node_failure(
+            error,
+            match error {
+                AllocError::NoUnderlay { node } => kept(node),
+                _ => false,
+            },
+        ) {
             node_failures.insert(node, (reason, message));
         }
     }
     for (name, obs) in model.iter(Kind::Node) {
         if let Some(why) = &obs.unreadable {
-            node_failures.insert(
-                name.clone(),
-                ("InvalidNode", format!("Node/{name}: {why}")),
-            );
+            node_failures.insert(name.clone(), ("InvalidNode", format!("Node/{name}: {why}")));
         }
     }
 
@@ -310,7 +310,8 @@ pub fn desired(model: &Model, prefix: Ipv6Net, now: &str) -> Desired {
         if let Some(nr) = not_ready.get(name) {
             conditions.push(condition(READY, false, nr.reason, nr.message.clone()));
             out.summary.networks_not_ready += 1;
-        } else if let (Some(a), Some(spec)) = (out.network_allocations.get(name), admitted.get(name))
+        } else if let (Some(a), Some(spec)) =
+            (out.network_allocations.get(name), admitted.get(name))
         {
             conditions.push(condition(
                 READY,
@@ -378,8 +379,12 @@ pub fn desired(model: &Model, prefix: Ipv6Net, now: &str) -> Desired {
             } else if let Some(message) = policy_rejections.get(&(kind, name.clone())) {
                 let unready: Vec<String> = network_refs(observed_state, kind, name)
                     .into_iter()
-                    .filter(|(_, n)| model.get(Kind::Network, n).is_some() && !admitted.contains_key(n))
-                    .map(|(field, n)| format!("{field}: Network {n:?} is not Ready (see its status)"))
+                    .filter(|(_, n)| {
+                        model.get(Kind::Network, n).is_some() && !admitted.contains_key(n)
+                    })
+                    .map(|(field, n)| {
+                        format!("{field}: Network {n:?} is not Ready (see its status)")
+                    })
                     .collect();
                 if unready.is_empty() {
                     condition(READY, false, "Invalid", message.clone())
@@ -408,7 +413,9 @@ pub fn desired(model: &Model, prefix: Ipv6Net, now: &str) -> Desired {
     // be before.
     for (name, obs) in model.iter(Kind::Node) {
         let c = match (node_failures.get(name), out.node_allocations.get(name)) {
-            (Some((reason, message)), _) => condition(NODE_ALLOCATED, false, reason, message.clone()),
+            (Some((reason, message)), _) => {
+                condition(NODE_ALLOCATED, false, reason, message.clone())
+            }
             (None, Some(a)) if obs.conditions.iter().any(|c| c.status != "True") => condition(
                 NODE_ALLOCATED,
                 true,
@@ -418,7 +425,8 @@ pub fn desired(model: &Model, prefix: Ipv6Net, now: &str) -> Desired {
             _ => continue,
         };
         let c = stamp(vec![c], &obs.conditions, None, now);
-        out.node_conditions.insert(name.clone(), c.into_iter().next().unwrap_or_default());
+        out.node_conditions
+            .insert(name.clone(), c.into_iter().next().unwrap_or_default());
     }
 
     let nodes = model.iter(Kind::Node).count() as u64;

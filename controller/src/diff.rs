@@ -20,7 +20,11 @@ use crate::model::Model;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Write {
     /// Delete an internal object (precondition: its uid).
-    Delete { kind: Kind, name: String, uid: String },
+    Delete {
+        kind: Kind,
+        name: String,
+        uid: String,
+    },
     /// Server-side apply of a NetworkAllocation, owned by its Network.
     NetworkAllocation {
         name: String,
@@ -112,7 +116,14 @@ impl Changes {
     }
 }
 
-fn note(kind: Kind, name: &str, warning: bool, reason: &str, action: &'static str, message: String) -> Note {
+fn note(
+    kind: Kind,
+    name: &str,
+    warning: bool,
+    reason: &str,
+    action: &'static str,
+    message: String,
+) -> Note {
     Note {
         kind,
         name: name.to_string(),
@@ -251,7 +262,9 @@ pub fn diff(model: &Model, desired: &Desired) -> Changes {
     for (name, want) in &desired.network_allocations {
         let obs = model.get(Kind::NetworkAllocation, name);
         let old = state.network_allocations.get(name);
-        if old == Some(&want.spec) && obs.and_then(|o| o.owner_uid.as_ref()) == Some(&want.owner_uid) {
+        if old == Some(&want.spec)
+            && obs.and_then(|o| o.owner_uid.as_ref()) == Some(&want.owner_uid)
+        {
             continue;
         }
         let notes = match old {
@@ -288,7 +301,9 @@ pub fn diff(model: &Model, desired: &Desired) -> Changes {
     for (name, want) in &desired.node_allocations {
         let obs = model.get(Kind::NodeAllocation, name);
         let old = state.node_allocations.get(name);
-        if old == Some(&want.spec) && obs.and_then(|o| o.owner_uid.as_ref()) == Some(&want.owner_uid) {
+        if old == Some(&want.spec)
+            && obs.and_then(|o| o.owner_uid.as_ref()) == Some(&want.owner_uid)
+        {
             continue;
         }
         changes.allocations.push(Step {
@@ -317,7 +332,10 @@ pub fn diff(model: &Model, desired: &Desired) -> Changes {
                 .map(|((kind, name), c)| (*kind, name, c)),
         );
     for (kind, name, conditions) in statuses {
-        let old = model.get(kind, name).map(|o| o.conditions.as_slice()).unwrap_or_default();
+        let old = model
+            .get(kind, name)
+            .map(|o| o.conditions.as_slice())
+            .unwrap_or_default();
         if old == conditions.as_slice() {
             continue;
         }
@@ -331,7 +349,10 @@ pub fn diff(model: &Model, desired: &Desired) -> Changes {
         });
     }
     for (name, condition) in &desired.node_conditions {
-        let old = model.get(Kind::Node, name).map(|o| o.conditions.as_slice()).unwrap_or_default();
+        let old = model
+            .get(Kind::Node, name)
+            .map(|o| o.conditions.as_slice())
+            .unwrap_or_default();
         if old == std::slice::from_ref(condition) {
             continue;
         }

@@ -55,7 +55,11 @@ impl Resource<'static> {
 
 /// The fatal error behind a failed request, if it is one: `verb` on `resource` answered
 /// `err`.
-pub fn classify(verb: &'static str, resource: Resource<'_>, err: &kube::Error) -> Option<FatalError> {
+pub fn classify(
+    verb: &'static str,
+    resource: Resource<'_>,
+    err: &kube::Error,
+) -> Option<FatalError> {
     let kube::Error::Api(status) = err else {
         return None;
     };
@@ -75,10 +79,15 @@ pub fn classify(verb: &'static str, resource: Resource<'_>, err: &kube::Error) -
             },
             message: status.message.clone(),
         }),
-        404 if verb == "list" && resource.group == lace::api::GROUP => Some(FatalError::CrdMissing {
-            crd: format!("{}.{}", resource.plural, resource.group),
-            path: format!("/apis/{}/{}/{}", resource.group, resource.version, resource.plural),
-        }),
+        404 if verb == "list" && resource.group == lace::api::GROUP => {
+            Some(FatalError::CrdMissing {
+                crd: format!("{}.{}", resource.plural, resource.group),
+                path: format!(
+                    "/apis/{}/{}/{}",
+                    resource.group, resource.version, resource.plural
+                ),
+            })
+        }
         _ => None,
     }
 }

@@ -33,9 +33,9 @@ struct Cli {
 }
 
 async fn client(apiserver: Option<&str>) -> Result<kube::Client> {
-    let mut config = kube::Config::infer()
-        .await
-        .context("loading the Kubernetes client configuration (in-cluster ServiceAccount, or KUBECONFIG)")?;
+    let mut config = kube::Config::infer().await.context(
+        "loading the Kubernetes client configuration (in-cluster ServiceAccount, or KUBECONFIG)",
+    )?;
     if let Some(addr) = apiserver.filter(|a| !a.is_empty()) {
         config.cluster_url = format!("https://{addr}")
             .parse()

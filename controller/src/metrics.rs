@@ -174,7 +174,13 @@ fn gauge(v: u64) -> i64 {
 }
 
 impl Metrics {
-    pub(crate) fn write(&self, verb: &'static str, kind: Kind, sub: Option<&str>, result: &'static str) {
+    pub(crate) fn write(
+        &self,
+        verb: &'static str,
+        kind: Kind,
+        sub: Option<&str>,
+        result: &'static str,
+    ) {
         let resource = match sub {
             Some(s) => format!("{}/{s}", kind.plural()),
             None => kind.plural().to_string(),

@@ -66,7 +66,9 @@ fn conditions_of(kind: Kind, data: &Value) -> Vec<Condition> {
         return Vec::new();
     };
     list.iter()
-        .filter(|c| kind != Kind::Node || c.get("type").and_then(Value::as_str) == Some(NODE_ALLOCATED))
+        .filter(|c| {
+            kind != Kind::Node || c.get("type").and_then(Value::as_str) == Some(NODE_ALLOCATED)
+        })
         .filter_map(|c| serde_json::from_value(c.clone()).ok())
         .collect()
 }
@@ -137,7 +139,12 @@ pub enum Msg {
 
 /// Watches `kind` into `tx` until the receiver is gone or the watch hits a fatal error.
 /// Other errors are retried by the watcher, with backoff.
-pub async fn watch(client: Client, kind: Kind, tx: mpsc::Sender<Msg>, metrics: std::sync::Arc<Metrics>) {
+pub async fn watch(
+    client: Client,
+    kind: Kind,
+    tx: mpsc::Sender<Msg>,
+    metrics: std::sync::Arc<Metrics>,
+) {
     let stream = watcher(api(&client, kind), watcher::Config::default()).default_backoff();
     let mut stream = pin!(stream);
     while let Some(next) = stream.next().await {
@@ -146,9 +153,7 @@ pub async fn watch(client: Client, kind: Kind, tx: mpsc::Sender<Msg>, metrics: s
             Ok(watcher::Event::InitApply(o)) => Msg::InitApply(seen_object(kind, o)),
             Ok(watcher::Event::InitDone) => Msg::InitDone(kind),
             Ok(watcher::Event::Apply(o)) => Msg::Apply(seen_object(kind, o)),
-            Ok(watcher::Event::Delete(o)) => {
-                Msg::Delete(kind, o.metadata.name.unwrap_or_default())
-            }
+            Ok(watcher::Event::Delete(o)) => Msg::Delete(kind, o.metadata.name.unwrap_or_default()),
             Err(e) => {
                 let (verb, source) = match &e {
                     watcher::Error::InitialListFailed(s) => ("list", Some(s)),
@@ -157,7 +162,9 @@ pub async fn watch(client: Client, kind: Kind, tx: mpsc::Sender<Msg>, metrics: s
                     }
                     _ => ("watch", None),
                 };
-                if let Some(fatal) = source.and_then(|s| classify(verb, Resource::of(kind, None), s)) {
+                if let Some(fatal) =
+                    source.and_then(|s| classify(verb, Resource::of(kind, None), s))
+                {
                     let _ = tx.send(Msg::Fatal(fatal)).await;
                     return;
                 }
