@@ -953,8 +953,8 @@ async fn rbac_is_exactly_what_the_scenarios_use() {
     let used: BTreeSet<String> = fakes
         .iter()
         .flat_map(FakeApi::requests)
-        .map(|r| {
-            let (verb, group, resource) = r.rbac();
+        .flat_map(|r| r.authorized())
+        .map(|(verb, group, resource)| {
             let group = if group.is_empty() {
                 "core".to_string()
             } else {
@@ -965,7 +965,7 @@ async fn rbac_is_exactly_what_the_scenarios_use() {
         .collect();
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("rbac-requests.txt");
     let text = format!(
-        "# Every (verb, API group, resource) lace-controller requests, as recorded by\n# controller/tests/scenarios.rs (LACE_BLESS=1 cargo test -p lace-controller --test scenarios\n# rewrites it). tests/charts/test_rbac.py checks the chart's ClusterRole grants exactly these.\n{}\n",
+        "# Every (verb, API group, resource) lace-controller's requests are authorized for, as\n# recorded by controller/tests/scenarios.rs (a server-side apply that creates an object is\n# also authorized as create). LACE_BLESS=1 cargo test -p lace-controller --test scenarios\n# rewrites it; tests/charts/test_rbac.py checks the chart's ClusterRole grants exactly these.\n{}\n",
         used.iter().cloned().collect::<Vec<_>>().join("\n")
     );
     if std::env::var_os("LACE_BLESS").is_some() {

@@ -58,10 +58,23 @@ pub struct Recorded {
     pub content_type: String,
     /// `Null` without a body.
     pub body: Value,
+    /// A server-side apply that created the object: the API server then also authorizes
+    /// `create` (k8s.io/apiserver, endpoints/handlers/patch.go).
+    pub created: bool,
 }
 
 impl Recorded {
-    /// The RBAC verb, API group and resource (`plural` or `plural/subresource`) it needs.
+    /// Every RBAC check the request passes: verb, API group, resource.
+    pub fn authorized(&self) -> Vec<(String, String, String)> {
+        let (verb, group, resource) = self.rbac();
+        let mut out = vec![(verb, group.clone(), resource.clone())];
+        if self.created {
+            out.push(("create".into(), group, resource));
+        }
+        out
+    }
+
+    /// The RBAC verb, API group and resource (`plural` or `plural/subresource`) of the request.
     pub fn rbac(&self) -> (String, String, String) {
         let p = parse_path(&self.path).unwrap_or_else(|| panic!("unexpected path {}", self.path));
         let verb = match (self.method.as_str(), &p.name) {
@@ -515,9 +528,11 @@ impl FakeApi {
                 .unwrap_or_default()
                 .to_string(),
             body,
+            created: false,
         };
         let mut s = self.lock();
         s.requests.push(recorded.clone());
+        let index = s.requests.len() - 1;
         let (verb, _, _) = recorded.rbac();
         if let Some(fault) = s.fault(&verb, &recorded.path) {
             if let Some(obj) = fault.update {
@@ -627,6 +642,7 @@ impl FakeApi {
                     Some(other) => panic!("unexpected subresource {other}"),
                 };
                 let created = s.objects.get(&coll).is_none_or(|m| !m.contains_key(name));
+                s.requests[index].created = created;
                 let stored = s.store(&coll, obj);
                 response(if created { 201 } else { 200 }, &stored)
             }
