@@ -118,7 +118,7 @@ impl Loop {
                 match r.write {
                     Ok(Outcome::Seen(seen)) => {
                         written += 1;
-                        self.model.apply(seen);
+                        self.model.apply(*seen);
                     }
                     Ok(Outcome::Deleted(kind, name)) => {
                         written += 1;

@@ -19,7 +19,7 @@ use crate::watch::{api, seen_object};
 /// What a successful write changed, for the model (the watch confirms it later).
 #[derive(Debug)]
 pub enum Outcome {
-    Seen(Seen),
+    Seen(Box<Seen>),
     Deleted(Kind, String),
     /// The object was already gone.
     Nothing,
@@ -194,7 +194,7 @@ impl Writer {
                 let o = api(&self.client, Kind::NetworkAllocation)
                     .patch(name, &apply, &Patch::Apply(&body))
                     .await?;
-                Ok(Outcome::Seen(seen_object(Kind::NetworkAllocation, o)))
+                Ok(Outcome::Seen(Box::new(seen_object(Kind::NetworkAllocation, o))))
             }
             Write::NodeAllocation {
                 name,
@@ -212,7 +212,7 @@ impl Writer {
                 let o = api(&self.client, Kind::NodeAllocation)
                     .patch(name, &apply, &Patch::Apply(&body))
                     .await?;
-                Ok(Outcome::Seen(seen_object(Kind::NodeAllocation, o)))
+                Ok(Outcome::Seen(Box::new(seen_object(Kind::NodeAllocation, o))))
             }
             Write::Status {
                 kind,
@@ -228,7 +228,7 @@ impl Writer {
                 let o = api(&self.client, *kind)
                     .patch_status(name, &apply, &Patch::Apply(&body))
                     .await?;
-                Ok(Outcome::Seen(seen_object(*kind, o)))
+                Ok(Outcome::Seen(Box::new(seen_object(*kind, o))))
             }
             Write::NodeCondition { name, condition } => {
                 // A core NodeCondition: no observedGeneration.
@@ -247,7 +247,7 @@ impl Writer {
                 let o = api(&self.client, Kind::Node)
                     .patch_status(name, &apply, &Patch::Apply(&body))
                     .await?;
-                Ok(Outcome::Seen(seen_object(Kind::Node, o)))
+                Ok(Outcome::Seen(Box::new(seen_object(Kind::Node, o))))
             }
         }
     }

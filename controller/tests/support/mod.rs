@@ -149,9 +149,9 @@ impl ApiPath {
 
 fn parse_path(path: &str) -> Option<ApiPath> {
     let segs: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-    let (group, version, rest) = match segs.first()? {
-        &"api" => ("", *segs.get(1)?, &segs[2..]),
-        &"apis" => (*segs.get(1)?, *segs.get(2)?, &segs[3..]),
+    let (group, version, rest) = match *segs.first()? {
+        "api" => ("", *segs.get(1)?, &segs[2..]),
+        "apis" => (*segs.get(1)?, *segs.get(2)?, &segs[3..]),
         _ => return None,
     };
     let (namespace, rest) = match rest {
