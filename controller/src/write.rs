@@ -194,7 +194,10 @@ impl Writer {
                 let o = api(&self.client, Kind::NetworkAllocation)
                     .patch(name, &apply, &Patch::Apply(&body))
                     .await?;
-                Ok(Outcome::Seen(Box::new(seen_object(Kind::NetworkAllocation, o))))
+                Ok(Outcome::Seen(Box::new(seen_object(
+                    Kind::NetworkAllocation,
+                    o,
+                ))))
             }
             Write::NodeAllocation {
                 name,
@@ -212,7 +215,10 @@ impl Writer {
                 let o = api(&self.client, Kind::NodeAllocation)
                     .patch(name, &apply, &Patch::Apply(&body))
                     .await?;
-                Ok(Outcome::Seen(Box::new(seen_object(Kind::NodeAllocation, o))))
+                Ok(Outcome::Seen(Box::new(seen_object(
+                    Kind::NodeAllocation,
+                    o,
+                ))))
             }
             Write::Status {
                 kind,
