@@ -73,22 +73,41 @@ impl Loop {
                     );
                     // The first pass runs even over an empty cluster (readiness).
                     self.dirty = true;
-                    self.metrics.update(|p| p.synced = true);
                 }
+                let (synced, due) = (self.synced.len() == WATCHED.len(), self.due());
+                self.metrics.update(|p| {
+                    p.synced = synced;
+                    p.pending = due;
+                });
             }
             Msg::Apply(seen) => {
                 self.metrics.watch_event(seen.kind);
                 self.dirty |= self.model.apply(seen);
-                self.metrics.update(|p| p.watch_events += 1);
+                self.count_watch_event();
             }
             Msg::Delete(kind, name) => {
                 self.metrics.watch_event(kind);
                 self.dirty |= self.model.delete(kind, &name);
-                self.metrics.update(|p| p.watch_events += 1);
+                self.count_watch_event();
             }
             Msg::Fatal(e) => return Err(e),
         }
         Ok(())
+    }
+
+    /// Whether a pass is due: changes wait and every watch has listed.
+    fn due(&self) -> bool {
+        self.dirty && self.synced.len() == WATCHED.len()
+    }
+
+    /// Counts a watch event, and says in the same update whether a pass is now due (so
+    /// whoever waits on the progress never sees the event taken in but not its effect).
+    fn count_watch_event(&self) {
+        let due = self.due();
+        self.metrics.update(|p| {
+            p.watch_events += 1;
+            p.pending = due;
+        });
     }
 
     /// One pass; `Err` only for a fatal error.
@@ -150,6 +169,7 @@ impl Loop {
                 self.metrics.update(|p| {
                     p.passes += 1;
                     p.reconciled = true;
+                    p.pending = false;
                     p.last_error = None;
                 });
             }
@@ -161,6 +181,7 @@ impl Loop {
                 let why = e.to_string();
                 self.metrics.update(|p| {
                     p.passes += 1;
+                    p.pending = true;
                     p.last_error = Some(why);
                 });
             }
@@ -193,9 +214,8 @@ pub async fn run(
     };
     let mut shutdown = std::pin::pin!(shutdown);
     let result = loop {
-        let due = l.dirty && l.synced.len() == WATCHED.len();
+        let due = l.due();
         let wake = l.retry_at.unwrap_or_else(tokio::time::Instant::now);
-        l.metrics.update(|p| p.pending = due);
         tokio::select! {
             () = &mut shutdown => {
                 tracing::info!("shutting down");

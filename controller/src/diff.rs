@@ -168,6 +168,11 @@ fn node_allocation_notes(
             true
         }
         Some(old) if (old.index, old.locator) != (new.index, new.locator) => {
+            let why = if old.index == new.index {
+                "srv6LocatorPrefix changed: every node's locator moves, and cross-node traffic recovers as the agents reprogram"
+            } else {
+                "the recorded index is not valid for srv6LocatorPrefix (out of range, or also held by another node)"
+            };
             notes.push(note(
                 Kind::Node,
                 name,
@@ -175,7 +180,7 @@ fn node_allocation_notes(
                 "Reallocated",
                 "Allocate",
                 format!(
-                    "index {} -> {}, SRv6 locator {} -> {}: the recorded ones are not valid for the locator prefix (out of range, or also held by another node)",
+                    "index {} -> {}, SRv6 locator {} -> {}: {why}",
                     old.index, new.index, old.locator, new.locator
                 ),
             ));

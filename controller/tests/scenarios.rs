@@ -6,6 +6,7 @@ mod support;
 
 use std::collections::BTreeSet;
 
+use lace::telemetry::Probes;
 use lace_controller::FatalError;
 use serde_json::{json, Value};
 use support::{network, node, policy, FakeApi, Fault, Harness, Recorded, PREFIX};
@@ -225,6 +226,18 @@ async fn new_cluster() -> FakeApi {
              "index 2, SRv6 locator 2001:db8:100::2:0:0/96, underlay 192.168.0.12".into()),
         ]
     );
+    assert_eq!(h.metrics.readyz(), Ok(()));
+    let metrics = h.metrics.encode();
+    for line in [
+        r#"lace_controller_nodes{state="allocated"} 2"#,
+        r#"lace_controller_networks{state="ready"} 2"#,
+        r#"lace_controller_writes_total{verb="patch",resource="nodeallocations",result="ok"} 2"#,
+        r#"lace_controller_events_total{event_type="Normal",result="ok"} 4"#,
+        "lace_controller_caches_synced 1",
+        "lace_controller_node_locators_free 4294967293",
+    ] {
+        assert!(metrics.contains(line), "{line} in {metrics}");
+    }
     let event = find(&writes, "POST", EVENTS);
     assert_eq!(event.body["reportingController"], "lace-controller");
     assert_eq!(event.body["action"], "Allocate");
@@ -819,7 +832,10 @@ async fn crds_missing() -> FakeApi {
         "the server could not find the requested resource",
     ));
     let h = Harness::start(&fake, PREFIX);
+    let metrics = h.metrics.clone();
     let err = h.ended().await.unwrap_err();
+    assert_eq!(metrics.healthz(), Err(err.to_string()), "/healthz says why");
+    assert!(metrics.readyz().is_err());
     assert_eq!(
         err.to_string(),
         "the CustomResourceDefinition networks.lace.io is not installed (list /apis/lace.io/v1alpha1/networks: 404 Not Found): install the lace.io CRDs with the lace-cni chart (they are templated, so helm install and helm upgrade apply them), or run `lace-agent crds | kubectl apply -f -`"
