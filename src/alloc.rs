@@ -140,13 +140,15 @@ pub fn allocate_partial(state: &ClusterState) -> Partial {
     let valid: Vec<&String> = state
         .networks
         .iter()
-        .filter_map(|(name, spec)| match validate::validate_network(name, spec) {
-            Ok(()) => Some(name),
-            Err(errors) => {
-                failures.push(AllocError::InvalidNetworks(errors));
-                None
-            }
-        })
+        .filter_map(
+            |(name, spec)| match validate::validate_network(name, spec) {
+                Ok(()) => Some(name),
+                Err(errors) => {
+                    failures.push(AllocError::InvalidNetworks(errors));
+                    None
+                }
+            },
+        )
         .collect();
     let network_allocations = allocate_functions(state, &valid, &mut failures);
     let node_allocations = allocate_nodes(state, &mut failures);
@@ -854,8 +856,7 @@ mod tests {
             }]
         );
         assert_eq!(
-            partial.allocation.node_allocations["node-1"],
-            before.node_allocations["node-1"],
+            partial.allocation.node_allocations["node-1"], before.node_allocations["node-1"],
             "index, locator and the last known underlay"
         );
         assert_eq!(

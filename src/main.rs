@@ -105,13 +105,7 @@ struct RunArgs {
 }
 
 fn main() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("LACE_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    lace::telemetry::init_logging();
     match Cli::parse().command {
         Command::Crds => write_stdout(&lace::crd::crds_yaml())?,
         Command::Validate { manifests } => {

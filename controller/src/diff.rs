@@ -469,24 +469,12 @@ mod tests {
                 }
                 Write::Status { conditions, .. } => {
                     obs.conditions = conditions;
-                    let object = object_of(m, kind, &name);
-                    m.apply(Seen {
-                        kind,
-                        name,
-                        observed: obs,
-                        object,
-                    });
+                    status_only(m, kind, name, obs);
                     continue;
                 }
                 Write::NodeCondition { condition, .. } => {
                     obs.conditions = vec![condition];
-                    let object = object_of(m, kind, &name);
-                    m.apply(Seen {
-                        kind,
-                        name,
-                        observed: obs,
-                        object,
-                    });
+                    status_only(m, kind, name, obs);
                     continue;
                 }
             };
@@ -497,6 +485,17 @@ mod tests {
                 object: Some(object),
             });
         }
+    }
+
+    /// A status write: the body stays, the conditions are the new ones.
+    fn status_only(m: &mut Model, kind: Kind, name: String, observed: Observed) {
+        let object = object_of(m, kind, &name);
+        m.apply(Seen {
+            kind,
+            name,
+            observed,
+            object,
+        });
     }
 
     fn object_of(m: &Model, kind: Kind, name: &str) -> Option<Object> {

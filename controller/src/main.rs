@@ -62,13 +62,7 @@ async fn shutdown() {
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("LACE_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    lace::telemetry::init_logging();
     let cli = Cli::parse();
     let prefix = lace_controller::parse_prefix(&cli.srv6_locator_prefix)?;
     let metrics = Arc::new(lace_controller::Metrics::default());

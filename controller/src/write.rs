@@ -165,9 +165,10 @@ impl Writer {
     }
 
     async fn send(&self, write: &Write) -> Result<Outcome, kube::Error> {
-        let apply = PatchParams::apply(FIELD_MANAGER).force();
-        match write {
-            Write::Delete { kind, name, uid } => {
+        let (_, kind, sub) = request_of(write);
+        let (_, name) = write.target();
+        let body = match write {
+            Write::Delete { uid, .. } => {
                 let params = DeleteParams {
                     preconditions: Some(Preconditions {
                         uid: Some(uid.clone()),
@@ -175,87 +176,60 @@ impl Writer {
                     }),
                     ..DeleteParams::default()
                 };
-                api(&self.client, *kind).delete(name, &params).await?;
-                Ok(Outcome::Deleted(*kind, name.clone()))
+                api(&self.client, kind).delete(name, &params).await?;
+                return Ok(Outcome::Deleted(kind, name.to_string()));
             }
             Write::NetworkAllocation {
-                name,
                 alloc,
                 resource_version,
-            } => {
-                let body = allocation_body(
-                    Kind::NetworkAllocation,
-                    Kind::Network,
-                    name,
-                    &alloc.owner_uid,
-                    json!(alloc.spec),
-                    resource_version.as_deref(),
-                );
-                let o = api(&self.client, Kind::NetworkAllocation)
-                    .patch(name, &apply, &Patch::Apply(&body))
-                    .await?;
-                Ok(Outcome::Seen(Box::new(seen_object(
-                    Kind::NetworkAllocation,
-                    o,
-                ))))
-            }
-            Write::NodeAllocation {
-                name,
-                alloc,
-                resource_version,
-            } => {
-                let body = allocation_body(
-                    Kind::NodeAllocation,
-                    Kind::Node,
-                    name,
-                    &alloc.owner_uid,
-                    json!(alloc.spec),
-                    resource_version.as_deref(),
-                );
-                let o = api(&self.client, Kind::NodeAllocation)
-                    .patch(name, &apply, &Patch::Apply(&body))
-                    .await?;
-                Ok(Outcome::Seen(Box::new(seen_object(
-                    Kind::NodeAllocation,
-                    o,
-                ))))
-            }
-            Write::Status {
+                ..
+            } => allocation_body(
                 kind,
+                Kind::Network,
                 name,
-                conditions,
-            } => {
-                let body = json!({
-                    "apiVersion": kind.api_version(),
-                    "kind": kind.name(),
-                    "metadata": {"name": name},
-                    "status": {"conditions": conditions},
-                });
-                let o = api(&self.client, *kind)
-                    .patch_status(name, &apply, &Patch::Apply(&body))
-                    .await?;
-                Ok(Outcome::Seen(Box::new(seen_object(*kind, o))))
-            }
-            Write::NodeCondition { name, condition } => {
-                // A core NodeCondition: no observedGeneration.
-                let body = json!({
-                    "apiVersion": "v1",
-                    "kind": "Node",
-                    "metadata": {"name": name},
-                    "status": {"conditions": [{
-                        "type": condition.type_,
-                        "status": condition.status,
-                        "reason": condition.reason,
-                        "message": condition.message,
-                        "lastTransitionTime": condition.last_transition_time,
-                    }]},
-                });
-                let o = api(&self.client, Kind::Node)
-                    .patch_status(name, &apply, &Patch::Apply(&body))
-                    .await?;
-                Ok(Outcome::Seen(Box::new(seen_object(Kind::Node, o))))
-            }
-        }
+                &alloc.owner_uid,
+                json!(alloc.spec),
+                resource_version.as_deref(),
+            ),
+            Write::NodeAllocation {
+                alloc,
+                resource_version,
+                ..
+            } => allocation_body(
+                kind,
+                Kind::Node,
+                name,
+                &alloc.owner_uid,
+                json!(alloc.spec),
+                resource_version.as_deref(),
+            ),
+            Write::Status { conditions, .. } => json!({
+                "apiVersion": kind.api_version(),
+                "kind": kind.name(),
+                "metadata": {"name": name},
+                "status": {"conditions": conditions},
+            }),
+            // A core NodeCondition: no observedGeneration.
+            Write::NodeCondition { condition, .. } => json!({
+                "apiVersion": kind.api_version(),
+                "kind": kind.name(),
+                "metadata": {"name": name},
+                "status": {"conditions": [{
+                    "type": condition.type_,
+                    "status": condition.status,
+                    "reason": condition.reason,
+                    "message": condition.message,
+                    "lastTransitionTime": condition.last_transition_time,
+                }]},
+            }),
+        };
+        let apply = PatchParams::apply(FIELD_MANAGER).force();
+        let api = api(&self.client, kind);
+        let object = match sub {
+            Some(_) => api.patch_status(name, &apply, &Patch::Apply(&body)).await?,
+            None => api.patch(name, &apply, &Patch::Apply(&body)).await?,
+        };
+        Ok(Outcome::Seen(Box::new(seen_object(kind, object))))
     }
 
     /// Publishes `note`; a fatal error (RBAC) is returned, others are logged and counted.
