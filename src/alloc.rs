@@ -22,6 +22,10 @@
 //! handed out; new things are handled in name order. So re-running gives the same result,
 //! adding a node or Network never moves an existing allocation, and removing one frees its
 //! values for reuse (lowest free first).
+//!
+//! [`allocate`] is all or nothing (the standalone `lace-agent allocate`); [`allocate_partial`]
+//! is the same allocation with the failures set aside, one per Network or node, so the
+//! controller can allocate the rest and report those.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -89,7 +93,8 @@ fn join(errors: &[ValidationError]) -> String {
 }
 
 /// Computes the complete allocation for `state`, keeping every still-valid allocation that
-/// `state` already records. See the module docs for the rules.
+/// `state` already records. See the module docs for the rules. All or nothing: the first
+/// failure [`allocate_partial`] reports is the error.
 pub fn allocate(state: &ClusterState) -> Result<Allocation, AllocError> {
     let mut invalid = Vec::new();
     for (name, spec) in &state.networks {
@@ -100,12 +105,60 @@ pub fn allocate(state: &ClusterState) -> Result<Allocation, AllocError> {
     if !invalid.is_empty() {
         return Err(AllocError::InvalidNetworks(invalid));
     }
-    let network_allocations = allocate_functions(state)?;
-    let node_allocations = allocate_nodes(state)?;
-    Ok(Allocation {
-        network_allocations,
-        node_allocations,
-    })
+    let Partial {
+        allocation,
+        failures,
+    } = allocate_partial(state);
+    match failures.into_iter().next() {
+        Some(first) => Err(first),
+        None => Ok(allocation),
+    }
+}
+
+/// What [`allocate_partial`] allocated, and why the rest could not be.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Partial {
+    pub allocation: Allocation,
+    /// One error per Network or node left out or kept as recorded, each naming it: Networks
+    /// first, then nodes, each in name order.
+    pub failures: Vec<AllocError>,
+}
+
+/// Allocates everything in `state` that can be allocated, with the rules of [`allocate`]:
+/// the controller's pass, where one node without an address must not hold up the rest.
+/// Whatever [`allocate`] accepts gets exactly the same result here.
+///
+/// - An invalid Network is treated as absent (one `InvalidNetworks` failure each).
+/// - Without a usable locator prefix no node is allocated (one failure).
+/// - A node without an InternalIP gets nothing new; if it already holds a valid allocation
+///   it keeps it with the underlay last recorded (so its index is never handed to another
+///   node while its address is missing). Either way it is reported (`NoUnderlay`).
+/// - Once SID functions or node locators run out, each Network or node still without one
+///   is reported.
+pub fn allocate_partial(state: &ClusterState) -> Partial {
+    let mut failures = Vec::new();
+    let valid: Vec<&String> = state
+        .networks
+        .iter()
+        .filter_map(
+            |(name, spec)| match validate::validate_network(name, spec) {
+                Ok(()) => Some(name),
+                Err(errors) => {
+                    failures.push(AllocError::InvalidNetworks(errors));
+                    None
+                }
+            },
+        )
+        .collect();
+    let network_allocations = allocate_functions(state, &valid, &mut failures);
+    let node_allocations = allocate_nodes(state, &mut failures);
+    Partial {
+        allocation: Allocation {
+            network_allocations,
+            node_allocations,
+        },
+        failures,
+    }
 }
 
 /// Hands out the lowest free values of `first..=last` once the existing claims are settled.
@@ -175,32 +228,34 @@ impl LowestFree {
 
 fn allocate_functions(
     state: &ClusterState,
-) -> Result<BTreeMap<String, NetworkAllocationSpec>, AllocError> {
-    let claims: Vec<Option<u128>> = state
-        .networks
-        .keys()
+    networks: &[&String],
+    failures: &mut Vec<AllocError>,
+) -> BTreeMap<String, NetworkAllocationSpec> {
+    let claims: Vec<Option<u128>> = networks
+        .iter()
         .map(|name| {
             state
                 .network_allocations
-                .get(name)
+                .get(*name)
                 .map(|a| u128::from(a.function))
         })
         .collect();
     let (mut free, accepted) = LowestFree::settle(1, u128::from(u16::MAX), &claims);
-    state
-        .networks
-        .keys()
-        .zip(accepted)
-        .map(|(name, kept)| {
-            let function = kept
-                .or_else(|| free.take())
-                .and_then(|f| u16::try_from(f).ok())
-                .ok_or_else(|| AllocError::FunctionsExhausted {
-                    network: name.clone(),
-                })?;
-            Ok((name.clone(), NetworkAllocationSpec { function }))
-        })
-        .collect()
+    let mut out = BTreeMap::new();
+    for (name, kept) in networks.iter().zip(accepted) {
+        match kept
+            .or_else(|| free.take())
+            .and_then(|f| u16::try_from(f).ok())
+        {
+            Some(function) => {
+                out.insert((*name).clone(), NetworkAllocationSpec { function });
+            }
+            None => failures.push(AllocError::FunctionsExhausted {
+                network: (*name).clone(),
+            }),
+        }
+    }
+    out
 }
 
 /// The blocks of one subnet, numbered from 0 at the subnet's first address.
@@ -321,17 +376,25 @@ pub fn nodes_without_blocks<'a>(
 
 fn allocate_nodes(
     state: &ClusterState,
-) -> Result<BTreeMap<String, NodeAllocationSpec>, AllocError> {
+    failures: &mut Vec<AllocError>,
+) -> BTreeMap<String, NodeAllocationSpec> {
+    let mut out = BTreeMap::new();
     if state.nodes.is_empty() {
-        return Ok(BTreeMap::new());
+        return out;
     }
-    let prefix = state
-        .config
-        .srv6_locator_prefix
-        .ok_or(AllocError::NoLocatorPrefix {
+    let Some(prefix) = state.config.srv6_locator_prefix else {
+        failures.push(AllocError::NoLocatorPrefix {
             nodes: state.nodes.len(),
-        })?;
-    let max = sid::max_node_index(prefix)?;
+        });
+        return out;
+    };
+    let max = match sid::max_node_index(prefix) {
+        Ok(max) => max,
+        Err(e) => {
+            failures.push(e.into());
+            return out;
+        }
+    };
     let claims: Vec<Option<u128>> = state
         .nodes
         .keys()
@@ -343,34 +406,42 @@ fn allocate_nodes(
         })
         .collect();
     let (mut free, accepted) = LowestFree::settle(1, u128::from(max), &claims);
-    state
-        .nodes
-        .iter()
-        .zip(accepted)
-        .map(|((name, node), kept)| {
-            let underlay = node.underlay();
-            if underlay == Underlay::default() {
-                return Err(AllocError::NoUnderlay { node: name.clone() });
+    for ((name, node), kept) in state.nodes.iter().zip(accepted) {
+        let mut underlay = node.underlay();
+        if underlay == Underlay::default() {
+            failures.push(AllocError::NoUnderlay { node: name.clone() });
+            match (kept, state.node_allocations.get(name)) {
+                (Some(_), Some(recorded)) => underlay = recorded.underlay,
+                _ => continue,
             }
-            let index = kept
-                .or_else(|| free.take())
-                .and_then(|i| u32::try_from(i).ok())
-                .ok_or_else(|| AllocError::LocatorsExhausted {
-                    prefix,
-                    max,
-                    node: name.clone(),
-                })?;
-            let locator = sid::node_locator(prefix, index)?;
-            Ok((
-                name.clone(),
-                NodeAllocationSpec {
-                    index,
-                    locator,
-                    underlay,
-                },
-            ))
-        })
-        .collect()
+        }
+        let Some(index) = kept
+            .or_else(|| free.take())
+            .and_then(|i| u32::try_from(i).ok())
+        else {
+            failures.push(AllocError::LocatorsExhausted {
+                prefix,
+                max,
+                node: name.clone(),
+            });
+            continue;
+        };
+        match sid::node_locator(prefix, index) {
+            Ok(locator) => {
+                out.insert(
+                    name.clone(),
+                    NodeAllocationSpec {
+                        index,
+                        locator,
+                        underlay,
+                    },
+                );
+            }
+            // In range by construction; reported rather than unwrapped.
+            Err(e) => failures.push(e.into()),
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -721,6 +792,84 @@ mod tests {
             setup(&mut s);
             assert_eq!(allocate(&s).unwrap_err().to_string(), want);
         }
+    }
+
+    #[test]
+    fn partial_allocation_leaves_out_only_what_cannot_be_allocated() {
+        // /94: 3 node locators for 4 nodes; node-2 has no address; Network bad is invalid.
+        let mut s = mk_state(&[1, 2, 3, 4]);
+        s.config.srv6_locator_prefix = Some("2001:db8:100::/94".parse().unwrap());
+        s.nodes.get_mut("node-2").unwrap().internal_ips.clear();
+        s.networks
+            .insert("bad".into(), mk_network(&[("10.9.0.1/16", 24)]));
+        let Partial {
+            allocation,
+            failures,
+        } = allocate_partial(&s);
+        let failures: Vec<String> = failures.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            failures,
+            [
+                "cannot allocate for invalid Networks: Network/bad: spec.subnets[0].cidr: 10.9.0.1/16 has host bits set (did you mean 10.9.0.0/16?)",
+                "Node node-2 has no InternalIP in status.addresses: the other nodes need one (IPv4 or IPv6) to reach its SRv6 locator",
+            ]
+        );
+        let indices: Vec<(&str, u32)> = allocation
+            .node_allocations
+            .iter()
+            .map(|(n, a)| (n.as_str(), a.index))
+            .collect();
+        assert_eq!(indices, [("node-1", 1), ("node-3", 2), ("node-4", 3)]);
+        assert!(!allocation.network_allocations.contains_key("bad"));
+        // What allocate accepts, allocate_partial allocates the same way.
+        s.networks.remove("bad");
+        s.nodes.remove("node-2");
+        assert_eq!(allocate_partial(&s).allocation, allocate(&s).unwrap());
+
+        // A fifth node finds no locator left; the others keep theirs.
+        allocation.store_in(&mut s);
+        s.nodes.insert("node-0".into(), mk_node(10));
+        let partial = allocate_partial(&s);
+        assert_eq!(
+            partial.failures,
+            [AllocError::LocatorsExhausted {
+                prefix: "2001:db8:100::/94".parse().unwrap(),
+                max: 3,
+                node: "node-0".into()
+            }]
+        );
+        assert_eq!(partial.allocation.node_allocations.len(), 3);
+        assert_eq!(partial.allocation.node_allocations["node-3"].index, 2);
+    }
+
+    #[test]
+    fn a_node_that_loses_its_address_keeps_its_allocation() {
+        let mut s = mk_state(&[1, 2]);
+        let before = run(&mut s);
+        s.nodes.get_mut("node-1").unwrap().internal_ips.clear();
+        s.nodes.insert("node-3".into(), mk_node(3));
+        let partial = allocate_partial(&s);
+        assert_eq!(
+            partial.failures,
+            [AllocError::NoUnderlay {
+                node: "node-1".into()
+            }]
+        );
+        assert_eq!(
+            partial.allocation.node_allocations["node-1"], before.node_allocations["node-1"],
+            "index, locator and the last known underlay"
+        );
+        assert_eq!(
+            partial.allocation.node_allocations["node-3"].index, 3,
+            "node-1's index is not handed out"
+        );
+        assert_eq!(
+            allocate(&s).unwrap_err(),
+            AllocError::NoUnderlay {
+                node: "node-1".into()
+            },
+            "the standalone pass is all or nothing"
+        );
     }
 
     #[test]

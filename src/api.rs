@@ -94,35 +94,42 @@ pub struct NetworkSpec {
     pub external: bool,
 }
 
-/// A Kubernetes-style condition, kept kube-free.
+/// A Kubernetes-style condition (`metav1.Condition`), kept kube-free.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "kube", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Condition {
     #[serde(rename = "type")]
     pub type_: String,
+    /// `True`, `False` or `Unknown`.
     pub status: String,
+    /// One CamelCase word for machines (`Allocated`, `Invalid`, ...).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub reason: String,
+    /// What a person needs to know, naming the fix for a failure.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
+    /// When `status` last changed (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_transition_time: Option<String>,
+    /// The `metadata.generation` of the spec this condition was computed from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
 }
 
 /// Status of a Network, written by the controller.
+///
+/// Conditions only: per-node counts (blocks or addresses in use) would change with every node
+/// that joins, and every agent watches Networks, so each join would cost one event per
+/// Network on every node. How many nodes a Network can serve is in the condition messages.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "kube", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct NetworkStatus {
+    /// `Ready` (the Network has its SID function; or why not: `Invalid`,
+    /// `SidFunctionsExhausted`) and `BlocksExhausted` (some nodes hold no block of it).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
-    /// Per-node blocks allocated so far.
-    #[serde(default)]
-    pub blocks_used: u32,
-    /// Addresses assigned to pods so far (summed over nodes).
-    #[serde(default)]
-    pub addresses_used: u64,
 }
 
 /// Status shared by the policy kinds.
@@ -130,6 +137,7 @@ pub struct NetworkStatus {
 #[cfg_attr(feature = "kube", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct PolicyStatus {
+    /// `Ready`, or why not (`Invalid`, with the validator's message naming the field).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }

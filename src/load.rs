@@ -538,7 +538,7 @@ mod tests {
             ),
             (
                 vec![("a.yaml", format!("{network}metadata:\n  name: n\nspec:\n  subnets:\n    - cidr: 10.0.0.0/88\n      blockPrefix: 8\n"))],
-                "DIR/a.yaml: document 1: Network/n: spec.subnets[0].cidr: invalid IP address syntax at line 7 column 13",
+                "DIR/a.yaml: document 1: Network/n: spec.subnets[0]: cidr \"10.0.0.0/88\" is not a CIDR: the prefix length is too long for the address at line 7 column 7",
             ),
             (
                 vec![

@@ -114,17 +114,7 @@ struct RunArgs {
 }
 
 fn main() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("LACE_LOG")
-                // kube's client logs every failed request at ERROR without context; the
-                // agent logs each failure once, explained.
-                .unwrap_or_else(|_| {
-                    tracing_subscriber::EnvFilter::new("info,kube_client::client::builder=off")
-                }),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    lace::telemetry::init_logging();
     match Cli::parse().command {
         Command::Crds => write_stdout(&lace::crd::crds_yaml())?,
         Command::Validate { manifests } => {

@@ -1,5 +1,6 @@
 //! The HTTP endpoint the agent and the controller share: Prometheus `/metrics`
-//! (`prometheus-client`'s OpenMetrics text), `/healthz` and `/readyz` (axum).
+//! (`prometheus-client`'s OpenMetrics text), `/healthz` and `/readyz` (axum); and their
+//! logging ([`init_logging`]).
 //!
 //! Each component implements [`Probes`]: its registry, what "healthy" and "ready" mean for
 //! it, and the gauges it computes at scrape time.
@@ -84,6 +85,21 @@ pub async fn serve(listener: tokio::net::TcpListener, probes: Arc<dyn Probes>) {
     if let Err(e) = axum::serve(listener, router(probes)).await {
         tracing::error!(error = %e, "metrics endpoint stopped");
     }
+}
+
+/// Logs to stderr, filtered by `LACE_LOG` (an `EnvFilter`, default `info`): the agent's and
+/// the controller's logging.
+pub fn init_logging() {
+    use tracing_subscriber::EnvFilter;
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_env("LACE_LOG")
+                // kube's client logs every failed request at ERROR without context; the
+                // agent and the controller log each failure once, explained.
+                .unwrap_or_else(|_| EnvFilter::new("info,kube_client::client::builder=off")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
 }
 
 /// Encodes `registry` as `/metrics` would (tests, benches).
