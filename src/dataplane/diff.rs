@@ -2,7 +2,9 @@
 //!
 //! Symbolic next hops are resolved here against what was observed: `@uplink` is the link
 //! holding the node's underlay IPv6 address, [`Nexthop::Host`] is what the host's main table
-//! routes for the destination (longest prefix match over its unicast routes).
+//! routes for the destination (longest prefix match over its unicast routes), and the MTU of
+//! the SRv6-over-IPv4 device is that of the link holding the node's underlay IPv4 address minus
+//! what the outer IPv4 and UDP headers take.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -11,16 +13,23 @@ use std::net::{IpAddr, Ipv6Addr};
 use ipnet::{IpNet, Ipv6Net};
 
 use super::nft::{self, KnownRuleset};
-use super::{HostRoute, KernelNexthop, NftState, ObservedNode, ObservedRule};
-use crate::plan::{
-    DesiredNode, Nexthop, RouteKey, Rule, RuleAction, POD_GATEWAY_V6_PREFIX, PROBE_TABLE,
+use super::{
+    FouListener, HostRoute, KernelNexthop, NftState, ObservedLink, ObservedNode, ObservedRule,
+    SitLink,
 };
+use crate::plan::underlay::{Ipv4Tunnel, FOU_IPPROTO, FOU_PORT, IPV4_FOU_OVERHEAD, IPV4_TUNNEL};
+use crate::plan::{
+    DesiredNode, Family, Nexthop, RouteKey, Rule, RuleAction, POD_GATEWAY_V6_PREFIX, PROBE_TABLE,
+};
+
+/// `TUNNEL_ENCAP_FOU` of `<linux/if_tunnel.h>`.
+const TUNNEL_ENCAP_FOU: u16 = 1;
 
 /// Why no operations could be computed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum DiffError {
-    #[error("no link holds the node's underlay address {underlay}: cannot resolve @uplink")]
-    NoUplink { underlay: Ipv6Addr },
+    #[error("no link holds the node's underlay address {underlay} (its InternalIP in the NodeAllocation): cannot resolve the uplink")]
+    NoUplink { underlay: IpAddr },
     #[error("the nft ruleset cannot be tagged: {0}")]
     Nft(String),
 }
@@ -37,8 +46,19 @@ pub enum Op {
         name: String,
         table: u32,
     },
+    /// `ip link add <name> mtu <mtu> type sit ...` (the SRv6-over-IPv4 device), left down until
+    /// [`Op::TunnelUp`], after the ruleset that guards it is in.
+    AddTunnel {
+        name: String,
+        sit: SitLink,
+        mtu: u32,
+    },
     LinkUp {
         name: String,
+    },
+    SetMtu {
+        name: String,
+        mtu: u32,
     },
     /// Enslave a pod's host-side veth to its Network's VRF.
     SetMaster {
@@ -46,7 +66,8 @@ pub enum Op {
         master: String,
     },
     /// `ip addr add <addr> dev <link> nodad`: the link-local source of a pod's IPv6 probe
-    /// route, on the pod's host-side veth (see [`Nexthop::DevSrc`]).
+    /// route, on the pod's host-side veth (see [`Nexthop::DevSrc`]), or the tunnel source on
+    /// the SRv6-over-IPv4 device.
     AddAddress {
         link: String,
         addr: IpNet,
@@ -56,6 +77,16 @@ pub enum Op {
         value: String,
     },
     Tunsrc(Ipv6Addr),
+    /// `ip link set <name> up` for the SRv6-over-IPv4 device.
+    TunnelUp {
+        name: String,
+    },
+    /// `ip fou add port <port> ipproto <ipproto>`, deleting first what else listens on the
+    /// port (`replace`).
+    AddFou {
+        listener: FouListener,
+        replace: bool,
+    },
     /// Replace table `inet lace` in one transaction (`script` is the whole `nft -f` input).
     NftSwap {
         script: String,
@@ -80,6 +111,10 @@ pub enum Op {
         nh: KernelNexthop,
     },
     DelRule(Box<ObservedRule>),
+    /// `ip fou del port <port>`, before the tunnel device goes.
+    DelFou {
+        listener: FouListener,
+    },
     DelLink {
         name: String,
     },
@@ -91,23 +126,27 @@ impl Op {
     pub fn phase(&self) -> u8 {
         match self {
             Op::ReplaceLink { .. } => 0,
-            Op::AddVrf { .. } => 1,
-            Op::LinkUp { .. } => 2,
+            Op::AddVrf { .. } | Op::AddTunnel { .. } => 1,
+            Op::LinkUp { .. } | Op::SetMtu { .. } => 2,
             Op::SetMaster { .. } => 3,
-            // After enslaving: moving an up link into a VRF cycles it, which drops its
-            // link-local addresses.
-            Op::AddAddress { .. } => 4,
             // Before sysctls: the ruleset's `ct` expressions load conntrack, which registers
             // `net.netfilter.nf_hooks_lwtunnel`.
-            Op::NftSwap { .. } | Op::NftElements { .. } => 5,
-            Op::Sysctl { .. } => 6,
-            Op::Tunsrc(_) => 7,
+            Op::NftSwap { .. } | Op::NftElements { .. } => 4,
+            Op::Sysctl { .. } => 5,
+            // After enslaving: moving an up link into a VRF cycles it, which drops its
+            // link-local addresses; after sysctls: the tunnel's IPv6 may have been disabled.
+            Op::AddAddress { .. } => 6,
+            // The tunnel starts decapsulating only once the ruleset guarding it is in.
+            Op::Tunsrc(_) | Op::TunnelUp { .. } | Op::AddFou { .. } => 7,
             Op::AddRule(_) => 8,
             Op::PutRoute { .. } => 9,
             Op::DelRoute { .. } => 10,
             Op::DelRule(_) => 11,
-            Op::DelLink { .. } => 12,
-            Op::NftDelete => 13,
+            // The fou port goes before its device, so a port of Lace's without a Lace device
+            // (which observation would not look for) never stays behind.
+            Op::DelFou { .. } => 12,
+            Op::DelLink { .. } => 13,
+            Op::NftDelete => 14,
         }
     }
 }
@@ -125,11 +164,31 @@ impl fmt::Display for Op {
         match self {
             Op::ReplaceLink { name } => write!(f, "link del {name} (to re-create it as planned)"),
             Op::AddVrf { name, table } => write!(f, "link add {name} type vrf table {table}"),
-            Op::LinkUp { name } => write!(f, "link set {name} up"),
+            Op::AddTunnel { name, sit, mtu } => write!(
+                f,
+                "link add {name} mtu {mtu} type sit remote {} local {} ttl {} {}pmtudisc encap {} encap-sport {} encap-dport {}",
+                sit.remote.map_or("any".to_string(), |a| a.to_string()),
+                sit.local.map_or("any".to_string(), |a| a.to_string()),
+                sit.ttl,
+                if sit.pmtudisc { "" } else { "no" },
+                sit.encap_type,
+                sit.encap_sport,
+                sit.encap_dport
+            ),
+            Op::LinkUp { name } | Op::TunnelUp { name } => write!(f, "link set {name} up"),
+            Op::SetMtu { name, mtu } => write!(f, "link set {name} mtu {mtu}"),
             Op::SetMaster { link, master } => write!(f, "link set {link} master {master}"),
             Op::AddAddress { link, addr } => write!(f, "addr add {addr} dev {link} nodad"),
             Op::Sysctl { key, value } => write!(f, "sysctl {key}={value}"),
             Op::Tunsrc(a) => write!(f, "sr tunsrc set {a}"),
+            Op::AddFou { listener, replace } => write!(
+                f,
+                "fou add port {} ipproto {}{}",
+                listener.port,
+                listener.ipproto.unwrap_or_default(),
+                if *replace { " (replacing another listener)" } else { "" }
+            ),
+            Op::DelFou { listener } => write!(f, "fou del port {}", listener.port),
             Op::NftSwap { tag, .. } => write!(f, "nft replace table inet lace ({tag})"),
             Op::NftElements {
                 tag,
@@ -210,6 +269,9 @@ pub fn diff(
 
     // --- Links: VRFs ------------------------------------------------------------------------
     let mut dels = Vec::new();
+    // Links this diff creates or re-creates: what the kernel showed of the old ones (their
+    // routes, sysctls) says nothing about the new.
+    let mut fresh: BTreeSet<&str> = BTreeSet::new();
     for (name, vrf) in vrfs {
         match observed.links.get(name) {
             Some(l) if l.vrf_table == Some(vrf.table) => {
@@ -217,22 +279,42 @@ pub fn diff(
                     out.ops.push(Op::LinkUp { name: name.clone() });
                 }
             }
-            Some(_) => {
-                out.ops.push(Op::ReplaceLink { name: name.clone() });
+            other => {
+                if other.is_some() {
+                    out.ops.push(Op::ReplaceLink { name: name.clone() });
+                }
+                fresh.insert(name);
                 out.ops.push(Op::AddVrf {
                     name: name.clone(),
                     table: vrf.table,
                 });
             }
-            None => out.ops.push(Op::AddVrf {
-                name: name.clone(),
-                table: vrf.table,
-            }),
         }
     }
     for (name, _) in observed.vrfs() {
         if !vrfs.contains_key(name) {
             dels.push(Op::DelLink { name: name.clone() });
+        }
+    }
+
+    // --- Links: the SRv6-over-IPv4 device and its fou port ----------------------------------
+    let tunnel = desired.and_then(|d| d.base.ipv4_tunnel.as_ref());
+    if let Some(t) = tunnel {
+        if tunnel_ops(t, observed, &mut out.ops)? {
+            fresh.insert(IPV4_TUNNEL);
+        }
+    }
+    for (name, _) in observed.tunnels() {
+        if tunnel.is_none() || name != IPV4_TUNNEL {
+            dels.push(Op::DelLink { name: name.clone() });
+        }
+    }
+    let ours = FouListener::direct_v4(FOU_PORT, FOU_IPPROTO);
+    if tunnel.is_none() {
+        for l in observed.fou.iter().flatten() {
+            if l.port == ours.port && l.family == ours.family {
+                out.ops.push(Op::DelFou { listener: *l });
+            }
         }
     }
 
@@ -289,7 +371,9 @@ pub fn diff(
         known_nft,
     )?);
     for (key, value) in &base.sysctls {
-        if observed.sysctls.get(key).and_then(|v| v.as_deref()) != Some(value.as_str()) {
+        let of_fresh = fresh.iter().any(|l| key.contains(&format!(".{l}.")));
+        if of_fresh || observed.sysctls.get(key).and_then(|v| v.as_deref()) != Some(value.as_str())
+        {
             out.ops.push(Op::Sysctl {
                 key: key.clone(),
                 value: value.clone(),
@@ -315,14 +399,16 @@ pub fn diff(
     }
 
     // --- Routes -----------------------------------------------------------------------------
-    let uplink = observed
-        .addrs
-        .iter()
-        .find(|(a, _)| *a == IpAddr::V6(base.underlay))
-        .and_then(|(_, i)| observed.link_name(*i))
-        .ok_or(DiffError::NoUplink {
-            underlay: base.underlay,
-        })?;
+    // The uplink of the IPv6 underlay, needed only by routes over IPv6.
+    let uplink6 = base.underlay.ipv6.map(IpAddr::V6);
+    let uplink = uplink6
+        .and_then(|u| link_holding(observed, u))
+        .map(|(name, _)| name);
+    let need_uplink = || {
+        uplink.ok_or(DiffError::NoUplink {
+            underlay: uplink6.unwrap_or(IpAddr::V6(Ipv6Addr::UNSPECIFIED)),
+        })
+    };
     let mut route_dels = Vec::new();
     let mut wanted: BTreeSet<&RouteKey> = BTreeSet::new();
     for (key, nh) in d.routes() {
@@ -340,9 +426,12 @@ pub fn diff(
                 }
             }
             Nexthop::DevSrc { dev, .. } => KernelNexthop::Dev(dev.clone()),
-            Nexthop::Seg6Encap { segs } => KernelNexthop::Seg6Encap {
+            Nexthop::Seg6Encap { segs, underlay } => KernelNexthop::Seg6Encap {
                 segs: *segs,
-                dev: uplink.to_string(),
+                dev: match underlay {
+                    Family::V6 => need_uplink()?.to_string(),
+                    Family::V4 => IPV4_TUNNEL.to_string(),
+                },
             },
             Nexthop::Seg6LocalDt46 { vrf_table, vrf } => KernelNexthop::Seg6LocalDt46 {
                 vrf_table: *vrf_table,
@@ -350,7 +439,11 @@ pub fn diff(
             },
             Nexthop::Underlay { via } => KernelNexthop::Via {
                 via: IpAddr::V6(*via),
-                dev: uplink.to_string(),
+                dev: need_uplink()?.to_string(),
+            },
+            Nexthop::Ipv4Tunnel { via } => KernelNexthop::Via {
+                via: IpAddr::V6(via.to_ipv6_compatible()),
+                dev: IPV4_TUNNEL.to_string(),
             },
             Nexthop::Unreachable => KernelNexthop::Unreachable,
             Nexthop::Host => {
@@ -380,7 +473,8 @@ pub fn diff(
             }
         }
         wanted.insert(key);
-        if observed.routes.get(key) != Some(&resolved) {
+        let via_fresh = resolved.dev().is_some_and(|d| fresh.contains(d));
+        if via_fresh || observed.routes.get(key) != Some(&resolved) {
             out.ops.push(Op::PutRoute {
                 key: *key,
                 nh: resolved,
@@ -399,8 +493,108 @@ pub fn diff(
     out.ops.extend(route_dels);
     out.ops.extend(rule_dels);
     out.ops.extend(dels);
-    debug_assert!(out.ops.windows(2).all(|w| w[0].phase() <= w[1].phase()));
+    // Stable: within a phase, the order above.
+    out.ops.sort_by_key(Op::phase);
     Ok(out)
+}
+
+/// The link holding address `addr`, by name, with what was observed of it.
+fn link_holding(observed: &ObservedNode, addr: IpAddr) -> Option<(&str, &ObservedLink)> {
+    let (_, index) = observed.addrs.iter().find(|(a, _)| *a == addr)?;
+    observed
+        .links
+        .iter()
+        .find(|(_, l)| l.index == *index)
+        .map(|(n, l)| (n.as_str(), l))
+}
+
+/// The `sit` device that carries SRv6 over IPv4 as planned by `t`.
+pub fn planned_sit(t: &Ipv4Tunnel) -> SitLink {
+    SitLink {
+        local: Some(t.local),
+        remote: None,
+        link: 0,
+        ttl: 0,
+        pmtudisc: true,
+        encap_type: TUNNEL_ENCAP_FOU,
+        encap_sport: 0,
+        encap_dport: FOU_PORT,
+        encap_flags: 0,
+    }
+}
+
+/// The operations that make the SRv6-over-IPv4 device, its address and its fou port as
+/// planned (any phase; the caller sorts). Returns whether the device is (re-)created.
+fn tunnel_ops(
+    t: &Ipv4Tunnel,
+    observed: &ObservedNode,
+    ops: &mut Vec<Op>,
+) -> Result<bool, DiffError> {
+    let (_, uplink) = link_holding(observed, IpAddr::V4(t.local)).ok_or(DiffError::NoUplink {
+        underlay: IpAddr::V4(t.local),
+    })?;
+    let mtu = uplink.mtu.saturating_sub(IPV4_FOU_OVERHEAD);
+    let sit = planned_sit(t);
+    let name = IPV4_TUNNEL.to_string();
+    let have = observed.links.get(IPV4_TUNNEL);
+    // The global addresses Lace gives it (the kernel adds `::<local>/96` itself).
+    let held: BTreeSet<Ipv6Addr> = have
+        .map(|l| {
+            observed
+                .addrs
+                .iter()
+                .filter_map(|(a, i)| match a {
+                    IpAddr::V6(v6) if *i == l.index => Some(*v6),
+                    _ => None,
+                })
+                .filter(|a| !a.is_unicast_link_local() && a.to_ipv4().is_none())
+                .collect()
+        })
+        .unwrap_or_default();
+    let created = match have {
+        Some(l) if l.sit == Some(sit) && held == t.address.into_iter().collect() => {
+            if l.mtu != mtu {
+                ops.push(Op::SetMtu {
+                    name: name.clone(),
+                    mtu,
+                });
+            }
+            if !l.up {
+                ops.push(Op::TunnelUp { name: name.clone() });
+            }
+            false
+        }
+        other => {
+            if other.is_some() {
+                ops.push(Op::ReplaceLink { name: name.clone() });
+            }
+            ops.push(Op::AddTunnel {
+                name: name.clone(),
+                sit,
+                mtu,
+            });
+            if let Some(a) = t.address {
+                ops.push(Op::AddAddress {
+                    link: name.clone(),
+                    addr: IpNet::V6(Ipv6Net::from(a)),
+                });
+            }
+            ops.push(Op::TunnelUp { name });
+            true
+        }
+    };
+    let ours = FouListener::direct_v4(FOU_PORT, FOU_IPPROTO);
+    // Not read (no tunnel device yet): added; a listener that exists is fine.
+    let listeners = observed.fou.as_deref().unwrap_or_default();
+    if !listeners.contains(&ours) {
+        ops.push(Op::AddFou {
+            listener: ours,
+            replace: listeners
+                .iter()
+                .any(|l| l.port == ours.port && l.family == ours.family),
+        });
+    }
+    Ok(created)
 }
 
 /// Everything Lace owns goes, except the l3mdev rule (shared with every VRF on the host; the
@@ -427,6 +621,7 @@ fn teardown(mut out: Diff, observed: &ObservedNode, link_dels: Vec<Op>) -> Diff 
     if observed.nft != NftState::Absent {
         out.ops.push(Op::NftDelete);
     }
+    out.ops.sort_by_key(Op::phase);
     out
 }
 
@@ -526,8 +721,10 @@ mod tests {
         ObservedLink {
             index,
             vrf_table: None,
+            sit: None,
             master: None,
             up: true,
+            mtu: 1500,
         }
     }
 
@@ -564,6 +761,7 @@ mod tests {
             sysctls: BTreeMap::new(),
             tunsrc: None,
             nft: NftState::Absent,
+            fou: None,
         }
     }
 
@@ -573,7 +771,14 @@ mod tests {
         for op in ops {
             match op {
                 Op::ReplaceLink { name } | Op::DelLink { name } => {
-                    o.links.remove(name);
+                    if let Some(l) = o.links.remove(name) {
+                        // Its addresses and the routes through it go with it.
+                        o.addrs.retain(|(_, i)| *i != l.index);
+                        o.routes.retain(|_, nh| nh.dev() != Some(name.as_str()));
+                    }
+                    if o.tunnels().next().is_none() {
+                        o.fou = None;
+                    }
                 }
                 Op::AddVrf { name, table } => {
                     let index = 100 + o.links.len() as u32;
@@ -585,7 +790,34 @@ mod tests {
                         },
                     );
                 }
-                Op::LinkUp { name } => o.links.get_mut(name).unwrap().up = true,
+                Op::AddTunnel { name, sit, mtu } => {
+                    let index = 100 + o.links.len() as u32;
+                    o.links.insert(
+                        name.clone(),
+                        ObservedLink {
+                            sit: Some(*sit),
+                            up: false,
+                            mtu: *mtu,
+                            ..link(index)
+                        },
+                    );
+                    // The kernel reads the fou ports once a tunnel exists.
+                    o.fou.get_or_insert_with(Vec::new);
+                }
+                Op::LinkUp { name } | Op::TunnelUp { name } => {
+                    o.links.get_mut(name).unwrap().up = true
+                }
+                Op::SetMtu { name, mtu } => o.links.get_mut(name).unwrap().mtu = *mtu,
+                Op::AddFou { listener, .. } => {
+                    let l = o.fou.get_or_insert_with(Vec::new);
+                    l.retain(|x| x.port != listener.port);
+                    l.push(*listener);
+                }
+                Op::DelFou { listener } => {
+                    if let Some(l) = &mut o.fou {
+                        l.retain(|x| x.port != listener.port);
+                    }
+                }
                 Op::SetMaster { link, master } => {
                     let m = o.links[master].index;
                     let l = o.links.get_mut(link).unwrap();
@@ -808,7 +1040,9 @@ mod tests {
         o.addrs.clear();
         assert_eq!(
             diff(Some(&d), &o, None).unwrap_err(),
-            DiffError::NoUplink { underlay: ul(1) }
+            DiffError::NoUplink {
+                underlay: IpAddr::V6(ul(1))
+            }
         );
         let mut o = bare_host();
         o.host_routes.clear();
