@@ -13,17 +13,12 @@ use std::net::{IpAddr, Ipv6Addr};
 use ipnet::{IpNet, Ipv6Net};
 
 use super::nft::{self, KnownRuleset};
-use super::{
-    FouListener, HostRoute, KernelNexthop, NftState, ObservedLink, ObservedNode, ObservedRule,
-    SitLink,
-};
-use crate::plan::underlay::{Ipv4Tunnel, FOU_IPPROTO, FOU_PORT, IPV4_FOU_OVERHEAD, IPV4_TUNNEL};
+use super::tunnel::{self, link_holding};
+use super::{FouListener, HostRoute, KernelNexthop, NftState, ObservedNode, ObservedRule, SitLink};
+use crate::plan::underlay::{FOU_IPPROTO, FOU_PORT, IPV4_TUNNEL};
 use crate::plan::{
     DesiredNode, Family, Nexthop, RouteKey, Rule, RuleAction, POD_GATEWAY_V6_PREFIX, PROBE_TABLE,
 };
-
-/// `TUNNEL_ENCAP_FOU` of `<linux/if_tunnel.h>`.
-const TUNNEL_ENCAP_FOU: u16 = 1;
 
 /// Why no operations could be computed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -300,7 +295,7 @@ pub fn diff(
     // --- Links: the SRv6-over-IPv4 device and its fou port ----------------------------------
     let tunnel = desired.and_then(|d| d.base.ipv4_tunnel.as_ref());
     if let Some(t) = tunnel {
-        if tunnel_ops(t, observed, &mut out.ops)? {
+        if tunnel::ops(t, observed, &mut out.ops)? {
             fresh.insert(IPV4_TUNNEL);
         }
     }
@@ -498,105 +493,6 @@ pub fn diff(
     Ok(out)
 }
 
-/// The link holding address `addr`, by name, with what was observed of it.
-fn link_holding(observed: &ObservedNode, addr: IpAddr) -> Option<(&str, &ObservedLink)> {
-    let (_, index) = observed.addrs.iter().find(|(a, _)| *a == addr)?;
-    observed
-        .links
-        .iter()
-        .find(|(_, l)| l.index == *index)
-        .map(|(n, l)| (n.as_str(), l))
-}
-
-/// The `sit` device that carries SRv6 over IPv4 as planned by `t`.
-pub fn planned_sit(t: &Ipv4Tunnel) -> SitLink {
-    SitLink {
-        local: Some(t.local),
-        remote: None,
-        link: 0,
-        ttl: 0,
-        pmtudisc: true,
-        encap_type: TUNNEL_ENCAP_FOU,
-        encap_sport: 0,
-        encap_dport: FOU_PORT,
-        encap_flags: 0,
-    }
-}
-
-/// The operations that make the SRv6-over-IPv4 device, its address and its fou port as
-/// planned (any phase; the caller sorts). Returns whether the device is (re-)created.
-fn tunnel_ops(
-    t: &Ipv4Tunnel,
-    observed: &ObservedNode,
-    ops: &mut Vec<Op>,
-) -> Result<bool, DiffError> {
-    let (_, uplink) = link_holding(observed, IpAddr::V4(t.local)).ok_or(DiffError::NoUplink {
-        underlay: IpAddr::V4(t.local),
-    })?;
-    let mtu = uplink.mtu.saturating_sub(IPV4_FOU_OVERHEAD);
-    let sit = planned_sit(t);
-    let name = IPV4_TUNNEL.to_string();
-    let have = observed.links.get(IPV4_TUNNEL);
-    // The global addresses Lace gives it (the kernel adds `::<local>/96` itself).
-    let held: BTreeSet<Ipv6Addr> = have
-        .map(|l| {
-            observed
-                .addrs
-                .iter()
-                .filter_map(|(a, i)| match a {
-                    IpAddr::V6(v6) if *i == l.index => Some(*v6),
-                    _ => None,
-                })
-                .filter(|a| !a.is_unicast_link_local() && a.to_ipv4().is_none())
-                .collect()
-        })
-        .unwrap_or_default();
-    let created = match have {
-        Some(l) if l.sit == Some(sit) && held == t.address.into_iter().collect() => {
-            if l.mtu != mtu {
-                ops.push(Op::SetMtu {
-                    name: name.clone(),
-                    mtu,
-                });
-            }
-            if !l.up {
-                ops.push(Op::TunnelUp { name: name.clone() });
-            }
-            false
-        }
-        other => {
-            if other.is_some() {
-                ops.push(Op::ReplaceLink { name: name.clone() });
-            }
-            ops.push(Op::AddTunnel {
-                name: name.clone(),
-                sit,
-                mtu,
-            });
-            if let Some(a) = t.address {
-                ops.push(Op::AddAddress {
-                    link: name.clone(),
-                    addr: IpNet::V6(Ipv6Net::from(a)),
-                });
-            }
-            ops.push(Op::TunnelUp { name });
-            true
-        }
-    };
-    let ours = FouListener::direct_v4(FOU_PORT, FOU_IPPROTO);
-    // Not read (no tunnel device yet): added; a listener that exists is fine.
-    let listeners = observed.fou.as_deref().unwrap_or_default();
-    if !listeners.contains(&ours) {
-        ops.push(Op::AddFou {
-            listener: ours,
-            replace: listeners
-                .iter()
-                .any(|l| l.port == ours.port && l.family == ours.family),
-        });
-    }
-    Ok(created)
-}
-
 /// Everything Lace owns goes, except the l3mdev rule (shared with every VRF on the host; the
 /// kernel's VRF driver installs the same one).
 fn teardown(mut out: Diff, observed: &ObservedNode, link_dels: Vec<Op>) -> Diff {
@@ -776,7 +672,8 @@ mod tests {
                         o.addrs.retain(|(_, i)| *i != l.index);
                         o.routes.retain(|_, nh| nh.dev() != Some(name.as_str()));
                     }
-                    if o.tunnels().next().is_none() {
+                    // The fou ports are read only while a tunnel device exists.
+                    if matches!(op, Op::DelLink { .. }) && o.tunnels().next().is_none() {
                         o.fou = None;
                     }
                 }
@@ -1183,6 +1080,266 @@ mod tests {
                 dev: "lp-pa".into(),
                 src
             })
+        );
+    }
+
+    // --- The SRv6-over-IPv4 device ---------------------------------------------------------
+
+    const V4_UPLINK: std::net::Ipv4Addr = std::net::Ipv4Addr::new(192, 0, 2, 1);
+
+    /// `state(false)` with IPv4 InternalIPs `192.0.2.<i>`: n2 has no IPv6, n1 has it if `n1_v6`.
+    fn state_v4(n1_v6: bool) -> ClusterState {
+        let mut s = state(false);
+        for (n, a) in s.node_allocations.iter_mut() {
+            a.underlay.ipv4 = Some(std::net::Ipv4Addr::new(192, 0, 2, a.index as u8 - 1));
+            if n == "n2" || !n1_v6 {
+                a.underlay.ipv6 = None;
+            }
+        }
+        s
+    }
+
+    fn desired_v4(s: &ClusterState) -> DesiredNode {
+        let pod = PodAttachment {
+            pod: ObjectKey::new("ns", "pa"),
+            container_id: "c1".into(),
+            host_ifname: "lp-pa".into(),
+            network: "a".into(),
+            ips: vec!["10.1.1.10/32".parse().unwrap()],
+        };
+        plan("n1", s, &[pod]).unwrap()
+    }
+
+    /// [`bare_host`] whose uplink also holds n1's IPv4 InternalIP (and IPv6 only if `v6`).
+    fn host_v4(v6: bool) -> ObservedNode {
+        let mut o = bare_host();
+        if !v6 {
+            o.addrs.clear();
+        }
+        o.addrs.push((IpAddr::V4(V4_UPLINK), 2));
+        o
+    }
+
+    fn tunnel_of(d: &DesiredNode) -> crate::plan::underlay::Ipv4Tunnel {
+        d.base.ipv4_tunnel.expect("a tunnel is planned")
+    }
+
+    #[test]
+    fn an_ipv4_peer_gets_the_tunnel_up_only_after_its_guard_and_converges() {
+        for n1_v6 in [true, false] {
+            let d = desired_v4(&state_v4(n1_v6));
+            let mut o = host_v4(n1_v6);
+            let ops = diff(Some(&d), &o, None).unwrap().ops;
+            let at = |f: &dyn Fn(&Op) -> bool| first(&ops, f).unwrap_or_else(|| panic!("{ops:#?}"));
+            let add = at(&|o| matches!(o, Op::AddTunnel { .. }));
+            assert_eq!(
+                ops[add],
+                Op::AddTunnel {
+                    name: IPV4_TUNNEL.into(),
+                    sit: tunnel::planned_sit(&tunnel_of(&d)),
+                    mtu: 1500 - 28,
+                }
+            );
+            let nft = at(&|o| matches!(o, Op::NftSwap { .. }));
+            let up = at(&|o| matches!(o, Op::TunnelUp { .. }));
+            let fou = at(&|o| matches!(o, Op::AddFou { replace: false, .. }));
+            let route = at(&|o| matches!(o, Op::PutRoute { .. }));
+            assert!(
+                add < nft && nft < up && up < route && fou < route,
+                "{ops:#?}"
+            );
+            // Over IPv4: the locator via the peer's IPv4-compatible address, encap on lu-ipv4.
+            let puts: BTreeMap<RouteKey, KernelNexthop> = ops
+                .iter()
+                .filter_map(|o| match o {
+                    Op::PutRoute { key, nh } => Some((*key, nh.clone())),
+                    _ => None,
+                })
+                .collect();
+            let loc = RouteKey {
+                table: crate::plan::MAIN_TABLE,
+                dst: "2001:db8:100::2:0:0/96".parse().unwrap(),
+            };
+            assert_eq!(
+                puts[&loc],
+                KernelNexthop::Via {
+                    via: "::192.0.2.2".parse().unwrap(),
+                    dev: IPV4_TUNNEL.into()
+                }
+            );
+            let block = RouteKey {
+                table: d.base.vrfs["lv-a"].table,
+                dst: "10.1.2.0/24".parse().unwrap(),
+            };
+            assert_eq!(
+                puts[&block],
+                KernelNexthop::Seg6Encap {
+                    segs: "2001:db8:100::2:1:0".parse().unwrap(),
+                    dev: IPV4_TUNNEL.into()
+                }
+            );
+            // Without an IPv6 InternalIP, the locator's address is the source, and the device
+            // holds it, once IPv6 is enabled on it.
+            let src: Ipv6Addr = "2001:db8:100::1:0:0".parse().unwrap();
+            if !n1_v6 {
+                let sysctl = at(
+                    &|o| matches!(o, Op::Sysctl { key, value } if key == "net.ipv6.conf.lu-ipv4.disable_ipv6" && value == "0"),
+                );
+                let addr = at(
+                    &|o| matches!(o, Op::AddAddress { link, addr } if link == IPV4_TUNNEL && addr.addr() == IpAddr::V6(src)),
+                );
+                assert!(sysctl < addr && addr < up, "{ops:#?}");
+                assert!(ops.contains(&Op::Tunsrc(src)));
+            } else {
+                assert!(!ops
+                    .iter()
+                    .any(|o| matches!(o, Op::AddAddress { link, .. } if link == IPV4_TUNNEL)));
+                assert!(ops.contains(&Op::Tunsrc(ul(1))));
+            }
+            model(&mut o, &ops);
+            assert_eq!(
+                diff(Some(&d), &o, None).unwrap(),
+                Diff::default(),
+                "IPv6 {n1_v6}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_tunnel_follows_the_uplink_mtu_and_is_recreated_when_it_differs() {
+        let s = state_v4(true);
+        let d = desired_v4(&s);
+        let mut o = host_v4(true);
+        let ops = diff(Some(&d), &o, None).unwrap().ops;
+        model(&mut o, &ops);
+        // A jumbo uplink: only the device's MTU follows.
+        o.links.get_mut(UPLINK).unwrap().mtu = 9000;
+        let ops = diff(Some(&d), &o, None).unwrap().ops;
+        assert_eq!(
+            ops,
+            vec![Op::SetMtu {
+                name: IPV4_TUNNEL.into(),
+                mtu: 9000 - 28
+            }]
+        );
+        model(&mut o, &ops);
+        // The InternalIP moves: a new device, and everything that went with the old one (the
+        // routes through it, its sysctl) is written again although it looked right before.
+        let mut moved = s.clone();
+        let new_ip = std::net::Ipv4Addr::new(192, 0, 2, 9);
+        moved.node_allocations.get_mut("n1").unwrap().underlay.ipv4 = Some(new_ip);
+        o.addrs.push((IpAddr::V4(new_ip), 2));
+        let d2 = desired_v4(&moved);
+        let ops = diff(Some(&d2), &o, None).unwrap().ops;
+        assert_eq!(
+            ops[0],
+            Op::ReplaceLink {
+                name: IPV4_TUNNEL.into()
+            }
+        );
+        assert!(matches!(&ops[1], Op::AddTunnel { sit, .. } if sit.local == Some(new_ip)));
+        let via_tunnel = d2
+            .routes()
+            .filter(|(_, nh)| {
+                matches!(
+                    nh,
+                    Nexthop::Ipv4Tunnel { .. }
+                        | Nexthop::Seg6Encap {
+                            underlay: Family::V4,
+                            ..
+                        }
+                )
+            })
+            .count();
+        assert!(via_tunnel >= 3);
+        assert_eq!(
+            ops.iter()
+                .filter(|o| matches!(o, Op::PutRoute { nh, .. } if nh.dev() == Some(IPV4_TUNNEL)))
+                .count(),
+            via_tunnel,
+            "{ops:#?}"
+        );
+        assert!(ops
+            .iter()
+            .any(|o| matches!(o, Op::Sysctl { key, .. } if key.contains(IPV4_TUNNEL))));
+        assert!(
+            !ops.iter().any(|o| matches!(o, Op::AddFou { .. })),
+            "the port stays"
+        );
+        model(&mut o, &ops);
+        assert_eq!(diff(Some(&d2), &o, None).unwrap(), Diff::default());
+        // An address nobody planned on the device (by hand, or an old locator's): re-created.
+        let index = o.links[IPV4_TUNNEL].index;
+        o.addrs.push(("2001:db8:dead::1".parse().unwrap(), index));
+        let ops = diff(Some(&d2), &o, None).unwrap().ops;
+        assert_eq!(
+            ops[0],
+            Op::ReplaceLink {
+                name: IPV4_TUNNEL.into()
+            }
+        );
+    }
+
+    #[test]
+    fn the_fou_port_goes_before_its_device_and_a_foreign_one_on_it_is_replaced() {
+        let d = desired_v4(&state_v4(true));
+        for without in [Some(desired(false)), None] {
+            let mut o = host_v4(true);
+            let ops = diff(Some(&d), &o, None).unwrap().ops;
+            model(&mut o, &ops);
+            assert!(o.fou.is_some() && o.links.contains_key(IPV4_TUNNEL));
+            // No IPv4 peer any more (or no Lace at all).
+            let ops = diff(without.as_ref(), &o, None).unwrap().ops;
+            let del_fou = first(&ops, |o| matches!(o, Op::DelFou { .. })).expect("fou del");
+            let del_link = first(&ops, |o| {
+                *o == Op::DelLink {
+                    name: IPV4_TUNNEL.into(),
+                }
+            })
+            .expect("link del");
+            assert!(del_fou < del_link, "{ops:#?}");
+            model(&mut o, &ops);
+            assert!(o.tunnels().next().is_none());
+            assert_eq!(diff(without.as_ref(), &o, None).unwrap().ops, vec![]);
+        }
+        // Someone else listens on Lace's port (GUE): replaced. Other ports are not Lace's.
+        let mut o = host_v4(true);
+        let ops = diff(Some(&d), &o, None).unwrap().ops;
+        model(&mut o, &ops);
+        let other = FouListener {
+            port: 5555,
+            family: libc::AF_INET as u8,
+            ipproto: Some(4),
+        };
+        o.fou = Some(vec![
+            other,
+            FouListener {
+                ipproto: None,
+                ..FouListener::direct_v4(FOU_PORT, FOU_IPPROTO)
+            },
+        ]);
+        let ops = diff(Some(&d), &o, None).unwrap().ops;
+        assert_eq!(
+            ops,
+            vec![Op::AddFou {
+                listener: FouListener::direct_v4(FOU_PORT, FOU_IPPROTO),
+                replace: true
+            }]
+        );
+        model(&mut o, &ops);
+        assert!(o.fou.as_ref().unwrap().contains(&other));
+        let ops = diff(None, &o, None).unwrap().ops;
+        assert!(!ops.iter().any(|op| *op == Op::DelFou { listener: other }));
+    }
+
+    #[test]
+    fn a_tunnel_without_a_link_holding_the_ipv4_internal_ip_is_an_error() {
+        let d = desired_v4(&state_v4(true));
+        assert_eq!(
+            diff(Some(&d), &bare_host(), None).unwrap_err(),
+            DiffError::NoUplink {
+                underlay: IpAddr::V4(V4_UPLINK)
+            }
         );
     }
 }

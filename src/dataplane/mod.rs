@@ -90,6 +90,7 @@ pub mod nl;
 mod observe;
 mod rawnl;
 mod seg6;
+mod tunnel;
 pub mod watch;
 
 use std::collections::{BTreeMap, BTreeSet};
