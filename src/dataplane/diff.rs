@@ -1329,7 +1329,7 @@ mod tests {
         model(&mut o, &ops);
         assert!(o.fou.as_ref().unwrap().contains(&other));
         let ops = diff(None, &o, None).unwrap().ops;
-        assert!(!ops.iter().any(|op| *op == Op::DelFou { listener: other }));
+        assert!(!ops.contains(&Op::DelFou { listener: other }));
     }
 
     #[test]
