@@ -1,6 +1,6 @@
 //! fou receive ports over generic netlink (family `fou`): `ip fou show`, `ip fou add port P
-//! ipproto 41`, `ip fou del port P`. Resolving the family loads the `fou` module, which also
-//! registers the encapsulation a `sit` device with `encap fou` needs.
+//! ipproto 41`, `ip fou del port P`; and loading the `fou` module, which also registers the
+//! encapsulation a `sit` device with `encap fou` needs.
 
 use super::rawnl::{
     attrs, dump, genl_family, request, talk, Answer, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST,
@@ -45,8 +45,17 @@ fn u8_of(a: &[(u16, Vec<u8>)], ty: u16) -> Option<u8> {
         .and_then(|(_, v)| v.first().copied())
 }
 
-/// Makes sure the kernel's fou support is loaded (for a `sit` device with `encap fou`).
+/// Makes sure the kernel's fou support is loaded (for a `sit` device with `encap fou`, and the
+/// receive port). The `fou` module declares no alias the kernel could load it by on demand
+/// (checked on Debian's 6.1 and 6.12), so when its generic netlink family is missing this runs
+/// `modprobe fou` (kmod, with the host's `/lib/modules`, which the agent's DaemonSet mounts).
 pub fn load() -> Result<(), String> {
+    if genl_family("fou").is_ok() {
+        return Ok(());
+    }
+    super::host::run("modprobe", &["fou"], None).map_err(|e| {
+        format!("the kernel's fou module is not loaded and loading it failed ({e}); load it on the node: `modprobe fou`, and list it in /etc/modules-load.d/")
+    })?;
     genl_family("fou").map(|_| ())
 }
 
@@ -104,6 +113,7 @@ pub fn del(port: u16, family: u8) -> Result<(), String> {
 
 /// One acknowledged request; `fine` is the errno that means "already so".
 fn send(cmd: u8, attributes: &[(u16, &[u8])], fine: i32) -> Result<(), String> {
+    load()?;
     let (sock, family) = genl_family("fou")?;
     let req = request(
         family,

@@ -110,8 +110,8 @@ pub fn dump(nl: &mut Nl) -> Result<(ObservedNode, HostRoutes), ObserveError> {
 
 /// Reads what no rtnetlink notification reports, each time (each read costs the same for any
 /// plan size): the sysctls (`sysctls` are the keys), `ip sr tunsrc`, the nft table's tag and,
-/// while a Lace tunnel device exists, the fou receive ports (looking at them loads the fou
-/// module, which a node that never had Lace's tunnel does not need).
+/// while a Lace tunnel device exists, the fou receive ports (the fou module is loaded then; a
+/// node that never had Lace's tunnel need not load it).
 pub fn observe_host(
     node: &mut ObservedNode,
     sysctls: &BTreeSet<String>,
