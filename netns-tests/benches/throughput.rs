@@ -485,7 +485,11 @@ fn main() {
         );
     }
     // Each SRv6 underlay against VXLAN over the same fabric family.
-    for (a, b) in [("srv6", "vxlan6"), ("srv6-fou", "vxlan4"), ("srv6-sit", "vxlan4")] {
+    for (a, b) in [
+        ("srv6", "vxlan6"),
+        ("srv6-fou", "vxlan4"),
+        ("srv6-sit", "vxlan4"),
+    ] {
         println!(
             "{a} / {b}: {:.2}x (medians)",
             median(&results[a].0) / median(&results[b].0)
