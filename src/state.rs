@@ -93,13 +93,17 @@ impl Node {
         let mut u = Underlay::default();
         let usable = |ip: &&IpAddr| match ip {
             IpAddr::V4(a) => {
-                !(a.is_unspecified() || a.is_loopback() || a.is_multicast())
-                    && !a.is_link_local()
-                    && !a.is_broadcast()
+                !(a.is_unspecified()
+                    || a.is_loopback()
+                    || a.is_multicast()
+                    || a.is_link_local()
+                    || a.is_broadcast())
             }
             IpAddr::V6(a) => {
-                !(a.is_unspecified() || a.is_loopback() || a.is_multicast())
-                    && !a.is_unicast_link_local()
+                !(a.is_unspecified()
+                    || a.is_loopback()
+                    || a.is_multicast()
+                    || a.is_unicast_link_local())
             }
         };
         for ip in self.internal_ips.iter().filter(usable) {

@@ -95,7 +95,10 @@ fn ipv4_only_nodes_are_allocated_and_planned_over_ipv4() {
     let alloc = agent(&["allocate", "--manifests", &manifests]);
     assert!(alloc.status.success(), "{alloc:?}");
     let written = std::fs::read_to_string(dir.path().join("lace-allocations.yaml")).unwrap();
-    assert!(written.contains("ipv4: 192.168.0.12") && !written.contains("ipv6:"), "{written}");
+    assert!(
+        written.contains("ipv4: 192.168.0.12") && !written.contains("ipv6:"),
+        "{written}"
+    );
 
     let plan = agent(&["plan", "--manifests", &manifests, "--node", "node-1"]);
     assert!(plan.status.success(), "{plan:?}");
