@@ -37,12 +37,15 @@
 //! uplink holding the underlay address, what the main table routes for [`Nexthop::Host`]).
 //!
 //! ## Order and failure
-//! [`diff::diff`] orders operations so nothing opens or black-holes mid-change: VRFs and pod
-//! enslavement, then the pod veths' link-local probe source (enslaving drops it), the nft
-//! table (changed in one transaction, always before routes that would open a path; its `ct`
-//! expressions load conntrack, whose sysctl comes next), sysctls, `ip sr
-//! tunsrc`, rules, routes added or replaced, and only then the deletions (routes, rules,
-//! VRFs). When a Network is removed, its VRF's routes go after the new ruleset no longer
+//! [`diff::diff`] orders operations so nothing opens or black-holes mid-change: VRFs and the
+//! SRv6-over-IPv4 device (created down), pod enslavement, the nft table (changed in one
+//! transaction, always before routes that would open a path; its `ct` expressions load
+//! conntrack, whose sysctl comes next), sysctls, addresses (the pod veths' link-local probe
+//! source, which enslaving drops; the tunnel source, once the device's IPv6 is enabled), `ip sr
+//! tunsrc`, the fou port and the device brought up (only now that the ruleset guarding it is
+//! in), rules, routes added or replaced, and only then the deletions (routes, rules, the fou
+//! port, links). A link the diff creates or re-creates gets its routes and sysctls written
+//! again, whatever the old one showed. When a Network is removed, its VRF's routes go after the new ruleset no longer
 //! names the VRF: a pod still attached to it would briefly be unpoliced, but its Network has
 //! no routes left to other Networks' pods a moment later (pods of a removed Network are
 //! expected to be gone already). Apply runs the phases in that order; the netlink
