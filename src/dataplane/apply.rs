@@ -395,3 +395,51 @@ fn rule_message(r: &Rule) -> RuleMessage {
     }
     m
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::underlay::{Ipv4Tunnel, FOU_PORT, IPV4_TUNNEL};
+    use rtnetlink::packet_core::{NetlinkHeader, NetlinkMessage, NetlinkPayload};
+
+    /// What the reconciler writes for the SRv6-over-IPv4 device reads back as what it planned
+    /// (the netns tests check that the kernel's answer does too: re-applying writes nothing).
+    #[test]
+    fn the_tunnel_written_reads_back_as_planned() {
+        let t = Ipv4Tunnel {
+            local: "192.0.2.1".parse().unwrap(),
+            address: None,
+        };
+        let sit = super::super::tunnel::planned_sit(&t);
+        let op = Op::AddTunnel {
+            name: IPV4_TUNNEL.into(),
+            sit,
+            mtu: 1472,
+        };
+        let (RouteNetlinkMessage::NewLink(m), flags) = message(&op, &HashMap::new()).unwrap()
+        else {
+            panic!("not a NewLink");
+        };
+        assert_eq!(flags, NLM_F_CREATE | NLM_F_EXCL);
+        // Through the bytes the kernel gets, and back.
+        let mut msg = NetlinkMessage::new(
+            NetlinkHeader::default(),
+            NetlinkPayload::from(RouteNetlinkMessage::NewLink(m)),
+        );
+        msg.finalize();
+        let mut buf = vec![0; msg.buffer_len()];
+        msg.serialize(&mut buf);
+        let back = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&buf).unwrap();
+        let NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(m)) = back.payload else {
+            panic!("not a NewLink");
+        };
+        let (name, link) = observe::parse_link(&m).unwrap();
+        assert_eq!(name, IPV4_TUNNEL);
+        assert_eq!(link.sit, Some(sit));
+        assert_eq!(link.mtu, 1472);
+        assert!(!link.up, "created down, brought up after the ruleset");
+        assert_eq!(sit.encap_dport, FOU_PORT);
+        assert_eq!(sit.local, Some(t.local));
+        assert_eq!(op.to_string(), "link add lu-ipv4 mtu 1472 type sit remote any local 192.0.2.1 ttl 0 pmtudisc encap 1 encap-sport 0 encap-dport 6076");
+    }
+}
