@@ -433,26 +433,23 @@ impl World {
 
     /// Packets node `i`'s guard dropped after `lu-ipv4` decapsulated them (not from a node).
     fn guard_v4_drops(&self, i: u32) -> u64 {
-        let out = self
-            .node(i)
-            .exec("nft", &["list", "chain", "inet", "lace", "prerouting"])
-            .unwrap();
-        let line = out
-            .lines()
-            .find(|l| l.contains(&format!("iifname \"{IPV4_TUNNEL}\"")) && l.contains("drop"))
-            .expect("ingress guard rule over IPv4");
-        number_after(line, "packets").unwrap()
+        let tunnel = format!("iifname \"{IPV4_TUNNEL}\"");
+        self.prerouting_counter(i, |l| l.contains(&tunnel) && l.contains("drop"))
     }
 
+    /// Packets node `i`'s guard dropped on their way to a local SID (not from a node).
     fn guard_drops(&self, i: u32) -> u64 {
+        self.prerouting_counter(i, |l| l.contains("@local_sids"))
+    }
+
+    /// The packet counter of the first rule of Lace's prerouting chain on node `i` that `rule`
+    /// picks.
+    fn prerouting_counter(&self, i: u32, rule: impl Fn(&str) -> bool) -> u64 {
         let out = self
             .node(i)
             .exec("nft", &["list", "chain", "inet", "lace", "prerouting"])
             .unwrap();
-        let line = out
-            .lines()
-            .find(|l| l.contains("@local_sids"))
-            .expect("ingress guard rule");
+        let line = out.lines().find(|l| rule(l)).expect("ingress guard rule");
         number_after(line, "packets").unwrap()
     }
 }
@@ -551,6 +548,26 @@ fn matrix(w: &World, pods: &[&PodSpec], families: &[Family]) -> Vec<String> {
         wrong.extend(results.into_iter().flatten());
     }
     wrong
+}
+
+/// The matrix of all pods, one family at a time; after each, node 2's counter `arrived` must
+/// have grown: cross-node traffic to it took the path (`what`) the test expects.
+fn matrix_each_family(w: &World, arrived: fn(&World, u32) -> u64, what: &str) {
+    let all: Vec<&PodSpec> = PODS.iter().collect();
+    for f in FAMILIES {
+        let before = arrived(w, 2);
+        let wrong = matrix(w, &all, &[f]);
+        assert!(
+            wrong.is_empty(),
+            "{f:?} matrix differs from policy:\n{}\n{}",
+            wrong.join("\n"),
+            w.diagnose(1, "p1-system")
+        );
+        assert!(
+            arrived(w, 2) > before,
+            "cross-node {f:?} traffic to node 2 must arrive as {what}"
+        );
+    }
 }
 
 /// A TCP server on one address in one namespace (port [`TCP_PORT`]): reads one line and
@@ -694,21 +711,7 @@ fn dataplane_three_nodes_policies_srv6_teardown_restart() {
     let servers = w.servers();
 
     // --- The connectivity matrix: same node and across nodes, per family. ----------------
-    let all: Vec<&PodSpec> = PODS.iter().collect();
-    for f in FAMILIES {
-        let srv6_before = w.srv6_in(2);
-        let wrong = matrix(&w, &all, &[f]);
-        assert!(
-            wrong.is_empty(),
-            "{f:?} matrix differs from policy:\n{}\n{}",
-            wrong.join("\n"),
-            w.diagnose(1, "p1-system")
-        );
-        assert!(
-            w.srv6_in(2) > srv6_before,
-            "cross-node {f:?} traffic to node 2 must arrive as SRv6"
-        );
-    }
+    matrix_each_family(&w, World::srv6_in, "SRv6");
 
     // `default` egresses to the internet, masqueraded behind node 1, in both families; the
     // other Networks have no way out.
@@ -1007,18 +1010,7 @@ fn dataplane_ipv4_fabric_srv6_in_fou_matrix_capture_guard_restart() {
     }
 
     // The matrix in both families; cross-node traffic arrives as SRv6 in fou, never natively.
-    let all: Vec<&PodSpec> = PODS.iter().collect();
-    for f in FAMILIES {
-        let before = w.fou_in(2);
-        let wrong = matrix(&w, &all, &[f]);
-        assert!(
-            wrong.is_empty(),
-            "{f:?} matrix over IPv4 differs from policy:\n{}\n{}",
-            wrong.join("\n"),
-            w.diagnose(1, "p1-system")
-        );
-        assert!(w.fou_in(2) > before, "{f:?}: node 2 saw no SRv6 in fou");
-    }
+    matrix_each_family(&w, World::fou_in, "SRv6 in fou");
     assert_eq!(w.srv6_in(2), 0, "native IPv6 on a fabric without IPv6");
 
     // Capture on node 2: pod packets of exactly the pod MTU arrive as IPv4 + UDP to Lace's

@@ -753,6 +753,16 @@ mod tests {
         }
     }
 
+    /// The routes `ops` put, with their next hops.
+    fn puts(ops: &[Op]) -> BTreeMap<RouteKey, KernelNexthop> {
+        ops.iter()
+            .filter_map(|o| match o {
+                Op::PutRoute { key, nh } => Some((*key, nh.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
     fn first(ops: &[Op], f: impl Fn(&Op) -> bool) -> Option<usize> {
         ops.iter().position(f)
     }
@@ -781,13 +791,7 @@ mod tests {
             Op::DelRoute { .. } | Op::DelRule(_) | Op::DelLink { .. } | Op::NftDelete
         )));
         // Every planned route, with symbolic next hops resolved.
-        let puts: BTreeMap<RouteKey, KernelNexthop> = ops
-            .iter()
-            .filter_map(|o| match o {
-                Op::PutRoute { key, nh } => Some((*key, nh.clone())),
-                _ => None,
-            })
-            .collect();
+        let puts = puts(ops);
         assert_eq!(puts.len(), d.routes().count());
         let egress = RouteKey {
             table: d.base.vrfs["lv-a"].table,
@@ -1149,13 +1153,7 @@ mod tests {
                 "{ops:#?}"
             );
             // Over IPv4: the locator via the peer's IPv4-compatible address, encap on lu-ipv4.
-            let puts: BTreeMap<RouteKey, KernelNexthop> = ops
-                .iter()
-                .filter_map(|o| match o {
-                    Op::PutRoute { key, nh } => Some((*key, nh.clone())),
-                    _ => None,
-                })
-                .collect();
+            let puts = puts(&ops);
             let loc = RouteKey {
                 table: crate::plan::MAIN_TABLE,
                 dst: "2001:db8:100::2:0:0/96".parse().unwrap(),
