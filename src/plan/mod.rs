@@ -1003,30 +1003,7 @@ fn build_nft(
 ) -> nft::Ruleset {
     use nft::{Chain, Hook, Set};
 
-    let mut underlays = Set::new(
-        "node_underlays",
-        "ipv6_addr",
-        false,
-        "the outer IPv6 sources of the cluster's nodes: IPv6 InternalIPs, tunnel sources",
-    );
-    let mut underlays_v4 = Set::new(
-        "node_underlays_v4",
-        "ipv4_addr",
-        false,
-        "IPv4 InternalIPs of the cluster's nodes: the sources of SRv6 over IPv4",
-    );
-    for (n, a) in &state.node_allocations {
-        if let Some(v6) = a.underlay.ipv6 {
-            underlays.add(v6.to_string(), None, &format!("node {n}"));
-        }
-        let src = tunnel_source(a);
-        if a.underlay.ipv6 != Some(src) {
-            underlays.add(src.to_string(), None, &format!("tunnel source of node {n}"));
-        }
-        if let Some(v4) = a.underlay.ipv4 {
-            underlays_v4.add(v4.to_string(), None, &format!("node {n}"));
-        }
-    }
+    let [underlays, underlays_v4] = underlay::node_sets(state);
     let mut sids = Set::new(
         "local_sids",
         "ipv6_addr",
@@ -1215,38 +1192,8 @@ fn build_nft(
         comment: "after kube-proxy's DNAT; the sending node's policy lives here because seg6 encap happens at route input, before forward".into(),
         rules: Vec::new(),
     };
-    // SRv6 over IPv4: lu-ipv4 decapsulates whatever protocol 41 or fou UDP reaches the node
-    // (a sit device with `remote any`), so its outer IPv4 header is checked before, and the
-    // verdict carried across the decapsulation in a mark bit (the outer header is gone when
-    // the inner packet comes by). A node's address counts only on the link the node's routes
-    // lead to (strict reverse path), so a spoofed InternalIP from elsewhere gets no mark.
-    let um = underlay::UNDERLAY_MARK;
-    for (what, l4) in [
-        ("6in4", "meta l4proto ipv6".to_string()),
-        ("fou", format!("udp dport {}", underlay::FOU_PORT)),
-    ] {
-        prerouting.rule(
-            format!(
-                "{l4} ip saddr @node_underlays_v4 fib saddr . iif oif exists meta mark set meta mark | {um:#010x}"
-            ),
-            format!("SRv6 over IPv4 ({what}) from a node's InternalIP, over the link towards it: may enter {IPV4_TUNNEL}"),
-        );
-    }
-    prerouting.rule(
-        format!("iifname \"{IPV4_TUNNEL}\" meta mark & {um:#010x} != {um:#010x} counter drop"),
-        format!("SRv6 ingress guard over IPv4: {IPV4_TUNNEL} takes only what nodes sent from their InternalIPs"),
-    );
-    prerouting.rule(
-        format!(
-            "iifname \"{IPV4_TUNNEL}\" meta mark set meta mark & {:#010x}",
-            !um
-        ),
-        "the mark only carried the outer check across the decapsulation",
-    );
-    prerouting.rule(
-        "ip6 daddr @local_sids ip6 saddr != @node_underlays counter drop",
-        "SRv6 ingress guard: a SID is a door into a VRF, only nodes may knock",
-    );
+    underlay::guard(&mut prerouting);
+    let [raw_prerouting, raw_output] = underlay::untracked();
     // The VRF driver runs a pod's neighbour discovery frames through prerouting a second time
     // with the VRF as input device, untracked (vrf_ip6_rcv): from_pods would drop the
     // advertisements answering the host, which then cannot resolve IPv6 pods (seen in a VM).
@@ -1476,6 +1423,8 @@ fn build_nft(
             to_pods,
             from_host,
             pods_to_host,
+            raw_prerouting,
+            raw_output,
             prerouting,
             input,
             forward,

@@ -26,8 +26,10 @@
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
+use super::nft::{Chain, Hook, Set};
 use crate::api::{NodeAllocationSpec, Underlay};
 use crate::sid::sid;
+use crate::state::ClusterState;
 
 /// Prefix of the underlay devices Lace creates ("lace underlay"). VRF names start with
 /// [`super::VRF_PREFIX`], so the two never collide.
@@ -99,6 +101,116 @@ pub struct Ipv4Tunnel {
     /// An address the device holds (`/128`, `nodad`): the node's [`tunnel_source`] when the
     /// node has no IPv6 InternalIP, so that the source is an address of the node.
     pub address: Option<Ipv6Addr>,
+}
+
+/// The guard's two sets: `node_underlays`, the outer IPv6 sources of every node (its IPv6
+/// InternalIP, and its [`tunnel_source`] when that is another address), and
+/// `node_underlays_v4`, every node's IPv4 InternalIP.
+pub fn node_sets(state: &ClusterState) -> [Set; 2] {
+    let mut v6 = Set::new(
+        "node_underlays",
+        "ipv6_addr",
+        false,
+        "the outer IPv6 sources of the cluster's nodes: IPv6 InternalIPs, tunnel sources",
+    );
+    let mut v4 = Set::new(
+        "node_underlays_v4",
+        "ipv4_addr",
+        false,
+        "IPv4 InternalIPs of the cluster's nodes: the sources of SRv6 over IPv4",
+    );
+    for (n, a) in &state.node_allocations {
+        if let Some(ip) = a.underlay.ipv6 {
+            v6.add(ip.to_string(), None, &format!("node {n}"));
+        }
+        let src = tunnel_source(a);
+        if a.underlay.ipv6 != Some(src) {
+            v6.add(src.to_string(), None, &format!("tunnel source of node {n}"));
+        }
+        if let Some(ip) = a.underlay.ipv4 {
+            v4.add(ip.to_string(), None, &format!("node {n}"));
+        }
+    }
+    [v6, v4]
+}
+
+/// The SRv6 ingress guard, at the head of the `prerouting` chain.
+///
+/// [`IPV4_TUNNEL`] (`remote any`) decapsulates whatever protocol 41 or fou UDP reaches the
+/// node, so its outer IPv4 header is checked before, and the verdict carried across the
+/// decapsulation in [`UNDERLAY_MARK`] (the outer header is gone when the inner packet comes
+/// by). A node's address counts only on the link this node's routes lead to it (strict reverse
+/// path), so a spoofed InternalIP from elsewhere gets no mark. Then, on any path, a SID takes
+/// only packets from a node's outer IPv6 source.
+pub fn guard(prerouting: &mut Chain) {
+    let um = UNDERLAY_MARK;
+    for (what, l4) in [
+        ("6in4", "meta l4proto ipv6".to_string()),
+        ("fou", format!("udp dport {FOU_PORT}")),
+    ] {
+        prerouting.rule(
+            format!(
+                "{l4} ip saddr @node_underlays_v4 fib saddr . iif oif exists meta mark set meta mark | {um:#010x}"
+            ),
+            format!("SRv6 over IPv4 ({what}) from a node's InternalIP, over the link towards it: may enter {IPV4_TUNNEL}"),
+        );
+    }
+    prerouting.rule(
+        format!("iifname \"{IPV4_TUNNEL}\" meta mark & {um:#010x} != {um:#010x} counter drop"),
+        format!("SRv6 ingress guard over IPv4: {IPV4_TUNNEL} takes only what nodes sent from their InternalIPs"),
+    );
+    prerouting.rule(
+        format!(
+            "iifname \"{IPV4_TUNNEL}\" meta mark set meta mark & {:#010x}",
+            !um
+        ),
+        "the mark only carried the outer check across the decapsulation",
+    );
+    prerouting.rule(
+        "ip6 daddr @local_sids ip6 saddr != @node_underlays counter drop",
+        "SRv6 ingress guard: a SID is a door into a VRF, only nodes may knock",
+    );
+}
+
+/// Chains at the `raw` priority that keep conntrack off the outer headers of SRv6 between
+/// nodes: the pod's packet inside is tracked on its own (the `sit` and `seg6local`
+/// decapsulations reset the packet's conntrack state), so tracking the outer flows (one per
+/// pair of nodes) only costs a lookup per packet. Packets from anything but a node stay
+/// tracked and meet the guard.
+pub fn untracked() -> [Chain; 2] {
+    let raw = |hook: &'static str, comment: &str| Chain {
+        name: format!("raw_{hook}"),
+        hook: Some(Hook {
+            kind: "filter",
+            hook,
+            priority: "raw",
+        }),
+        comment: comment.into(),
+        rules: Vec::new(),
+    };
+    let mut pre = raw(
+        "prerouting",
+        "no conntrack for the outer headers of SRv6 from nodes",
+    );
+    let mut out = raw(
+        "output",
+        "no conntrack for the outer headers of SRv6 over IPv4 to nodes",
+    );
+    pre.rule(
+        "ip6 daddr @local_sids ip6 saddr @node_underlays notrack",
+        "SRv6 from a node to a local SID",
+    );
+    for (dir, chain) in [("saddr", &mut pre), ("daddr", &mut out)] {
+        chain.rule(
+            format!("udp dport {FOU_PORT} ip {dir} @node_underlays_v4 notrack"),
+            "SRv6 over IPv4 (fou) between nodes",
+        );
+        chain.rule(
+            format!("meta l4proto ipv6 ip {dir} @node_underlays_v4 notrack"),
+            "SRv6 over IPv4 (6in4) between nodes",
+        );
+    }
+    [pre, out]
 }
 
 /// The pods' MTU on a node whose `peers` are reached as listed and whose own underlay is
