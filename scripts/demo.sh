@@ -4,8 +4,21 @@
 # on a kernel with VRF + SRv6: the host's if it has them, else a throw-away VM booting Debian's
 # stock kernel (netns-tests/vm/with-kernel.sh).
 #
-# usage: scripts/demo.sh [--kernel 6.1|6.12] [--host | --vm] [-t SECS (VM limit, default 1500)]
+# usage: scripts/demo.sh [--underlay ipv6|ipv4] [--kernel 6.1|6.12] [--host | --vm]
+#                        [-t SECS (VM limit, default 1500)]
+#   --underlay ipv6  (default) the nodes' fabric carries IPv6 (and IPv4): SRv6 natively
+#   --underlay ipv4  the fabric carries IPv4 only (IPv6 disabled on its links), the nodes have
+#                    IPv4 InternalIPs only: SRv6 rides in UDP over IPv4 (lu-ipv4, fou)
 set -euo pipefail
+UNDERLAY=ipv6 ARGS=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    --underlay) UNDERLAY=${2:?--underlay needs ipv6 or ipv4}; shift 2;;
+    *) ARGS+=("$1"); shift;;
+  esac
+done
+case $UNDERLAY in ipv6|ipv4) ;; *) echo "demo.sh: --underlay must be ipv6 or ipv4, not $UNDERLAY" >&2; exit 2;; esac
+export LACE_DEMO_UNDERLAY=$UNDERLAY
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 [ "$(id -u)" = 0 ] || { echo "demo.sh: run as root (installs packages, creates namespaces)" >&2; exit 1; }
@@ -15,5 +28,5 @@ echo "demo.sh: building lace-agent and the lace CNI plugin" >&2
 cargo build -q -p lace -p lace-cni --bins
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 export LACE_AGENT=$TARGET_DIR/debug/lace-agent LACE_CNI=$TARGET_DIR/debug/lace
-LACE_VM_PASSENV="${LACE_VM_PASSENV:-} LACE_AGENT LACE_CNI LACE_DEMO_KEEP LACE_LOG" \
-  exec netns-tests/vm/with-kernel.sh -t 1500 "$@" -- scripts/demo-body.sh
+LACE_VM_PASSENV="${LACE_VM_PASSENV:-} LACE_AGENT LACE_CNI LACE_DEMO_KEEP LACE_LOG LACE_DEMO_UNDERLAY" \
+  exec netns-tests/vm/with-kernel.sh -t 1500 "${ARGS[@]}" -- scripts/demo-body.sh

@@ -67,7 +67,7 @@ pub enum AllocError {
     #[error("no srv6LocatorPrefix is configured: cannot allocate locators for {nodes} nodes")]
     NoLocatorPrefix { nodes: usize },
     /// The node has no address usable as SRv6 underlay.
-    #[error("Node {node} has no InternalIP in status.addresses: the other nodes need one (IPv4 or IPv6) to reach its SRv6 locator")]
+    #[error("Node {node} has no usable InternalIP in status.addresses: the other nodes need one (IPv4 or IPv6; not loopback, link-local, multicast or unspecified) to reach its SRv6 locator")]
     NoUnderlay { node: String },
     /// Every node index of the locator prefix is taken.
     #[error("srv6LocatorPrefix {prefix} is exhausted: all {max} node locators are taken, none left for Node {node}")]
@@ -612,6 +612,28 @@ mod tests {
                 .ipv4,
             Some(Ipv4Addr::new(10, 0, 0, 9))
         );
+        // Addresses no other node can send to do not count: the first usable one does.
+        s.nodes.get_mut("node-1").unwrap().internal_ips =
+            ["fe80::1", "127.0.0.1", "169.254.3.4", "10.0.0.9"]
+                .iter()
+                .map(|a| a.parse().unwrap())
+                .collect();
+        assert_eq!(
+            allocate(&s).unwrap().node_allocations["node-1"].underlay,
+            Underlay {
+                ipv4: Some(Ipv4Addr::new(10, 0, 0, 9)),
+                ipv6: None
+            }
+        );
+        // Nothing usable at all: reported by name.
+        s.nodes.get_mut("node-1").unwrap().internal_ips =
+            vec!["fe80::1".parse().unwrap(), "0.0.0.0".parse().unwrap()];
+        assert_eq!(
+            allocate(&s).unwrap_err(),
+            AllocError::NoUnderlay {
+                node: "node-1".into()
+            }
+        );
     }
 
     #[test]
@@ -780,7 +802,7 @@ mod tests {
             ),
             (
                 |s| s.nodes.get_mut("node-2").unwrap().internal_ips.clear(),
-                "Node node-2 has no InternalIP in status.addresses: the other nodes need one (IPv4 or IPv6) to reach its SRv6 locator",
+                "Node node-2 has no usable InternalIP in status.addresses: the other nodes need one (IPv4 or IPv6; not loopback, link-local, multicast or unspecified) to reach its SRv6 locator",
             ),
             (
                 |s| { s.networks.insert("bad".into(), mk_network(&[("10.9.0.1/16", 8)])); },
@@ -811,7 +833,7 @@ mod tests {
             failures,
             [
                 "cannot allocate for invalid Networks: Network/bad: spec.subnets[0].cidr: 10.9.0.1/16 has host bits set (did you mean 10.9.0.0/16?)",
-                "Node node-2 has no InternalIP in status.addresses: the other nodes need one (IPv4 or IPv6) to reach its SRv6 locator",
+                "Node node-2 has no usable InternalIP in status.addresses: the other nodes need one (IPv4 or IPv6; not loopback, link-local, multicast or unspecified) to reach its SRv6 locator",
             ]
         );
         let indices: Vec<(&str, u32)> = allocation

@@ -87,10 +87,26 @@ pub struct Node {
 }
 
 impl Node {
-    /// The node's underlay addresses: its first InternalIP of each family.
+    /// The node's underlay addresses: its first usable InternalIP of each family (one other
+    /// nodes can send to: not unspecified, loopback, multicast or link-local).
     pub fn underlay(&self) -> Underlay {
         let mut u = Underlay::default();
-        for ip in &self.internal_ips {
+        let usable = |ip: &&IpAddr| match ip {
+            IpAddr::V4(a) => {
+                !(a.is_unspecified()
+                    || a.is_loopback()
+                    || a.is_multicast()
+                    || a.is_link_local()
+                    || a.is_broadcast())
+            }
+            IpAddr::V6(a) => {
+                !(a.is_unspecified()
+                    || a.is_loopback()
+                    || a.is_multicast()
+                    || a.is_unicast_link_local())
+            }
+        };
+        for ip in self.internal_ips.iter().filter(usable) {
             match ip {
                 IpAddr::V4(v4) => _ = u.ipv4.get_or_insert(*v4),
                 IpAddr::V6(v6) => _ = u.ipv6.get_or_insert(*v6),

@@ -715,7 +715,7 @@ async fn node_without_address() -> FakeApi {
         status.line(),
         format!("PATCH /api/v1/nodes/node-x/status {APPLY}")
     );
-    let message = "Node node-x has no InternalIP in status.addresses: the other nodes need one (IPv4 or IPv6) to reach its SRv6 locator";
+    let message = "Node node-x has no usable InternalIP in status.addresses: the other nodes need one (IPv4 or IPv6; not loopback, link-local, multicast or unspecified) to reach its SRv6 locator";
     assert_eq!(
         status.body["status"]["conditions"]
             .as_array()

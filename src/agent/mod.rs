@@ -25,9 +25,12 @@
 //!   `scope link` route) and `fe80::1`, both pinned as permanent neighbour entries to the host
 //!   end's MAC, and proxy ARP on the host end. Which addresses are never handed out: see
 //!   [`ipam`].
-//! - **MTU**: pod MTU = MTU of the link holding the node's underlay address minus
-//!   [`SRV6_OVERHEAD`] (64 bytes: outer IPv6 40 + SRH 8 + one 16-byte segment), 1500 assumed
-//!   when no link holds it.
+//! - **MTU**: pod MTU = the smallest of what the underlay paths this node uses leave
+//!   ([`crate::plan::underlay::pod_mtu`]): over IPv6, the MTU of the link holding the node's
+//!   IPv6 underlay address minus [`SRV6_OVERHEAD`] (64 bytes: outer IPv6 40 + SRH 8 + one
+//!   16-byte segment); over IPv4, the MTU of the link holding its IPv4 underlay address minus
+//!   those 64 and [`crate::plan::underlay::IPV4_FOU_OVERHEAD`] (28: outer IPv4 20 + UDP 8).
+//!   1500 is assumed for a link that cannot be found. Set at CNI ADD: pods keep theirs.
 //! - **VRF on a fresh node**: ADD creates the Network's VRF itself if it is missing, named and
 //!   numbered exactly as the planner does ([`crate::plan::vrf_name`],
 //!   [`crate::plan::vrf_table`]), so the first pod does not wait for a reconcile; the
@@ -58,7 +61,7 @@ use std::sync::{Arc, RwLock};
 
 use tokio::sync::Notify;
 
-use crate::plan::{DesiredNode, PlanError, Planner};
+use crate::plan::{underlay, DesiredNode, PlanError, Planner};
 use crate::state::ClusterState;
 use crate::wire::{LogLevel, PluginSettings, DEFAULT_TIMEOUT_SECONDS};
 
@@ -67,12 +70,7 @@ pub use reconcile::LogOnly;
 pub use reconcile::{Dataplane, DataplaneError};
 pub use source::StateSource;
 
-/// Pod MTU = underlay MTU minus this: the outer IPv6 header (40 bytes), the SRH (8 bytes)
-/// and one 16-byte segment, since Lace encapsulates with exactly one segment (the remote
-/// node's SID of the target Network).
-pub const SRV6_OVERHEAD: u32 = 40 + 8 + 16;
-/// Underlay MTU assumed when no link holds the node's underlay address.
-pub const DEFAULT_UNDERLAY_MTU: u32 = 1500;
+pub use underlay::{DEFAULT_UNDERLAY_MTU, SRV6_OVERHEAD};
 /// Directory (under the state dir) where the plugin queues DELs while the agent is away.
 pub const DEL_QUEUE_SUBDIR: &str = "cni-del-queue";
 
@@ -164,7 +162,8 @@ pub struct Agent {
     generation: AtomicU64,
     /// The objects the last admission left out, with why (logged when the set changes).
     rejected: std::sync::Mutex<Vec<String>>,
-    underlay_mtu: AtomicU32,
+    /// The MTU pod interfaces get ([`Agent::refresh_underlay_mtu`]); 0 until first read.
+    pod_mtu: AtomicU32,
     serving: AtomicBool,
     /// Attachments whose interfaces are being created or deleted right now. The plan leaves
     /// them out, so the reconciler never races an ADD or DEL for the pod's route (a route to
@@ -222,7 +221,7 @@ impl Agent {
             cluster: RwLock::new(Err("cluster state not loaded yet".into())),
             generation: AtomicU64::new(0),
             rejected: Default::default(),
-            underlay_mtu: AtomicU32::new(DEFAULT_UNDERLAY_MTU),
+            pod_mtu: AtomicU32::new(0),
             serving: AtomicBool::new(false),
             in_flight: Default::default(),
             open_connections: Default::default(),
@@ -331,53 +330,64 @@ impl Agent {
         self.serving.store(true, Ordering::Release);
     }
 
-    /// The pods' MTU.
+    /// The pods' MTU (before the underlay was first read: a 1500-byte IPv6 underlay's).
     pub fn pod_mtu(&self) -> u32 {
-        self.underlay_mtu
-            .load(Ordering::Relaxed)
-            .saturating_sub(SRV6_OVERHEAD)
+        match self.pod_mtu.load(Ordering::Relaxed) {
+            0 => DEFAULT_UNDERLAY_MTU - SRV6_OVERHEAD,
+            mtu => mtu,
+        }
     }
 
-    /// Re-reads the underlay MTU: the MTU of the link holding the node's underlay address
-    /// (from its NodeAllocation, else any InternalIP of the Node).
+    /// Re-reads the MTUs of the links holding the node's underlay addresses (its
+    /// NodeAllocation's) and sets the pods' MTU from the paths the plan uses to the other
+    /// nodes ([`underlay::pod_mtu`]).
     pub async fn refresh_underlay_mtu(&self) {
         let Ok(loaded) = self.loaded() else {
             return;
         };
-        let mut candidates: Vec<IpAddr> = Vec::new();
-        if let Some(a) = loaded.state.node_allocations.get(&self.node) {
-            candidates.extend(a.underlay.ipv6.map(IpAddr::V6));
-            candidates.extend(a.underlay.ipv4.map(IpAddr::V4));
-        }
-        if let Some(n) = loaded.state.nodes.get(&self.node) {
-            candidates.extend(n.internal_ips.iter().copied());
-        }
+        let base = Arc::clone(loaded.planner.base());
+        let addrs = [
+            base.underlay.ipv4.map(IpAddr::V4),
+            base.underlay.ipv6.map(IpAddr::V6),
+        ];
         let found = self
             .node_ns
             .run(move |h| async move {
-                for ip in candidates {
-                    if let Some(mtu) = netns::mtu_of_address(&h, ip).await? {
-                        return Ok(Some((ip, mtu)));
+                let mut mtus = [None, None];
+                for (mtu, ip) in mtus.iter_mut().zip(addrs) {
+                    if let Some(ip) = ip {
+                        *mtu = netns::mtu_of_address(&h, ip).await?;
                     }
                 }
-                Ok(None)
+                Ok(mtus)
             })
             .await;
-        match found {
-            Ok(Some((ip, mtu))) => {
-                tracing::info!(underlay = %ip, mtu, pod_mtu = mtu.saturating_sub(SRV6_OVERHEAD), "underlay MTU");
-                self.underlay_mtu.store(mtu, Ordering::Relaxed);
+        let [mtu_v4, mtu_v6] = match found {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the underlay MTU");
+                return;
             }
-            Ok(None) => {
+        };
+        for (ip, mtu) in addrs.iter().zip([mtu_v4, mtu_v6]) {
+            if let (Some(ip), None) = (ip, mtu) {
                 tracing::warn!(
                     node = %self.node,
-                    assumed = DEFAULT_UNDERLAY_MTU,
-                    "no link holds this node's underlay address; assuming MTU {DEFAULT_UNDERLAY_MTU}"
+                    underlay = %ip,
+                    "no link holds this underlay address; assuming MTU {DEFAULT_UNDERLAY_MTU}"
                 );
-                self.underlay_mtu
-                    .store(DEFAULT_UNDERLAY_MTU, Ordering::Relaxed);
             }
-            Err(e) => tracing::warn!(error = %e, "cannot read the underlay MTU"),
+        }
+        let pod = underlay::pod_mtu(&base.underlay, base.peers.values(), mtu_v4, mtu_v6);
+        let before = self.pod_mtu.swap(pod, Ordering::Relaxed);
+        tracing::info!(?mtu_v4, ?mtu_v6, pod_mtu = pod, "underlay MTU");
+        if before != 0 && pod < before {
+            tracing::warn!(
+                before,
+                now = pod,
+                "the pod MTU shrank (a path with more overhead is in use): pods started before \
+                 keep {before} and lose larger packets on that path until they are restarted"
+            );
         }
     }
 

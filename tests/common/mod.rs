@@ -62,6 +62,30 @@ pub fn mk_node(state: &mut ClusterState, name: &str, index: u32) {
     );
 }
 
+/// [`mk_node`] with the underlay families given: IPv4 `192.168.0.<index>` and/or IPv6
+/// [`underlay`]`(index)`, both as InternalIPs.
+pub fn mk_node_families(state: &mut ClusterState, name: &str, index: u32, v4: bool, v6: bool) {
+    mk_node(state, name, index);
+    let ipv4 = v4.then(|| underlay_v4(index));
+    let ipv6 = v6.then(|| underlay(index));
+    let node = state.nodes.get_mut(name).expect("just added");
+    node.internal_ips = ipv4
+        .map(IpAddr::V4)
+        .into_iter()
+        .chain(ipv6.map(IpAddr::V6))
+        .collect();
+    state
+        .node_allocations
+        .get_mut(name)
+        .expect("just added")
+        .underlay = Underlay { ipv4, ipv6 };
+}
+
+/// Node `index`'s IPv4 underlay address in [`mk_node_families`].
+pub fn underlay_v4(index: u32) -> std::net::Ipv4Addr {
+    std::net::Ipv4Addr::new(192, 168, (index >> 8) as u8, index as u8)
+}
+
 pub fn locator(index: u32) -> Ipv6Net {
     let base = u128::from("2001:db8:100::".parse::<Ipv6Addr>().unwrap());
     Ipv6Net::new(Ipv6Addr::from(base | (u128::from(index) << 32)), 96).unwrap()
@@ -224,6 +248,19 @@ pub fn mk_attachment(
     }
 }
 
+/// The golden cluster with node-3 reachable over IPv4 only (no IPv6 InternalIP): node-1 and
+/// node-2 use IPv6 between them and IPv4 towards node-3.
+pub fn golden_cluster_mixed() -> ClusterState {
+    let mut s = golden_cluster();
+    s.nodes
+        .get_mut("node-3")
+        .unwrap()
+        .internal_ips
+        .retain(|ip| ip.is_ipv4());
+    s.node_allocations.get_mut("node-3").unwrap().underlay.ipv6 = None;
+    s
+}
+
 /// The cluster of the golden test and many unit tests: 3 nodes, 4 Networks.
 /// - `system` (10.10.0.0/16, fd00:10::/48) reaches itself; kube-system binds to it.
 /// - `default` (10.20.0.0/16) catch-all, does NOT reach itself, reaches the internet.
@@ -246,9 +283,15 @@ pub fn golden_cluster() -> ClusterState {
     s.networks.insert("internet".into(), mk_external());
     for (i, n) in ["node-1", "node-2", "node-3"].iter().enumerate() {
         mk_node(&mut s, n, i as u32 + 1);
-        // An IPv4 InternalIP too (the kubelet's probe source for IPv4 pods).
-        let v4: IpAddr = format!("198.51.100.{}", i + 1).parse().unwrap();
-        s.nodes.get_mut(*n).unwrap().internal_ips.insert(0, v4);
+        // An IPv4 InternalIP too (the kubelet's probe source for IPv4 pods), first as the
+        // kubelet lists it; the allocator records it as the node's IPv4 underlay.
+        let v4: std::net::Ipv4Addr = format!("198.51.100.{}", i + 1).parse().unwrap();
+        s.nodes
+            .get_mut(*n)
+            .unwrap()
+            .internal_ips
+            .insert(0, IpAddr::V4(v4));
+        s.node_allocations.get_mut(*n).unwrap().underlay.ipv4 = Some(v4);
     }
     alloc_all(&mut s);
     mk_binding(&mut s, "system", "system", 1000, Some("kube-system"));

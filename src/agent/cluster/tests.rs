@@ -395,9 +395,16 @@ async fn a_watch_error_and_a_410_relist_converge_to_the_same_plan() {
         "nothing changes while away"
     );
     fake.set_mode(Mode::Up);
-    until("the relist converges on the example's plan", || {
-        h.dataplane.last().unwrap() == standalone_plan("node-1")
-    })
+    // Each kind relists on its own: the plan can be back before the Namespace is gone.
+    until(
+        "the relist converges on the example's plan and state",
+        || {
+            h.dataplane.last().unwrap() == standalone_plan("node-1")
+                && h.agent
+                    .loaded()
+                    .is_ok_and(|l| !l.state.namespaces.contains_key("extra"))
+        },
+    )
     .await;
     assert!(
         fake.count("list networkroutingpolicies.lace.io") > lists,
