@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# Chart tier: both charts rendered by the real helm 3 and helm 4, strict schema validation,
-# the values contract, and the rendered Networks checked by Lace's own validator.
+# Chart tier: both charts rendered by the real helm 3 and helm 4, strict schema validation for
+# Kubernetes 1.33-1.37, the values contract and schema, install/upgrade/uninstall against a
+# fake API server, the admission policies' CEL on the corpus the Rust validator judges, and the
+# rendered Networks checked by Lace's own validator.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 need=()
 python3 -c 'import pytest' 2>/dev/null || need+=(pytest)
 python3 -c 'import yaml' 2>/dev/null || need+=(pyyaml)
 command -v kubernetes-validate >/dev/null || need+=(kubernetes-validate)
+python3 -c 'import celpy' 2>/dev/null || need+=(cel-python)
+python3 -c 'import jsonschema' 2>/dev/null || need+=(jsonschema)
 if [ ${#need[@]} -gt 0 ]; then
   python3 -m pip install -q --disable-pip-version-check "${need[@]}" ||
     { echo "test-charts: could not pip install ${need[*]}" >&2; exit 1; }

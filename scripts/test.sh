@@ -18,6 +18,7 @@
 #              applied, real traffic
 #   demo    scripts/demo.sh (the README's demo; fails if traffic differs from the policies)
 #   charts  scripts/test-charts.sh
+#   image   scripts/test-image.sh (builds the image with buildah + mmdebstrap, checks inside it)
 # Every tier runs under its time limit, `tier:NAME` in scripts/time-limits (a tier without
 # one fails before anything runs); the netns tiers under the limits of their build and of each
 # VM run (build:netns, netns:*). At the end (also after a failure): a table of each tier's time
@@ -214,4 +215,9 @@ if [ -n "$n" ]; then
 else
   COUNTS_OK=0 COUNT_NOTE="scripts/test-charts.sh printed no pytest summary line"
 fi
+
+# ---- the image: built for real, checked from the inside
+tier image bash scripts/test-image.sh
+n=$(grep -Eo '^[0-9]+ passed' "$LOGDIR/image.log" | tail -1 | cut -d' ' -f1 || true)
+PASSED=$((PASSED + ${n:-0}))
 DONE=1

@@ -418,7 +418,8 @@ fn unallocated_node_is_not_ready_until_allocated() {
         (out.status.success(), json)
     };
     // Wait until the agent serves its socket: watching the file, not exec'ing STATUS in a loop
-    // (plugin execs would compete with the agent's start under emulation).
+    // (plugin execs would compete with the agent's start under emulation). Then until STATUS
+    // gives the loaded state's reason (the agent serves, not ready, while its source loads).
     let socket = bed.p("run/cni.sock");
     let deadline = Instant::now() + DEADLINE;
     while !socket.exists() {
@@ -430,12 +431,19 @@ fn unallocated_node_is_not_ready_until_allocated() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    let (ok, out) = status(&bed);
-    assert!(
-        out["code"] == 50 && out["msg"].as_str().is_some_and(|m| m.contains("node-9")),
-        "STATUS does not say why node-9 is not ready: {out}\n{}",
-        bed.log()
-    );
+    let (ok, out) = loop {
+        let (ok, out) = status(&bed);
+        let msg = out["msg"].as_str().unwrap_or_default();
+        if ok || out["code"] == 50 && msg.contains("node-9") && msg.contains("NodeAllocation") {
+            break (ok, out);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "STATUS does not say why node-9 is not ready: {out}\n{}",
+            bed.log()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
     assert!(!ok, "{out}");
     assert!(
         out["msg"].as_str().unwrap().contains("lace-agent allocate"),

@@ -538,10 +538,11 @@ fn host_route(ip: IpNet, oif: u32, table: u32) -> RouteMessage {
     }
 }
 
-/// `sysctl -w <key>=<value>` (key with `/` separators, under `/proc/sys`) in the calling
-/// thread's namespace.
+/// `sysctl -w <key>=<value>` (key with `/` separators, under `/proc/sys` or where the chart
+/// mounts the host's, see [`crate::dataplane::host::proc_sys`]) in the calling thread's
+/// namespace.
 fn write_sysctl(key: &str, value: &str) -> Result<(), NetnsError> {
-    let path = Path::new("/proc/sys").join(key);
+    let path = crate::dataplane::host::proc_sys().join(key);
     std::fs::write(&path, value).map_err(|source| NetnsError::Sysctl { path, source })
 }
 

@@ -63,7 +63,8 @@ impl Dataplane for LogOnly {
 }
 
 /// The reconcile loop: waits for a trigger, plans, applies, records the outcome.
-pub(crate) async fn run(agent: Arc<super::Agent>) {
+/// Public for the benchmark of the Kubernetes source (watch event to plan applied).
+pub async fn run(agent: Arc<super::Agent>) {
     loop {
         agent.reconcile_wanted.notified().await;
         let plan = match agent.plan() {
@@ -82,6 +83,7 @@ pub(crate) async fn run(agent: Arc<super::Agent>) {
         match outcome {
             Ok(Ok(())) => {
                 agent.metrics.reconciled(elapsed);
+                agent.applied.send_modify(|n| *n += 1);
                 tracing::debug!(ms = elapsed.as_millis() as u64, "reconciled");
             }
             Ok(Err(e)) => {

@@ -570,6 +570,7 @@ mod tests {
                 sysctls: BTreeMap::new(),
                 tunsrc: None,
                 nft: NftState::Absent,
+                fou: None,
             },
             HostRoutes::new(),
         );

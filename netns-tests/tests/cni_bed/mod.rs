@@ -500,8 +500,11 @@ impl Bed {
     pub fn http_get(&self, path: &str) -> String {
         use std::io::Read;
         let mut s = std::net::TcpStream::connect(("127.0.0.1", self.metrics_port)).unwrap();
-        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
-            .unwrap();
+        // One request per connection: the answer ends when the server closes it.
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .unwrap();
         let mut body = String::new();
         s.read_to_string(&mut body).unwrap();
         body
