@@ -68,7 +68,8 @@ fn scenario(nodes: u32, networks: u32, pods_per_node: u32, dual_stack: bool) -> 
     for i in 0..nodes {
         for p in 0..pods_per_node {
             let net = &names[(p % networks) as usize];
-            let block = s.node_allocations[&format!("node-{i:04}")].blocks[net][0];
+            let index = s.node_allocations[&format!("node-{i:04}")].index;
+            let block = lace::alloc::node_blocks(index, &s.networks[net].subnets)[0];
             let ip = match block {
                 ipnet::IpNet::V4(b) => {
                     std::net::IpAddr::V4((u32::from(b.network()) + 2 + p).into())
@@ -101,7 +102,8 @@ fn scenario(nodes: u32, networks: u32, pods_per_node: u32, dual_stack: bool) -> 
             let backends: Vec<String> = (0..3)
                 .map(|j| {
                     let node = format!("node-{:04}", (k * 7 + j) % nodes);
-                    let b = s.node_allocations[&node].blocks["net-000"][0];
+                    let index = s.node_allocations[&node].index;
+                    let b = lace::alloc::node_blocks(index, &s.networks["net-000"].subnets)[0];
                     match b {
                         ipnet::IpNet::V4(b) => {
                             std::net::Ipv4Addr::from(u32::from(b.network()) + 2).to_string()

@@ -3,7 +3,8 @@
 # on the host or in a VM). Everything lives in network namespaces this script creates and
 # removes again (also on Ctrl-C):
 #
-#   ld-fabric   a bridge joining the nodes' underlay (IPv6 fd00:fab::/64, IPv4 192.168.0.0/24)
+#   ld-fabric   a bridge joining the nodes' underlay (IPv6 fd00:fab::/64, IPv4 192.168.0.0/24;
+#               with LACE_DEMO_UNDERLAY=ipv4 IPv4 only, IPv6 disabled on every fabric link)
 #   ld-node-N   three nodes, each with one real `lace-agent run` in standalone mode
 #   ld-internet a host beyond node-1 (203.0.113.254, 2001:db8:cafe::254) that echoes the
 #               address it sees
@@ -17,10 +18,12 @@
 #
 # env: LACE_AGENT, LACE_CNI  the built lace-agent and lace binaries (scripts/demo.sh sets them)
 #      LACE_DEMO_KEEP=1      leave everything up and wait for Ctrl-C before tearing down
+#      LACE_DEMO_UNDERLAY    ipv6 (default) or ipv4: what the fabric between the nodes carries
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 AGENT=${LACE_AGENT:?run through scripts/demo.sh}
 CNI=${LACE_CNI:?run through scripts/demo.sh}
+UNDERLAY=${LACE_DEMO_UNDERLAY:-ipv6}
 W=$(mktemp -d /tmp/lace-demo.XXXXXX)
 NODES=(1 2 3)
 BG_PIDS=()
@@ -53,7 +56,7 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 # ---- topology -------------------------------------------------------------------------------
-say "topology: 3 nodes on a fabric, an internet host beyond node-1"
+say "topology: 3 nodes on a fabric (underlay $UNDERLAY), an internet host beyond node-1"
 ip netns add ld-fabric
 nsx ld-fabric ip link add br0 type bridge
 nsx ld-fabric ip link set br0 up
@@ -64,11 +67,17 @@ for i in "${NODES[@]}"; do
   ip link add eth0 netns "$n" type veth peer name n$i netns ld-fabric
   nsx ld-fabric ip link set n$i master br0 up
   nsx "$n" ip addr add 192.168.0.1$i/24 dev eth0
-  nsx "$n" ip addr add fd00:fab::$i/64 dev eth0 nodad
+  if [ "$UNDERLAY" = ipv4 ]; then
+    # A fabric that carries no IPv6 at all, as in most kubeadm clusters' node networks.
+    nsx "$n" sysctl -qw net.ipv6.conf.eth0.disable_ipv6=1
+    nsx ld-fabric sysctl -qw net.ipv6.conf.n$i.disable_ipv6=1
+  else
+    nsx "$n" ip addr add fd00:fab::$i/64 dev eth0 nodad
+  fi
   nsx "$n" ip link set eth0 up
-  # node-1 is the other nodes' way out (IPv4 and IPv6).
+  # node-1 is the other nodes' way out (IPv4, and IPv6 where the fabric has it).
   [ "$i" = 1 ] || nsx "$n" ip route add default via 192.168.0.11
-  [ "$i" = 1 ] || nsx "$n" ip -6 route add default via fd00:fab::1
+  [ "$i" = 1 ] || [ "$UNDERLAY" = ipv4 ] || nsx "$n" ip -6 route add default via fd00:fab::1
 done
 ip netns add ld-internet
 nsx ld-internet ip link set lo up
@@ -106,6 +115,27 @@ echo_server ld-internet $INTERNET_IP6
 say "agents: one lace-agent per node, standalone mode on examples/cluster"
 mkdir -p "$W/manifests"
 cp "$ROOT"/examples/cluster/*.yaml "$W/manifests/"
+if [ "$UNDERLAY" = ipv4 ]; then
+  # The nodes have IPv4 InternalIPs only: drop the IPv6 ones, allocate again (locators and
+  # blocks stay, the underlays change).
+  python3 - "$W/manifests/nodes.yaml" <<'PY'
+import sys
+lines = open(sys.argv[1]).read().splitlines(keepends=True)
+out, skip = [], False
+for i, l in enumerate(lines):
+    if l.strip() == "- type: InternalIP" and ":" in lines[i + 1].split("address:")[-1]:
+        skip = True
+        continue
+    if skip:
+        skip = False
+        continue
+    out.append(l)
+open(sys.argv[1], "w").write("".join(out))
+PY
+  "$AGENT" allocate --manifests "$W/manifests"
+  grep -A3 'underlay:' "$W/manifests/lace-allocations.yaml" | grep -q ipv6 && {
+    echo "demo: the allocation still lists IPv6 underlays" >&2; exit 1; }
+fi
 "$AGENT" validate --manifests "$W/manifests"
 for i in "${NODES[@]}"; do
   d=$W/node-$i; mkdir -p "$d/bin" "$d/net.d"
@@ -163,6 +193,9 @@ done <"$W/policy"
 
 # allowed FROM TO: a NetworkRoutingPolicy lets Network FROM open connections to Network TO.
 allowed() { grep -q "^pair $1 $2 " "$W/policy"; }
+# v6_out NODE: the node has an IPv6 way out (a default route); on the IPv4-only fabric only
+# node-1 (with its own internet link) does.
+v6_out() { [ -n "$(nsx "ld-$1" ip -6 route show default)" ]; }
 
 # ---- matrix ---------------------------------------------------------------------------------
 say "connectivity: expected from the policies (lace-agent policy) vs observed (ICMP echo, TCP)"
@@ -200,6 +233,9 @@ for fam in 4 6; do
       to=${POD_NET[$dst]:-internet}
       if allowed "${POD_NET[$src]}" "$to"; then want=ok; else want=no; fi
       cell=$([ "$want" = ok ] && echo "✓" || echo "✗") bad=
+      if [ "$want" = ok ] && [ "$to" = internet ] && [ "$fam" = 6 ] && ! v6_out "${POD_NODE[$src]}"; then
+        want=no cell="∅"   # allowed, but the node itself has no IPv6 way out
+      fi
       [ "$icmp" = "$want" ] || bad+=I
       [ "$tcp" = "$want" ] || bad+=T
       checks=$((checks + 2))
@@ -210,7 +246,7 @@ for fam in 4 6; do
   done
 done
 echo "(✓ allowed, ✗ denied by policy, checked with ICMP and TCP; '!I' / '!T' mark an ICMP / TCP"
-echo " observation that differs from the policy)"
+echo " observation that differs from the policy; ∅ allowed, but the pod's node has no IPv6 way out)"
 
 say "masquerade: what the internet host sees"
 for src in "${targets[@]}"; do
@@ -218,6 +254,9 @@ for src in "${targets[@]}"; do
   for fam in 4 6; do
     if [ "$fam" = 4 ]; then ip=$INTERNET_IP me=${POD_IP[$src]} shown=${POD_IP[$src]}
     else ip=$INTERNET_IP6 me=${POD_IP6X[$src]} shown=${POD_IP6[$src]}; fi
+    if [ "$fam" = 6 ] && ! v6_out "${POD_NODE[$src]}"; then
+      echo "${src} (${shown} on ${POD_NODE[$src]}): no IPv6 way out from ${POD_NODE[$src]}"; continue
+    fi
     seen=$(tcp_peer "ld-p-${src#*/}" "$ip")
     echo "${src} (${shown} on ${POD_NODE[$src]}) appears as ${seen:-(no answer)}"
     checks=$((checks + 1))
@@ -225,6 +264,29 @@ for src in "${targets[@]}"; do
     if [ -z "$seen" ] || [ "$seen" = "$me" ]; then
       echo "  ! IPv$fam: not masqueraded" >&2; mismatches=$((mismatches + 1))
     fi
+  done
+done
+
+# ---- underlay and MTU -------------------------------------------------------------------------
+say "underlay $UNDERLAY: how the nodes reach each other, and the pods' MTU"
+# Over IPv6 a pod gets the fabric's 1500 minus SRv6 (64); over IPv4 minus 28 more (IPv4 + UDP).
+want_mtu=$([ "$UNDERLAY" = ipv4 ] && echo 1408 || echo 1436)
+for i in "${NODES[@]}"; do
+  n=ld-node-$i
+  if [ "$UNDERLAY" = ipv4 ]; then
+    echo "node-$i: $(nsx "$n" ip -d link show lu-ipv4 | sed -n '3p' | awk '{$1=$1; print}' | cut -d" " -f1-17)"
+    echo "node-$i: ip fou show: $(nsx "$n" ip fou show); ip sr tunsrc: $(nsx "$n" ip sr tunsrc show)"
+    nsx "$n" ip -s link show lu-ipv4 | awk '/RX:|TX:/ {getline; printf "  %s packets %s\n", (++k == 1 ? "decapsulated" : "encapsulated"), $2}'
+  fi
+  nsx "$n" ip -6 route show | grep -E '^2001:db8:100:.*/96 via' | sed "s/^/node-$i: /"
+  for p in "${PODS[@]}"; do
+    read -r key node _ <<<"$p"
+    [ "$node" = "node-$i" ] || continue
+    mtu=$(nsx "ld-p-${key#*/}" cat /sys/class/net/eth0/mtu)
+    echo "node-$i: pod $key MTU $mtu"
+    checks=$((checks + 1))
+    [ "$mtu" = "$want_mtu" ] || { echo "  ! MTU $mtu, not $want_mtu" >&2; mismatches=$((mismatches + 1)); }
+    break
   done
 done
 

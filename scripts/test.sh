@@ -7,8 +7,10 @@
 #   fmt     cargo fmt --all --check
 #   clippy  cargo clippy --workspace --all-targets -- -D warnings
 #   unit    unit + integration tests of everything but the netns tests (cargo nextest if
-#           installed, else cargo test), plus doc tests
-#   netns   netns-tests/run --kernel 6.1 (all netns tests, in a VM unless the host can)
+#           installed, else cargo test); builds every test executable of the workspace, the
+#           netns ones and the lace / lace-agent binaries included, so later tiers build nothing
+#   doc     doc tests
+#   netns-6.1  netns-tests/run --kernel 6.1: every netns test executable, one VM each
 #   netns-6.12 netns-tests/run --kernel 6.12 with the tests that apply Lace's real ruleset
 #              (three-node dataplane, nft element updates) besides smoke: newer kernels refuse
 #              bytecode 6.1 accepts (nft_byteorder since 6.12.115)
@@ -16,43 +18,121 @@
 #              applied, real traffic
 #   demo    scripts/demo.sh (the README's demo; fails if traffic differs from the policies)
 #   charts  scripts/test-charts.sh
-# Then a table of tier timings and the total of tests passed/failed.
+#   image   scripts/test-image.sh (builds the image with buildah + mmdebstrap, checks inside it)
+# Every tier runs under its time limit, `tier:NAME` in scripts/time-limits (a tier without
+# one fails before anything runs); the netns tiers under the limits of their build and of each
+# VM run (build:netns, netns:*). At the end (also after a failure): a table of each tier's time
+# next to its limit (per VM run for the netns tiers), and the total of tests passed/failed.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
+# shellcheck source=limits.sh
+. scripts/limits.sh
+TIMEBOX=$ROOT/netns-tests/vm/timebox.py
 
 LOGDIR=$(mktemp -d /tmp/lace-test.XXXXXX)
-trap 'rm -rf "$LOGDIR"' EXIT
-TIERS=() TIMES=() PASSED=0 FAILED=0 COUNTS_OK=1 COUNT_NOTE=
+ROWS=() PASSED=0 FAILED=0 COUNTS_OK=1 COUNT_NOTE= DONE=0
 T0=$EPOCHREALTIME
 secs() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.1f", b-a}'; }
 
-# tier NAME CMD... : banner, run with output teed to $LOGDIR/NAME.log, time it, fail fast.
-tier() {
-  local name=$1 start rc; shift
+# row NAME SECONDS LIMIT: one line of the closing table.
+row() { ROWS+=("$1|$2|$3"); }
+
+summary() {
+  local r name took limit mark total_limit=0
   echo
   echo "================================================================"
-  echo "== tier $name: $*"
+  printf '%-16s %9s %7s %5s\n' tier seconds limit used
+  for r in "${ROWS[@]}"; do
+    IFS='|' read -r name took limit <<< "$r"
+    mark=
+    if [ -n "$limit" ] && [ "$limit" != - ]; then
+      used=$(awk -v t="$took" -v l="$limit" 'BEGIN{printf "%d%%", 100 * t / l}')
+      # A run that needs more than half its limit fails on the next busy day.
+      awk -v t="$took" -v l="$limit" 'BEGIN{exit !(t > l / 2)}' &&
+        mark="  MORE THAN HALF: raise it in scripts/time-limits (2x the time measured here)"
+      case $name in "  "*) ;; *) total_limit=$((total_limit + limit));; esac
+    else
+      used=
+    fi
+    printf '%-16s %9s %7s %5s%s\n' "$name" "$took" "$limit" "$used" "$mark"
+  done
+  printf '%-16s %9s %7s\n' total "$(secs "$T0" "$EPOCHREALTIME")" "$total_limit"
   echo "================================================================"
+}
+
+finish() {
+  local rc=$?
+  summary
+  if [ "$DONE" = 1 ]; then
+    if [ "$COUNTS_OK" = 1 ]; then
+      echo "$PASSED passed, $FAILED failed"
+    else
+      echo "test.sh: all tiers passed; no overall test count ($COUNT_NOTE); see the tiers' 'test result:' lines"
+    fi
+  fi
+  rm -rf "$LOGDIR"
+  exit "$rc"
+}
+
+banner() {
+  echo
+  echo "================================================================"
+  echo "== tier $*"
+  echo "================================================================"
+}
+
+# tier NAME CMD... : banner, run CMD under tier:NAME's limit with output teed to
+# $LOGDIR/NAME.log, time it, fail fast.
+tier() {
+  local name=$1 limit start rc took; shift
+  limit=$(limit_of "tier:$name")
+  banner "$name (limit ${limit}s): $*"
   start=$EPOCHREALTIME
   set +e
-  "$@" 2>&1 | tee "$LOGDIR/$name.log"
+  "$TIMEBOX" -t "$limit" --label "test.sh: tier $name" -- "$@" 2>&1 | tee "$LOGDIR/$name.log"
   rc=${PIPESTATUS[0]}
   set -e
-  TIERS+=("$name") TIMES+=("$(secs "$start" "$EPOCHREALTIME")")
+  took=$(secs "$start" "$EPOCHREALTIME")
+  row "$name" "$took" "$limit"
   if [ "$rc" != 0 ]; then
     echo
-    echo "test.sh: FAILED in tier '$name' (exit status $rc, after ${TIMES[-1]}s): $*"
+    echo "test.sh: FAILED in tier '$name' (exit status $rc, after ${took}s of its ${limit}s limit): $*"
     exit "$rc"
   fi
-  echo "== tier $name passed in ${TIMES[-1]}s"
+  echo "== tier $name passed in ${took}s (limit ${limit}s)"
+}
+
+# netns_tier NAME ARGS... : netns-tests/run ARGS as tier NAME. Its limit is that of its build
+# and of each VM run (netns-tests/run enforces them, and adds them up); the table shows them.
+netns_tier() {
+  local name=$1 start rc took limit; shift
+  banner "$name: netns-tests/run $*"
+  start=$EPOCHREALTIME
+  set +e
+  netns-tests/run "$@" 2>&1 | tee "$LOGDIR/$name.log"
+  rc=${PIPESTATUS[0]}
+  set -e
+  took=$(secs "$start" "$EPOCHREALTIME")
+  limit=$(sed -n 's/^netns-tests\/run: the whole run took .* of its \([0-9]*\)s limit.*/\1/p' "$LOGDIR/$name.log")
+  row "$name" "$took" "${limit:--}"
+  # "netns-tests/run: cni took 180.3s of its 900s limit: passed"
+  while read -r part ptook plimit; do
+    row "  $part" "$ptook" "$plimit"
+  done < <(sed -n 's/^netns-tests\/run: \([^ ]*\) took \([0-9.]*\)s of its \([0-9]*\)s limit.*/\1 \2 \3/p' "$LOGDIR/$name.log")
+  if [ "$rc" != 0 ]; then
+    echo
+    echo "test.sh: FAILED in tier '$name' (exit status $rc, after ${took}s): netns-tests/run $*"
+    exit "$rc"
+  fi
+  echo "== tier $name passed in ${took}s${limit:+ (limit ${limit}s)}"
 }
 
 # Adds the passed/failed counts a tier printed to the totals.
 #   libtest:  "test result: ok. 8 passed; 0 failed; ..."
 #   nextest:  "Summary [   1.2s] 25 tests run: 25 passed, 0 skipped" (+ ", N failed")
-#   netns:    "netns tests: 13 passed, 0 failed, 0 ignored on kernel ..."
+#   netns:    "netns tests: 13 passed, 0 failed, 0 ignored on kernel ..." (one per VM run)
 #   charts:   a line "N passed, M failed"
 count_libtest() {
   read -r p f < <(awk '/^test result:/ { for (k = 1; k < NF; k++) {
@@ -69,71 +149,75 @@ count_netns() {
   PASSED=$((PASSED + p)) FAILED=$((FAILED + f))
 }
 
-# ---- setup
+# ---- preconditions; every tier below has a limit (checked now, not when the tier is reached)
 [ "$(id -u)" = 0 ] || { echo "test.sh: run as root (installs packages, runs netns tests)" >&2; exit 1; }
 command -v cargo >/dev/null || { echo "test.sh: cargo not found: install a Rust toolchain (rustup, https://rustup.rs) first" >&2; exit 1; }
 for c in fmt clippy; do
   cargo "$c" --version >/dev/null 2>&1 || { echo "test.sh: 'cargo $c' missing: rustup component add $( [ $c = fmt ] && echo rustfmt || echo clippy )" >&2; exit 1; }
 done
+command -v python3 >/dev/null || { echo "test.sh: python3 missing (apt-get install python3)" >&2; exit 1; }
+for name in $(sed -n 's/^ *tier \([A-Za-z0-9._-]*\) .*/\1/p' "${BASH_SOURCE[0]}"); do
+  limit_of "tier:$name" >/dev/null || { echo "test.sh: tier '$name' has no time limit (see above)" >&2; exit 1; }
+done
+trap finish EXIT
+
 tier setup netns-tests/vm/setup.sh
 
 # ---- static checks
 tier fmt cargo fmt --all --check
 tier clippy cargo clippy --workspace --all-targets -- -D warnings
 
-# ---- unit tests (no root, no special kernel)
+# ---- unit tests (no root, no special kernel). Both build the whole workspace's tests (the
+# netns executables too): one build, which every later tier reuses.
 if cargo nextest --version >/dev/null 2>&1; then
-  tier unit cargo nextest run --workspace --exclude lace-netns-tests --no-fail-fast --no-tests=warn
+  tier unit cargo nextest run --workspace -E 'not package(lace-netns-tests)' --no-fail-fast --no-tests=warn
   count_nextest "$LOGDIR/unit.log"
 else
-  tier unit cargo test --workspace --exclude lace-netns-tests --lib --bins --tests
+  tier unit sh -c 'cargo test --workspace --no-run && cargo test --workspace --exclude lace-netns-tests --lib --bins --tests'
   count_libtest "$LOGDIR/unit.log"
 fi
 tier doc cargo test --workspace --exclude lace-netns-tests --doc
 count_libtest "$LOGDIR/doc.log"
+# The demo and the chart tests run the binaries that build made (another `cargo build` of them
+# would resolve features without the dev-dependencies: a second build of half the tree).
+export LACE_BIN_DIR=${CARGO_TARGET_DIR:-$ROOT/target}/debug
 
 # ---- netns tests: real kernels
-tier netns-6.1 netns-tests/run --kernel 6.1
+netns_tier netns-6.1 --kernel 6.1
 count_netns "$LOGDIR/netns-6.1.log"
 # Not the whole suite (time): smoke, plus the two tests that install the planner's nft ruleset
 # and carry traffic through it. A filter that matches no test fails the tier.
-tier netns-6.12 netns-tests/run --kernel 6.12 --filter smoke \
-  --filter dataplane_three_nodes --filter nft_element_change
+netns_tier netns-6.12 --kernel 6.12 --filter smoke --filter dataplane_three_nodes --filter nft_element_change
 count_netns "$LOGDIR/netns-6.12.log"
 # The planner's golden plans applied to namespaces with ip/nft, checked with real traffic
 # (the only tier that sends Service traffic through the backend grants): on both kernels.
-for k in 6.1 6.12; do
-  tier datapath-$k netns-tests/vm/with-kernel.sh --kernel $k -t 900 -- bash tests/vm/datapath.sh
-  read -r p f < <(awk '/^[0-9]+ passed, [0-9]+ failed$/ { p = $1; f = $3 } END { print p+0, f+0 }' "$LOGDIR/datapath-$k.log")
+count_datapath() {
+  read -r p f < <(awk '/^[0-9]+ passed, [0-9]+ failed$/ { p = $1; f = $3 } END { print p+0, f+0 }' "$1")
   PASSED=$((PASSED + p)) FAILED=$((FAILED + f))
-done
+}
+VM_DATAPATH=$(limit_of vm:datapath)
+tier datapath-6.1 netns-tests/vm/with-kernel.sh --kernel 6.1 -t "$VM_DATAPATH" -- bash tests/vm/datapath.sh
+count_datapath "$LOGDIR/datapath-6.1.log"
+tier datapath-6.12 netns-tests/vm/with-kernel.sh --kernel 6.12 -t "$VM_DATAPATH" -- bash tests/vm/datapath.sh
+count_datapath "$LOGDIR/datapath-6.12.log"
 
 # ---- the README's demo: 3 nodes, real agents, pods by the real CNI plugin, policy vs pings
 tier demo scripts/demo.sh
 read -r p f < <(awk '/^demo: [0-9]+ passed, [0-9]+ failed$/ { p = $2; f = $4 } END { print p+0, f+0 }' "$LOGDIR/demo.log")
 PASSED=$((PASSED + p)) FAILED=$((FAILED + f))
 
-# ---- charts (added by the charts work; run only when present)
-if [ -f scripts/test-charts.sh ]; then
-  tier charts bash scripts/test-charts.sh
-  # pytest's closing line, e.g. "37 passed in 4.11s" (the tier passed, so nothing failed)
-  n=$(grep -Eo '^[0-9]+ passed' "$LOGDIR/charts.log" | tail -1 | cut -d' ' -f1 || true)
-  if [ -n "$n" ]; then
-    PASSED=$((PASSED + n))
-  else
-    COUNTS_OK=0 COUNT_NOTE="scripts/test-charts.sh printed no pytest summary line"
-  fi
+# ---- charts
+tier charts bash scripts/test-charts.sh
+# pytest's closing line, e.g. "37 passed in 4.11s" (the tier passed, so nothing failed)
+n=$(grep -Eo '^[0-9]+ passed' "$LOGDIR/charts.log" | tail -1 | cut -d' ' -f1 || true)
+if [ -n "$n" ]; then
+  PASSED=$((PASSED + n))
+else
+  COUNTS_OK=0 COUNT_NOTE="scripts/test-charts.sh printed no pytest summary line"
 fi
 
-# ---- summary
-echo
-echo "================================================================"
-printf '%-14s %10s\n' tier seconds
-for i in "${!TIERS[@]}"; do printf '%-14s %10s\n' "${TIERS[$i]}" "${TIMES[$i]}"; done
-printf '%-14s %10s\n' total "$(secs "$T0" "$EPOCHREALTIME")"
-echo "================================================================"
-if [ "$COUNTS_OK" = 1 ]; then
-  echo "$PASSED passed, $FAILED failed"
-else
-  echo "test.sh: all tiers passed; no overall test count ($COUNT_NOTE); see the tiers' 'test result:' lines"
-fi
+# ---- the image: built for real, checked from the inside
+tier image bash scripts/test-image.sh
+n=$(grep -Eo '^[0-9]+ passed' "$LOGDIR/image.log" | tail -1 | cut -d' ' -f1 || true)
+PASSED=$((PASSED + ${n:-0}))
+DONE=1

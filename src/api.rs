@@ -28,9 +28,42 @@ pub const PRIORITY_MAX: i32 = 1000;
 pub struct Subnet {
     /// The Network's address range, e.g. `10.244.0.0/16` or `fd00:10:244::/56`.
     #[cfg_attr(feature = "kube", schemars(with = "String"))]
+    #[serde(deserialize_with = "deserialize_cidr")]
     pub cidr: IpNet,
     /// Prefix length of the per-node block carved from `cidr`, e.g. 24 (IPv4) or 64 (IPv6).
     pub block_prefix: u8,
+}
+
+/// Parses a subnet's CIDR as strictly as the Kubernetes CEL library the admission policy uses
+/// (Go's `netip.ParsePrefix`): no IPv4 octets or prefix lengths with leading zeros, no IPv6
+/// zones, no IPv4-mapped IPv6 addresses. The message starts with the field's name (serde's
+/// error path stops at the subnet).
+pub fn parse_cidr(text: &str) -> Result<IpNet, String> {
+    let bad = |why: &str| format!("cidr {text:?} is not a CIDR: {why}");
+    let (addr, bits) = text
+        .rsplit_once('/')
+        .ok_or_else(|| bad("no prefix length (like 10.244.0.0/16)"))?;
+    let addr: std::net::IpAddr = addr.parse().map_err(|_| {
+        bad("not an IPv4 or IPv6 address (no leading zeros in IPv4 octets, no zones)")
+    })?;
+    if let std::net::IpAddr::V6(v6) = addr {
+        if v6.to_ipv4_mapped().is_some() {
+            return Err(bad("an IPv4-mapped IPv6 address; write the IPv4 subnet"));
+        }
+    }
+    let bits = match bits.parse::<u8>() {
+        Ok(b) if bits == b.to_string() => b,
+        _ => {
+            return Err(bad(
+                "the prefix length is not a number without leading zeros",
+            ))
+        }
+    };
+    IpNet::new(addr, bits).map_err(|_| bad("the prefix length is too long for the address"))
+}
+
+fn deserialize_cidr<'de, D: serde::Deserializer<'de>>(d: D) -> Result<IpNet, D::Error> {
+    parse_cidr(&String::deserialize(d)?).map_err(serde::de::Error::custom)
 }
 
 /// An isolated L3 domain. On each node it is one VRF.
@@ -61,35 +94,42 @@ pub struct NetworkSpec {
     pub external: bool,
 }
 
-/// A Kubernetes-style condition, kept kube-free.
+/// A Kubernetes-style condition (`metav1.Condition`), kept kube-free.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "kube", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Condition {
     #[serde(rename = "type")]
     pub type_: String,
+    /// `True`, `False` or `Unknown`.
     pub status: String,
+    /// One CamelCase word for machines (`Allocated`, `Invalid`, ...).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub reason: String,
+    /// What a person needs to know, naming the fix for a failure.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
+    /// When `status` last changed (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_transition_time: Option<String>,
+    /// The `metadata.generation` of the spec this condition was computed from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
 }
 
 /// Status of a Network, written by the controller.
+///
+/// Conditions only: per-node counts (blocks or addresses in use) would change with every node
+/// that joins, and every agent watches Networks, so each join would cost one event per
+/// Network on every node. How many nodes a Network can serve is in the condition messages.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "kube", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct NetworkStatus {
+    /// `Ready` (the Network has its SID function; or why not: `Invalid`,
+    /// `SidFunctionsExhausted`) and `BlocksExhausted` (some nodes hold no block of it).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
-    /// Per-node blocks allocated so far.
-    #[serde(default)]
-    pub blocks_used: u32,
-    /// Addresses assigned to pods so far (summed over nodes).
-    #[serde(default)]
-    pub addresses_used: u64,
 }
 
 /// Status shared by the policy kinds.
@@ -97,6 +137,7 @@ pub struct NetworkStatus {
 #[cfg_attr(feature = "kube", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct PolicyStatus {
+    /// `Ready`, or why not (`Invalid`, with the validator's message naming the field).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }
@@ -277,8 +318,13 @@ pub struct NetworkAllocationSpec {
     pub function: u16,
 }
 
-/// Internal, derived by the controller per Node: its locator, underlay address and per-Network
-/// address blocks. Owned by the Node.
+/// Internal, derived by the controller per Node: its index, locator and underlay addresses.
+/// Owned by the Node.
+///
+/// The node's address blocks are not listed: node `index` holds block `index - 1` of every
+/// subnet of every Network ([`crate::alloc::node_blocks`]). So a new Network costs one
+/// NetworkAllocation and no NodeAllocation write, a new node one NodeAllocation, and every
+/// object stays a few hundred bytes however many nodes and Networks the cluster has.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "kube", derive(kube::CustomResource, schemars::JsonSchema))]
 #[cfg_attr(
@@ -290,20 +336,28 @@ pub struct NetworkAllocationSpec {
         shortname = "lnodealloc",
         printcolumn = r#"{"name":"Index","type":"integer","jsonPath":".spec.index"}"#,
         printcolumn = r#"{"name":"Locator","type":"string","jsonPath":".spec.locator"}"#,
-        printcolumn = r#"{"name":"Underlay","type":"string","jsonPath":".spec.underlay"}"#
+        printcolumn = r#"{"name":"IPv4","type":"string","jsonPath":".spec.underlay.ipv4"}"#,
+        printcolumn = r#"{"name":"IPv6","type":"string","jsonPath":".spec.underlay.ipv6"}"#
     )
 )]
 #[serde(rename_all = "camelCase")]
 pub struct NodeAllocationSpec {
-    /// Stable index of the node within the locator prefix.
+    /// Stable index of the node within the locator prefix (from 1); also the number of its
+    /// address blocks (block `index - 1` of each subnet).
     pub index: u32,
     /// The node's SRv6 locator, carved from `srv6LocatorPrefix`.
     #[cfg_attr(feature = "kube", schemars(with = "String"))]
     pub locator: ipnet::Ipv6Net,
-    /// The node's underlay IPv6 address (other nodes route its locator via it).
-    pub underlay: std::net::Ipv6Addr,
-    /// Per Network (by name), the blocks of this node: one per subnet of the Network.
-    #[serde(default)]
-    #[cfg_attr(feature = "kube", schemars(with = "BTreeMap<String, Vec<String>>"))]
-    pub blocks: BTreeMap<String, Vec<IpNet>>,
+    /// Where the other nodes reach this node: its InternalIPs.
+    pub underlay: Underlay,
+}
+
+/// A node's underlay addresses: its first InternalIP of each family. At least one is set.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "kube", derive(schemars::JsonSchema))]
+pub struct Underlay {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv4: Option<std::net::Ipv4Addr>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipv6: Option<std::net::Ipv6Addr>,
 }

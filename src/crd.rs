@@ -56,7 +56,11 @@ mod tests {
             &["Network", "Priority", "Age"],
         ),
         ("NetworkRoutingPolicy", true, &["From", "To", "Age"]),
-        ("NodeAllocation", false, &["Index", "Locator", "Underlay"]),
+        (
+            "NodeAllocation",
+            false,
+            &["Index", "Locator", "IPv4", "IPv6"],
+        ),
         (
             "ServiceBindingPolicy",
             true,
@@ -154,10 +158,13 @@ mod tests {
         );
         let node = &schema("NodeAllocation")["properties"]["spec"];
         assert_eq!(node["properties"]["locator"]["type"], "string");
-        assert_eq!(node["properties"]["underlay"]["type"], "string");
-        assert_eq!(
-            node["properties"]["blocks"]["additionalProperties"]["items"]["type"],
-            "string"
+        let underlay = &node["properties"]["underlay"];
+        assert_eq!(underlay["type"], "object");
+        assert_eq!(underlay["properties"]["ipv4"]["type"], "string");
+        assert_eq!(underlay["properties"]["ipv6"]["type"], "string");
+        assert!(
+            node["properties"].get("blocks").is_none(),
+            "blocks derive from the index"
         );
         let srp = &schema("ServiceRoutingPolicy")["properties"]["spec"];
         assert_eq!(srp["required"], serde_json::json!(["from", "to"]));

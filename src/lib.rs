@@ -16,7 +16,11 @@ pub mod binding;
 pub mod crd;
 #[cfg(feature = "agent")]
 pub mod dataplane;
+pub mod index;
+#[cfg(feature = "kube")]
+pub mod k8s;
 pub mod load;
+pub mod objects;
 pub mod plan;
 #[cfg(feature = "agent")]
 pub mod probe;
@@ -26,5 +30,7 @@ pub mod sid;
 pub mod state;
 #[cfg(feature = "agent")]
 pub mod sys;
+#[cfg(feature = "serve")]
+pub mod telemetry;
 pub mod validate;
 pub mod wire;

@@ -1,25 +1,19 @@
 //! [`ClusterState`] from a directory of YAML manifests (standalone mode: the demo and tests).
 //!
 //! [`load_dir`] reads every `*.yaml` / `*.yml` file below a directory (recursively, in path
-//! order), each possibly holding several documents, and keeps:
-//!
-//! - the Lace kinds (`lace.io/v1alpha1`): Networks, the four policy kinds and the internal
-//!   `NetworkAllocation` / `NodeAllocation` objects;
-//! - core `v1` Namespaces, Pods, Services and Nodes, `discovery.k8s.io/v1` EndpointSlices
-//!   (merged per Service through the `kubernetes.io/service-name` label, ready endpoints only);
-//! - the cluster configuration from the ConfigMap `kube-system/lace-config`, key
-//!   `srv6LocatorPrefix`.
+//! order), each possibly holding several documents, turns each document of a kind Lace reads
+//! into an [`Object`](crate::objects::Object) (the conversion both state sources share, see
+//! [`crate::objects`]) and applies it to a [`ClusterIndex`]. What this module adds is the
+//! directory walk and the error positions: every error names the file, the document and,
+//! where serde can tell, the field, line and column.
 //!
 //! Every other kind is ignored. Namespaced objects without `metadata.namespace` are in
-//! `default` (as `kubectl apply` would put them), and every Namespace gets the
-//! `kubernetes.io/metadata.name` label the API server adds. The core kinds are parsed with small private structs of only
-//! the fields Lace reads, so this module builds without kube.
+//! `default` (as `kubectl apply` would put them). An object defined twice is an error.
 //!
 //! [`write_allocations`] records an [`Allocation`] as one file of internal objects in the same
 //! directory, so one allocator pass decides and every agent reads the same allocation.
 
 use std::collections::BTreeMap;
-use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use serde::de::DeserializeOwned;
@@ -27,20 +21,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::alloc::Allocation;
 use crate::api::{self, NetworkAllocationSpec, NodeAllocationSpec};
-use crate::state::{
-    ClusterState, Endpoints, Namespace, Node, ObjectKey, Pod, Service, ServicePort,
-};
+use crate::index::ClusterIndex;
+use crate::objects::{is_lace_config, Body, BodyVisitor, Kind, Meta};
+use crate::state::ClusterState;
 
 /// Name of the file [`write_allocations`] writes.
 pub const ALLOCATIONS_FILE: &str = "lace-allocations.yaml";
-/// Namespace of the ConfigMap holding the cluster configuration.
-pub const CONFIG_NAMESPACE: &str = "kube-system";
-/// Name of the ConfigMap holding the cluster configuration.
-pub const CONFIG_NAME: &str = "lace-config";
-/// Label that ties an EndpointSlice to its Service.
-const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
-/// Label the API server puts on every Namespace; added here too so selectors behave the same.
-const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
 
 /// Why a directory could not be loaded or allocations not written.
 #[derive(Debug, thiserror::Error)]
@@ -113,7 +99,7 @@ pub fn load_dir(dir: &Path) -> Result<ClusterState, LoadError> {
         })?;
         loader.load_file(file, &text)?;
     }
-    Ok(loader.finish())
+    Ok(loader.index.into_state())
 }
 
 /// The files [`load_dir`] reads: every `*.yaml` and `*.yml` below `dir`, sorted. Standalone
@@ -149,143 +135,18 @@ struct Location {
     doc: usize,
 }
 
-/// `metadata` as far as the loader reads it.
+/// `metadata.labels`, the part of `metadata` parsed with serde (name and namespace are read
+/// before, to name the object in errors).
 #[derive(Debug, Default, Deserialize)]
-struct Meta {
+struct MetaLabels {
     #[serde(default)]
     labels: BTreeMap<String, String>,
 }
 
-/// A Lace object: only its spec matters (status is the controller's output).
-#[derive(Debug, Deserialize)]
-struct LaceObject<S> {
-    spec: S,
-}
-
-#[derive(Debug, Deserialize)]
-struct NamespaceManifest {
-    #[serde(default)]
-    metadata: Meta,
-}
-
-#[derive(Debug, Deserialize)]
-struct PodManifest {
-    #[serde(default)]
-    metadata: Meta,
-    #[serde(default)]
-    spec: PodSpec,
-    #[serde(default)]
-    status: PodStatus,
-}
-
 #[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct PodSpec {
+struct WithMeta {
     #[serde(default)]
-    node_name: String,
-    #[serde(default)]
-    host_network: bool,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct PodStatus {
-    #[serde(default, rename = "podIP")]
-    pod_ip: Option<IpAddr>,
-    #[serde(default, rename = "podIPs")]
-    pod_ips: Vec<PodIp>,
-}
-
-#[derive(Debug, Deserialize)]
-struct PodIp {
-    ip: IpAddr,
-}
-
-#[derive(Debug, Deserialize)]
-struct ServiceManifest {
-    #[serde(default)]
-    metadata: Meta,
-    #[serde(default)]
-    spec: ServiceSpec,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct ServiceSpec {
-    /// `None` for headless Services, so strings, not addresses.
-    #[serde(default, rename = "clusterIP")]
-    cluster_ip: Option<String>,
-    #[serde(default, rename = "clusterIPs")]
-    cluster_ips: Vec<String>,
-    #[serde(default)]
-    ports: Vec<PortManifest>,
-}
-
-#[derive(Debug, Deserialize)]
-struct PortManifest {
-    #[serde(default = "tcp")]
-    protocol: String,
-    /// Optional in EndpointSlices ("all ports"); required in Services.
-    #[serde(default)]
-    port: Option<u16>,
-}
-
-fn tcp() -> String {
-    "TCP".to_string()
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct EndpointSliceManifest {
-    #[serde(default)]
-    metadata: Meta,
-    address_type: String,
-    #[serde(default)]
-    endpoints: Vec<EndpointManifest>,
-    #[serde(default)]
-    ports: Vec<PortManifest>,
-}
-
-#[derive(Debug, Deserialize)]
-struct EndpointManifest {
-    #[serde(default)]
-    addresses: Vec<String>,
-    #[serde(default)]
-    conditions: EndpointConditions,
-}
-
-#[derive(Debug, Default, Deserialize)]
-struct EndpointConditions {
-    /// Unset means ready (as Kubernetes documents for consumers).
-    #[serde(default)]
-    ready: Option<bool>,
-}
-
-#[derive(Debug, Deserialize)]
-struct NodeManifest {
-    #[serde(default)]
-    metadata: Meta,
-    #[serde(default)]
-    status: NodeStatus,
-}
-
-#[derive(Debug, Default, Deserialize)]
-struct NodeStatus {
-    #[serde(default)]
-    addresses: Vec<NodeAddress>,
-}
-
-#[derive(Debug, Deserialize)]
-struct NodeAddress {
-    #[serde(rename = "type")]
-    type_: String,
-    address: String,
-}
-
-#[derive(Debug, Deserialize)]
-struct ConfigMapManifest {
-    #[serde(default)]
-    data: BTreeMap<String, String>,
+    metadata: MetaLabels,
 }
 
 /// One document being loaded: its text (for precise error messages), value and identity.
@@ -295,7 +156,8 @@ struct Doc<'a> {
     index: usize,
     value: serde_yaml::Value,
     at: Location,
-    kind: &'a str,
+    kind: Kind,
+    /// `namespace/name` or `name`, for messages.
     name: String,
 }
 
@@ -323,23 +185,41 @@ impl Doc<'_> {
     }
 }
 
+/// Parses a document as its kind's body and applies the object to the index.
+struct ApplyDoc<'a> {
+    doc: &'a Doc<'a>,
+    meta: Meta,
+    index: &'a mut ClusterIndex,
+}
+
+impl BodyVisitor for ApplyDoc<'_> {
+    type Output = Result<(), LoadError>;
+    fn visit<B: Body>(self) -> Self::Output {
+        let doc = self.doc;
+        let object = doc
+            .parse::<B>()?
+            .into_object(self.meta)
+            .map_err(|m| doc.invalid(m))?;
+        match object {
+            Some(object) => _ = self.index.apply(object),
+            None => {
+                tracing::debug!(file = %doc.at.file.display(), doc = doc.at.doc, kind = %doc.kind, name = %doc.name, "ignored");
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Accumulates the state over all documents.
 #[derive(Default)]
 struct Loader {
-    state: ClusterState,
+    index: ClusterIndex,
     /// `Kind/namespace/name` → where it was first seen.
     seen: BTreeMap<String, Location>,
-    /// EndpointSlices per Service, merged at the end.
-    endpoints: BTreeMap<ObjectKey, Endpoints>,
 }
 
 fn str_at<'v>(value: &'v serde_yaml::Value, path: &[&str]) -> Option<&'v str> {
     path.iter().try_fold(value, |v, key| v.get(*key))?.as_str()
-}
-
-fn parse_ip(field: &str, s: &str) -> Result<IpAddr, String> {
-    s.parse()
-        .map_err(|_| format!("{field}: invalid IP address {s:?}"))
 }
 
 impl Loader {
@@ -377,142 +257,53 @@ impl Loader {
         };
         let api_version =
             str_at(&value, &["apiVersion"]).ok_or_else(|| not_object("no apiVersion"))?;
-        let kind = str_at(&value, &["kind"]).ok_or_else(|| not_object("no kind"))?;
-        let (api_version, kind) = (api_version.to_string(), kind.to_string());
-        let namespaced = match (api_version.as_str(), kind.as_str()) {
-            (
-                api::API_VERSION,
-                "Network"
-                | "NetworkBindingPolicy"
-                | "ServiceBindingPolicy"
-                | "NetworkRoutingPolicy"
-                | "ServiceRoutingPolicy"
-                | "NetworkAllocation"
-                | "NodeAllocation",
-            ) => false,
-            ("v1", "Namespace" | "Node") => false,
-            ("v1", "Pod" | "Service" | "ConfigMap") | ("discovery.k8s.io/v1", "EndpointSlice") => {
-                true
-            }
-            _ => {
-                tracing::debug!(file = %at.file.display(), doc = at.doc, %api_version, %kind, "ignoring unknown kind");
-                return Ok(());
-            }
+        let kind_str = str_at(&value, &["kind"]).ok_or_else(|| not_object("no kind"))?;
+        let Some(kind) = Kind::of(api_version, kind_str) else {
+            tracing::debug!(file = %at.file.display(), doc = at.doc, %api_version, kind = %kind_str, "ignoring unknown kind");
+            return Ok(());
         };
         let Some(name) = str_at(&value, &["metadata", "name"]).map(str::to_string) else {
             return Err(LoadError::MissingName {
                 file: at.file,
                 doc: at.doc,
-                kind,
+                kind: kind.to_string(),
             });
         };
-        let namespace = namespaced.then(|| {
+        let namespace = if kind.namespaced() {
             str_at(&value, &["metadata", "namespace"])
                 .unwrap_or("default")
                 .to_string()
-        });
-        if kind == "ConfigMap"
-            && (namespace.as_deref(), name.as_str()) != (Some(CONFIG_NAMESPACE), CONFIG_NAME)
-        {
-            return Ok(()); // only Lace's own ConfigMap matters
-        }
-        let display_name = match &namespace {
-            Some(ns) => format!("{ns}/{name}"),
-            None => name.clone(),
+        } else {
+            String::new()
+        };
+        let display_name = if kind.namespaced() {
+            format!("{namespace}/{name}")
+        } else {
+            name.clone()
         };
         let doc = Doc {
             text,
             index,
             value,
             at,
-            kind: &kind,
+            kind,
             name: display_name,
         };
-        self.check_unique(&doc)?;
-        let key = || ObjectKey::new(namespace.clone().unwrap_or_default(), name.clone());
-        let s = &mut self.state;
-        match kind.as_str() {
-            "Network" => _ = s.networks.insert(name, doc.parse::<LaceObject<_>>()?.spec),
-            "NetworkBindingPolicy" => {
-                _ = s
-                    .network_bindings
-                    .insert(name, doc.parse::<LaceObject<_>>()?.spec)
-            }
-            "ServiceBindingPolicy" => {
-                _ = s
-                    .service_bindings
-                    .insert(name, doc.parse::<LaceObject<_>>()?.spec)
-            }
-            "NetworkRoutingPolicy" => {
-                _ = s
-                    .network_routes
-                    .insert(name, doc.parse::<LaceObject<_>>()?.spec)
-            }
-            "ServiceRoutingPolicy" => {
-                _ = s
-                    .service_routes
-                    .insert(name, doc.parse::<LaceObject<_>>()?.spec)
-            }
-            "NetworkAllocation" => {
-                _ = s
-                    .network_allocations
-                    .insert(name, doc.parse::<LaceObject<_>>()?.spec)
-            }
-            "NodeAllocation" => {
-                _ = s
-                    .node_allocations
-                    .insert(name, doc.parse::<LaceObject<_>>()?.spec)
-            }
-            "Namespace" => {
-                let mut labels = doc.parse::<NamespaceManifest>()?.metadata.labels;
-                labels
-                    .entry(NAMESPACE_NAME_LABEL.to_string())
-                    .or_insert_with(|| name.clone());
-                s.namespaces.insert(name, Namespace { labels });
-            }
-            "Pod" => _ = s.pods.insert(key(), pod(doc.parse()?)),
-            "Service" => {
-                _ = s
-                    .services
-                    .insert(key(), service(doc.parse()?).map_err(|m| doc.invalid(m))?)
-            }
-            "Node" => {
-                _ = s
-                    .nodes
-                    .insert(name, node(doc.parse()?).map_err(|m| doc.invalid(m))?)
-            }
-            "EndpointSlice" => {
-                let slice: EndpointSliceManifest = doc.parse()?;
-                let Some(service) = slice.metadata.labels.get(SERVICE_NAME_LABEL) else {
-                    tracing::debug!(slice = %doc.name, "ignoring an EndpointSlice without {SERVICE_NAME_LABEL}");
-                    return Ok(());
-                };
-                let merged = self
-                    .endpoints
-                    .entry(ObjectKey::new(key().namespace, service.clone()))
-                    .or_default();
-                merge_slice(merged, slice).map_err(|m| doc.invalid(m))?;
-            }
-            "ConfigMap" => {
-                let data = doc.parse::<ConfigMapManifest>()?.data;
-                let prefix = data
-                    .get("srv6LocatorPrefix")
-                    .map(String::as_str)
-                    .unwrap_or_default();
-                s.config.srv6_locator_prefix = if prefix.is_empty() {
-                    None
-                } else {
-                    Some(prefix.parse().map_err(|_| {
-                        doc.invalid(format!(
-                            "data.srv6LocatorPrefix: invalid IPv6 prefix {prefix:?}"
-                        ))
-                    })?)
-                };
-            }
-            // Not reached: the match on (apiVersion, kind) above lets only the kinds here through.
-            _ => {}
+        let labels = doc.parse::<WithMeta>()?.metadata.labels;
+        let meta = Meta {
+            name,
+            namespace,
+            labels,
+        };
+        if kind == Kind::ConfigMap && !is_lace_config(&meta) {
+            return Ok(()); // only Lace's own ConfigMap matters (and may be defined once)
         }
-        Ok(())
+        self.check_unique(&doc)?;
+        kind.visit(ApplyDoc {
+            doc: &doc,
+            meta,
+            index: &mut self.index,
+        })
     }
 
     fn check_unique(&mut self, doc: &Doc<'_>) -> Result<(), LoadError> {
@@ -530,100 +321,6 @@ impl Loader {
         self.seen.insert(id, doc.at.clone());
         Ok(())
     }
-
-    fn finish(mut self) -> ClusterState {
-        for endpoints in self.endpoints.values_mut() {
-            endpoints.addresses.sort();
-            endpoints.addresses.dedup();
-            endpoints.ports.sort();
-            endpoints.ports.dedup();
-        }
-        self.state.endpoints = self.endpoints;
-        self.state
-    }
-}
-
-fn pod(m: PodManifest) -> Pod {
-    let mut ips: Vec<IpAddr> = m.status.pod_ips.into_iter().map(|p| p.ip).collect();
-    if ips.is_empty() {
-        ips.extend(m.status.pod_ip);
-    }
-    Pod {
-        labels: m.metadata.labels,
-        node: m.spec.node_name,
-        ips,
-        host_network: m.spec.host_network,
-    }
-}
-
-fn service(m: ServiceManifest) -> Result<Service, String> {
-    let spec = m.spec;
-    let (field, ips) = if spec.cluster_ips.is_empty() {
-        ("spec.clusterIP", spec.cluster_ip.into_iter().collect())
-    } else {
-        ("spec.clusterIPs", spec.cluster_ips)
-    };
-    let cluster_ips = ips
-        .iter()
-        .filter(|ip| !ip.is_empty() && *ip != "None")
-        .map(|ip| parse_ip(field, ip))
-        .collect::<Result<_, _>>()?;
-    let ports = spec
-        .ports
-        .into_iter()
-        .enumerate()
-        .map(|(i, p)| match p.port {
-            Some(port) => Ok(ServicePort {
-                protocol: p.protocol,
-                port,
-            }),
-            None => Err(format!("spec.ports[{i}]: missing field `port`")),
-        })
-        .collect::<Result<_, _>>()?;
-    Ok(Service {
-        labels: m.metadata.labels,
-        cluster_ips,
-        ports,
-    })
-}
-
-fn node(m: NodeManifest) -> Result<Node, String> {
-    let internal_ips = m
-        .status
-        .addresses
-        .iter()
-        .enumerate()
-        .filter(|(_, a)| a.type_ == "InternalIP")
-        .map(|(i, a)| parse_ip(&format!("status.addresses[{i}].address"), &a.address))
-        .collect::<Result<_, _>>()?;
-    Ok(Node {
-        labels: m.metadata.labels,
-        internal_ips,
-    })
-}
-
-fn merge_slice(into: &mut Endpoints, slice: EndpointSliceManifest) -> Result<(), String> {
-    if slice.address_type == "FQDN" {
-        return Ok(()); // names, not addresses: nothing Lace can route
-    }
-    for (i, endpoint) in slice.endpoints.iter().enumerate() {
-        if endpoint.conditions.ready == Some(false) {
-            continue;
-        }
-        for (j, address) in endpoint.addresses.iter().enumerate() {
-            into.addresses.push(parse_ip(
-                &format!("endpoints[{i}].addresses[{j}]"),
-                address,
-            )?);
-        }
-    }
-    into.ports.extend(slice.ports.into_iter().filter_map(|p| {
-        Some(ServicePort {
-            protocol: p.protocol,
-            port: p.port?,
-        })
-    }));
-    Ok(())
 }
 
 /// A Lace object as written to a manifest.
@@ -689,8 +386,11 @@ pub fn write_allocations(dir: &Path, alloc: &Allocation) -> Result<PathBuf, Load
 
 #[cfg(test)]
 mod tests {
+    use std::net::IpAddr;
+
     use super::*;
     use crate::alloc::allocate;
+    use crate::state::{ObjectKey, ServicePort};
     use crate::validate::validate_cluster;
 
     fn example_dir() -> PathBuf {
@@ -739,12 +439,12 @@ mod tests {
             (3, 4, 8)
         );
         assert_eq!(
-            state.nodes["node-2"].underlay_v6(),
+            state.nodes["node-2"].underlay().ipv6,
             Some("fd00:fab::2".parse().unwrap())
         );
         assert_eq!(state.namespaces["team-a"].labels["lace.io/tenant"], "a");
         assert_eq!(
-            state.namespaces["kube-system"].labels[NAMESPACE_NAME_LABEL],
+            state.namespaces["kube-system"].labels[crate::objects::NAMESPACE_NAME_LABEL],
             "kube-system"
         );
         let dns = &state.endpoints[&ObjectKey::new("kube-system", "kube-dns")];
@@ -782,11 +482,12 @@ mod tests {
                 let ok = if pod.host_network {
                     state.nodes[&pod.node].internal_ips.contains(addr)
                 } else {
-                    alloc.node_allocations[&pod.node]
-                        .blocks
-                        .values()
-                        .flatten()
-                        .any(|b| b.contains(addr))
+                    let index = alloc.node_allocations[&pod.node].index;
+                    state.networks.values().any(|n| {
+                        crate::alloc::node_blocks(index, &n.subnets)
+                            .iter()
+                            .any(|b| b.contains(addr))
+                    })
                 };
                 assert!(ok, "{key}: {addr} is not in a block of {}", pod.node);
             }
@@ -837,7 +538,7 @@ mod tests {
             ),
             (
                 vec![("a.yaml", format!("{network}metadata:\n  name: n\nspec:\n  subnets:\n    - cidr: 10.0.0.0/88\n      blockPrefix: 8\n"))],
-                "DIR/a.yaml: document 1: Network/n: spec.subnets[0].cidr: invalid IP address syntax at line 7 column 13",
+                "DIR/a.yaml: document 1: Network/n: spec.subnets[0]: cidr \"10.0.0.0/88\" is not a CIDR: the prefix length is too long for the address at line 7 column 7",
             ),
             (
                 vec![

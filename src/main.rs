@@ -63,7 +63,8 @@ enum Command {
     Run(Box<RunArgs>),
 }
 
-/// Flags of `lace-agent run` (the chart passes the first six).
+/// Flags of `lace-agent run` (the chart passes the first six, and the API server address in
+/// `LACE_APISERVER_ADDRESS`).
 #[derive(Debug, clap::Args)]
 struct RunArgs {
     /// This node's name (`spec.nodeName`).
@@ -87,9 +88,17 @@ struct RunArgs {
     /// Remove previously pinned BPF objects at start.
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
     release_pinned_maps: bool,
-    /// Standalone mode: read the cluster state from this directory of manifests.
+    /// Standalone mode: read the cluster state from this directory of manifests (instead of
+    /// the Kubernetes API).
     #[arg(long)]
     manifests: Option<PathBuf>,
+    /// The API server: host:port, [IPv6]:port or an https:// URL. Unset: the in-cluster
+    /// KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT.
+    #[arg(long, env = "LACE_APISERVER_ADDRESS")]
+    apiserver_address: Option<String>,
+    /// Where the pod's service-account token and CA (`token`, `ca.crt`) are mounted.
+    #[arg(long, default_value = lace::agent::cluster::SERVICE_ACCOUNT_DIR)]
+    service_account_dir: PathBuf,
     /// IPAM store and the plugin's DEL queue.
     #[arg(long, default_value = "/var/lib/lace")]
     state_dir: PathBuf,
@@ -109,13 +118,7 @@ struct RunArgs {
 }
 
 fn main() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("LACE_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    lace::telemetry::init_logging();
     match Cli::parse().command {
         Command::Crds => write_stdout(&lace::crd::crds_yaml())?,
         Command::Validate { manifests } => {
@@ -167,8 +170,18 @@ fn main() -> Result<()> {
 }
 
 fn run(args: RunArgs) -> Result<()> {
-    let Some(manifests) = args.manifests else {
-        bail!("not implemented yet: Kubernetes mode; use --manifests DIR (standalone mode)");
+    let source: std::sync::Arc<dyn lace::agent::StateSource> = match args.manifests {
+        Some(dir) => std::sync::Arc::new(lace::agent::standalone::DirectorySource::new(dir)),
+        None => {
+            let api = lace::agent::cluster::ApiServer::new(
+                args.apiserver_address.as_deref(),
+                &args.service_account_dir,
+            )?;
+            std::sync::Arc::new(lace::agent::cluster::KubeSource::new(
+                args.node_name.clone(),
+                api,
+            ))
+        }
     };
     let cni_bin_source = match args.cni_bin_source {
         Some(p) => p,
@@ -194,13 +207,12 @@ fn run(args: RunArgs) -> Result<()> {
         cni_conf_dir: args.cni_conf_dir,
         cni_conf_name: args.cni_conf_name,
         cni_bin_source,
-        manifests,
         metrics_addr: args.metrics_addr,
         kubelet_cgroup: args.kubelet_cgroup_path,
         release_pinned: args.release_pinned_maps,
         resync_interval: std::time::Duration::from_secs(args.resync_interval),
     };
-    lace::agent::run_standalone(config, dataplane)?;
+    lace::agent::run(config, source, dataplane)?;
     Ok(())
 }
 

@@ -6,6 +6,7 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
+use crate::alloc;
 use crate::api::ServiceRoutingPolicySpec;
 use crate::binding::{selects_service, service_network};
 use crate::state::{ClusterState, Endpoints, ObjectKey, Service, ServicePort};
@@ -142,15 +143,15 @@ pub fn service_grants(state: &ClusterState) -> Vec<ServiceGrant<'_>> {
     grants
 }
 
-/// Locates addresses in the Networks' per-node blocks. One pass over the allocations, and only
-/// when there is something to locate: this runs on every plan of clusters with 5,000 nodes.
+/// Locates addresses in the Networks' per-node blocks (derived from the node indices, see
+/// [`crate::alloc::node_blocks`]). The index → node map is built only when there is something
+/// to locate: this runs on every plan of clusters with 5,000 nodes.
 pub fn locate<'a>(
     state: &'a ClusterState,
     addresses: &BTreeSet<IpAddr>,
 ) -> BTreeMap<IpAddr, BackendLocation<'a>> {
     let mut out = BTreeMap::new();
-    // candidate block -> (network, addresses in it)
-    let mut candidates: HashMap<IpNet, (&'a str, Vec<IpAddr>)> = HashMap::new();
+    let mut by_index: Option<HashMap<u32, &'a str>> = None;
     for &addr in addresses {
         let hit = state
             .networks
@@ -160,46 +161,34 @@ pub fn locate<'a>(
                 n.subnets
                     .iter()
                     .find(|s| s.cidr.contains(&addr))
-                    .map(|s| (name.as_str(), s.block_prefix))
+                    .map(|s| (name.as_str(), n, s))
             });
-        match hit {
-            None => {
-                out.insert(addr, BackendLocation::Outside);
-            }
-            Some((network, prefix)) => {
-                out.insert(addr, BackendLocation::Unallocated { network });
-                if let Ok(block) = IpNet::new(addr, prefix).map(|b| b.trunc()) {
-                    candidates
-                        .entry(block)
-                        .or_insert_with(|| (network, Vec::new()))
-                        .1
-                        .push(addr);
-                }
-            }
-        }
-    }
-    if candidates.is_empty() {
-        return out;
-    }
-    for (node, alloc) in &state.node_allocations {
-        for (network, blocks) in &alloc.blocks {
-            for block in blocks {
-                if let Some((cand_net, addrs)) = candidates.get(block) {
-                    if *cand_net == network.as_str() {
-                        for a in addrs {
-                            out.insert(
-                                *a,
-                                BackendLocation::Pod {
-                                    network: cand_net,
-                                    node,
-                                    block: *block,
-                                },
-                            );
-                        }
-                    }
-                }
-            }
-        }
+        let Some((network, spec, subnet)) = hit else {
+            out.insert(addr, BackendLocation::Outside);
+            continue;
+        };
+        let by_index = by_index.get_or_insert_with(|| {
+            state
+                .node_allocations
+                .iter()
+                .map(|(node, a)| (a.index, node.as_str()))
+                .collect()
+        });
+        let located = alloc::block_owner(subnet, addr).and_then(|index| {
+            let node = by_index.get(&index)?;
+            // The node holds a block only if every subnet of the Network has one for it.
+            let blocks = alloc::node_blocks(index, &spec.subnets);
+            let block = blocks.into_iter().find(|b| b.contains(&addr))?;
+            Some(BackendLocation::Pod {
+                network,
+                node,
+                block,
+            })
+        });
+        out.insert(
+            addr,
+            located.unwrap_or(BackendLocation::Unallocated { network }),
+        );
     }
     out
 }
@@ -250,10 +239,13 @@ mod tests {
         s.node_allocations.insert(
             "n1".into(),
             NodeAllocationSpec {
-                index: 1,
-                locator: "2001:db8:100::1:0:0/96".parse().unwrap(),
-                underlay: "2001:db8::1".parse().unwrap(),
-                blocks: [("b".to_string(), vec!["10.2.1.0/24".parse().unwrap()])].into(),
+                // Index 2: block 1 of every subnet, 10.2.1.0/24 of `b`.
+                index: 2,
+                locator: "2001:db8:100::2:0:0/96".parse().unwrap(),
+                underlay: crate::api::Underlay {
+                    ipv4: None,
+                    ipv6: Some("2001:db8::1".parse().unwrap()),
+                },
             },
         );
         let svc = |labels: &[(&str, &str)]| Service {

@@ -4,14 +4,14 @@
 //! manifests (standalone mode: the demo and the tests). Both paths produce this same type.
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv6Addr};
+use std::net::IpAddr;
 
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 use crate::api::{
     NetworkAllocationSpec, NetworkBindingPolicySpec, NetworkRoutingPolicySpec, NetworkSpec,
-    NodeAllocationSpec, ServiceBindingPolicySpec, ServiceRoutingPolicySpec,
+    NodeAllocationSpec, ServiceBindingPolicySpec, ServiceRoutingPolicySpec, Underlay,
 };
 
 /// `namespace/name` of a namespaced object.
@@ -87,12 +87,32 @@ pub struct Node {
 }
 
 impl Node {
-    /// The IPv6 InternalIP used as the SRv6 underlay address, if the node has one.
-    pub fn underlay_v6(&self) -> Option<Ipv6Addr> {
-        self.internal_ips.iter().find_map(|ip| match ip {
-            IpAddr::V6(v6) => Some(*v6),
-            IpAddr::V4(_) => None,
-        })
+    /// The node's underlay addresses: its first usable InternalIP of each family (one other
+    /// nodes can send to: not unspecified, loopback, multicast or link-local).
+    pub fn underlay(&self) -> Underlay {
+        let mut u = Underlay::default();
+        let usable = |ip: &&IpAddr| match ip {
+            IpAddr::V4(a) => {
+                !(a.is_unspecified()
+                    || a.is_loopback()
+                    || a.is_multicast()
+                    || a.is_link_local()
+                    || a.is_broadcast())
+            }
+            IpAddr::V6(a) => {
+                !(a.is_unspecified()
+                    || a.is_loopback()
+                    || a.is_multicast()
+                    || a.is_unicast_link_local())
+            }
+        };
+        for ip in self.internal_ips.iter().filter(usable) {
+            match ip {
+                IpAddr::V4(v4) => _ = u.ipv4.get_or_insert(*v4),
+                IpAddr::V6(v6) => _ = u.ipv6.get_or_insert(*v6),
+            }
+        }
+        u
     }
 }
 

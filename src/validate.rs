@@ -91,6 +91,128 @@ pub fn validate_cluster(state: &ClusterState) -> Result<(), Vec<ValidationError>
     finish(out)
 }
 
+/// A Lace object [`admit`] left out, with every reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejected {
+    /// `Network`, `NetworkBindingPolicy`, ...
+    pub kind: &'static str,
+    pub name: String,
+    pub errors: Vec<ValidationError>,
+}
+
+impl fmt::Display for Rejected {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let errors: Vec<String> = self.errors.iter().map(ToString::to_string).collect();
+        write!(f, "{}", errors.join("; "))
+    }
+}
+
+/// `state` without the Lace objects that fail validation, so one bad object never takes the
+/// rest down (the agent and the controller act on the rest and report the rejected).
+///
+/// - A Network with an invalid spec is left out. Of two Networks whose subnets overlap, the
+///   one that came later is: Networks with a NetworkAllocation (already in use; by SID
+///   function, the order they were allocated in) before those without one (by name). So a
+///   new Network can never push out one that pods already use, and the result depends only on
+///   the objects, not on the order they arrived in.
+/// - A policy is checked against the admitted Networks: one naming a missing or left-out
+///   Network, or with an invalid selector or priority, is left out.
+///
+/// The cluster configuration (`srv6LocatorPrefix`) is not judged here: only the allocator
+/// uses it, and [`validate_cluster`] reports it.
+pub fn admit(mut state: ClusterState) -> (ClusterState, Vec<Rejected>) {
+    let mut rejected = Vec::new();
+    let mut reject = |kind: &'static str, name: &str, errors: Vec<ValidationError>| {
+        rejected.push(Rejected {
+            kind,
+            name: name.to_string(),
+            errors,
+        });
+    };
+    // Networks: each on its own, then overlaps in admission order.
+    let mut order: Vec<(&String, &NetworkSpec)> = state.networks.iter().collect();
+    order.sort_by_key(|(name, _)| {
+        let function = state.network_allocations.get(*name).map(|a| a.function);
+        (function.is_none(), function, (*name).clone())
+    });
+    let mut admitted: Vec<(&str, IpNet)> = Vec::new();
+    let mut left_out: Vec<String> = Vec::new();
+    for (name, spec) in order {
+        let mut errors = Vec::new();
+        check_network(name, spec, &mut errors);
+        if errors.is_empty() && !spec.external {
+            for (i, subnet) in spec.subnets.iter().enumerate() {
+                let cidr = subnet.cidr.trunc();
+                if let Some((other, other_cidr)) = admitted
+                    .iter()
+                    .find(|(_, o)| o.contains(&cidr.network()) || cidr.contains(&o.network()))
+                {
+                    Errors::new("Network", name, &mut errors).push(
+                        format_args!("spec.subnets[{i}].cidr"),
+                        format!(
+                            "{cidr} overlaps {other_cidr} of Network {other}, which came first"
+                        ),
+                    );
+                }
+            }
+        }
+        if errors.is_empty() {
+            admitted.extend(spec.subnets.iter().map(|s| (name.as_str(), s.cidr.trunc())));
+        } else {
+            errors.sort();
+            reject("Network", name, errors);
+            left_out.push(name.clone());
+        }
+    }
+    for name in &left_out {
+        state.networks.remove(name);
+    }
+    // Policies against the admitted Networks.
+    fn retain<S>(
+        kind: &'static str,
+        map: &mut BTreeMap<String, S>,
+        check: impl Fn(&str, &S, &mut Vec<ValidationError>),
+        reject: &mut impl FnMut(&'static str, &str, Vec<ValidationError>),
+    ) {
+        map.retain(|name, spec| {
+            let mut errors = Vec::new();
+            check(name, spec, &mut errors);
+            errors.sort();
+            let ok = errors.is_empty();
+            if !ok {
+                reject(kind, name, errors);
+            }
+            ok
+        });
+    }
+    let networks = state.networks.clone();
+    retain(
+        "NetworkBindingPolicy",
+        &mut state.network_bindings,
+        |n, s, o| check_network_binding_policy(n, s, &networks, o),
+        &mut reject,
+    );
+    retain(
+        "ServiceBindingPolicy",
+        &mut state.service_bindings,
+        |n, s, o| check_service_binding_policy(n, s, &networks, o),
+        &mut reject,
+    );
+    retain(
+        "NetworkRoutingPolicy",
+        &mut state.network_routes,
+        |n, s, o| check_network_routing_policy(n, s, &networks, o),
+        &mut reject,
+    );
+    retain(
+        "ServiceRoutingPolicy",
+        &mut state.service_routes,
+        |n, s, o| check_service_routing_policy(n, s, &networks, o),
+        &mut reject,
+    );
+    (state, rejected)
+}
+
 /// Validates one Network on its own (subnets, block sizes, `external`).
 pub fn validate_network(name: &str, spec: &NetworkSpec) -> Result<(), Vec<ValidationError>> {
     let mut out = Vec::new();
@@ -201,7 +323,8 @@ pub fn validate_network_allocation_update(
 }
 
 /// Validates an update of a NodeAllocation: the index and the locator are immutable (other
-/// nodes encapsulate towards the locator). Underlay and blocks may change.
+/// nodes encapsulate towards the locator, and the node's blocks derive from the index).
+/// The underlay may change.
 pub fn validate_node_allocation_update(
     name: &str,
     old: &NodeAllocationSpec,
@@ -817,11 +940,14 @@ mod tests {
         let a = NodeAllocationSpec {
             index: 1,
             locator: "2001:db8:100::1:0:0/96".parse().unwrap(),
-            underlay: "fd00:fab::1".parse().unwrap(),
-            blocks: BTreeMap::new(),
+            underlay: crate::api::Underlay {
+                ipv4: None,
+                ipv6: Some("fd00:fab::1".parse().unwrap()),
+            },
         };
         let mut moved_underlay = a.clone();
-        moved_underlay.underlay = "fd00:fab::9".parse().unwrap();
+        moved_underlay.underlay.ipv6 = Some("fd00:fab::9".parse().unwrap());
+        moved_underlay.underlay.ipv4 = Some("192.168.0.1".parse().unwrap());
         assert!(validate_node_allocation_update("node-1", &a, &moved_underlay).is_ok());
         let mut b = a.clone();
         b.index = 2;
@@ -837,5 +963,66 @@ mod tests {
                 "NodeAllocation/node-1: spec.locator: field is immutable",
             ]
         );
+    }
+
+    #[test]
+    fn admit_leaves_out_only_the_bad_objects_and_says_why() {
+        let mut s = ClusterState::default();
+        // "aaa" sorts first but arrived last (no allocation): it is the one left out.
+        s.networks
+            .insert("system".into(), mk_network(&[("10.244.0.0/18", 24)]));
+        s.networks
+            .insert("aaa".into(), mk_network(&[("10.244.1.0/24", 26)]));
+        s.network_allocations
+            .insert("system".into(), NetworkAllocationSpec { function: 3 });
+        // b overlaps c; neither allocated: the later name (c) goes. d overlaps only c, so it
+        // stays (c is out, it pushes nothing out).
+        s.networks
+            .insert("b".into(), mk_network(&[("10.1.0.0/16", 24)]));
+        s.networks.insert(
+            "c".into(),
+            mk_network(&[("10.1.0.0/17", 24), ("fd00:2::/48", 64)]),
+        );
+        s.networks
+            .insert("d".into(), mk_network(&[("fd00:2::/56", 64)]));
+        s.networks
+            .insert("bad".into(), mk_network(&[("10.9.0.1/16", 24)]));
+        s.network_bindings
+            .insert("to-aaa".into(), mk_binding("aaa", 10));
+        s.network_bindings
+            .insert("to-system".into(), mk_binding("system", 10));
+        s.network_bindings
+            .insert("too-high".into(), mk_binding("system", 5000));
+        s.network_routes.insert("b-b".into(), mk_route("b", "b"));
+        s.network_routes.insert("b-c".into(), mk_route("b", "c"));
+        let (admitted, rejected) = admit(s.clone());
+        assert_eq!(
+            admitted.networks.keys().collect::<Vec<_>>(),
+            ["b", "d", "system"]
+        );
+        assert_eq!(
+            admitted.network_bindings.keys().collect::<Vec<_>>(),
+            ["to-system"]
+        );
+        assert_eq!(admitted.network_routes.keys().collect::<Vec<_>>(), ["b-b"]);
+        let lines: Vec<String> = rejected
+            .iter()
+            .map(|r| format!("{} {}: {r}", r.kind, r.name))
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                "Network aaa: Network/aaa: spec.subnets[0].cidr: 10.244.1.0/24 overlaps 10.244.0.0/18 of Network system, which came first",
+                "Network bad: Network/bad: spec.subnets[0].cidr: 10.9.0.1/16 has host bits set (did you mean 10.9.0.0/16?)",
+                "Network c: Network/c: spec.subnets[0].cidr: 10.1.0.0/17 overlaps 10.1.0.0/16 of Network b, which came first",
+                "NetworkBindingPolicy to-aaa: NetworkBindingPolicy/to-aaa: spec.network: Network \"aaa\" does not exist",
+                "NetworkBindingPolicy too-high: NetworkBindingPolicy/too-high: spec.priority: priority 5000 is outside 0..=1000",
+                "NetworkRoutingPolicy b-c: NetworkRoutingPolicy/b-c: spec.to: Network \"c\" does not exist",
+            ]
+        );
+        // What remains is valid, and admitting it again changes nothing.
+        assert_eq!(validate_cluster(&admitted), Ok(()));
+        let (again, none) = admit(admitted.clone());
+        assert_eq!((again, none), (admitted, vec![]));
     }
 }

@@ -58,3 +58,59 @@ fn validate_reports_every_error_with_its_object() {
     assert!(err.contains("NetworkRoutingPolicy/x"), "{err}");
     assert!(err.contains("nowhere") && err.contains("nothing"), "{err}");
 }
+
+/// The new user: a kubeadm cluster whose nodes have IPv4 InternalIPs only. Allocation
+/// works and every node's plan carries SRv6 over IPv4 to the others.
+#[test]
+fn ipv4_only_nodes_are_allocated_and_planned_over_ipv4() {
+    let dir = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(example()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "yaml") {
+            std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
+        }
+    }
+    // No IPv6 InternalIPs, no allocations yet.
+    let nodes = dir.path().join("nodes.yaml");
+    let text = std::fs::read_to_string(&nodes).unwrap();
+    let kept: Vec<&str> = text.lines().collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < kept.len() {
+        let ipv6 = kept[i].trim() == "- type: InternalIP"
+            && kept
+                .get(i + 1)
+                .is_some_and(|n| n.trim_start().starts_with("address: fd00:"));
+        if ipv6 {
+            i += 2;
+            continue;
+        }
+        out.push(kept[i]);
+        i += 1;
+    }
+    std::fs::write(&nodes, out.join("\n") + "\n").unwrap();
+    std::fs::remove_file(dir.path().join("lace-allocations.yaml")).unwrap();
+    let manifests = dir.path().display().to_string();
+
+    let alloc = agent(&["allocate", "--manifests", &manifests]);
+    assert!(alloc.status.success(), "{alloc:?}");
+    let written = std::fs::read_to_string(dir.path().join("lace-allocations.yaml")).unwrap();
+    assert!(
+        written.contains("ipv4: 192.168.0.12") && !written.contains("ipv6:"),
+        "{written}"
+    );
+
+    let plan = agent(&["plan", "--manifests", &manifests, "--node", "node-1"]);
+    assert!(plan.status.success(), "{plan:?}");
+    let text = String::from_utf8(plan.stdout).unwrap();
+    for want in [
+        "peer node-2 ipv4 via 192.168.0.12",
+        "peer node-3 ipv4 via 192.168.0.13",
+        "link lu-ipv4 type sit remote any local 192.168.0.11",
+        "fou port 6076 ipproto 41",
+        "-6 2001:db8:100::2:0:0/96 via ::192.168.0.12 dev lu-ipv4",
+        "seg6 tunsrc 2001:db8:100::1:0:0",
+    ] {
+        assert!(text.contains(want), "no {want:?} in the plan:\n{text}");
+    }
+}

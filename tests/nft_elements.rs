@@ -133,9 +133,6 @@ fn element_changes_applied_to_a_leave_the_table_a_fresh_b_leaves() {
     s.network_bindings.remove("tenant-a");
     s.network_routes
         .retain(|_, r| r.from != "tenant-a" && r.to != "tenant-a");
-    for n in s.node_allocations.values_mut() {
-        n.blocks.remove("tenant-a");
-    }
     let network_removed = ruleset("node-1", &s, &[]);
 
     // Not a plan the planner makes (pairs only accept), but what an element update must do

@@ -63,6 +63,27 @@ fn golden_plan_node_2() {
     golden("node-2.nft", &desired.render_nft());
 }
 
+/// The mixed cluster (node-3 without IPv6): node-1 reaches node-2 over IPv6 and node-3 over
+/// IPv4 through `lu-ipv4`; node-3 reaches everyone over IPv4, from its locator's address.
+#[test]
+fn golden_plan_mixed_underlay() {
+    let state = common::golden_cluster_mixed();
+    let node1 = plan("node-1", &state, &common::golden_attachments()).expect("plans");
+    golden("mixed-node-1.plan", &node1.render());
+    golden("mixed-node-1.nft", &node1.render_nft());
+    let node3 = plan("node-3", &state, &[]).expect("plans");
+    golden("mixed-node-3.plan", &node3.render());
+    golden("mixed-node-3.nft", &node3.render_nft());
+}
+
+/// Every golden ruleset.
+const GOLDEN_NFT: [&str; 4] = [
+    "node-1.nft",
+    "node-2.nft",
+    "mixed-node-1.nft",
+    "mixed-node-3.nft",
+];
+
 /// `nft -c -f` needs CAP_NET_ADMIN (it validates against the kernel without committing).
 /// Set `LACE_SKIP_NFT_CHECK=1` only where no nft binary or privilege is available.
 #[test]
@@ -71,7 +92,7 @@ fn golden_nft_passes_nft_check_mode() {
         eprintln!("skipped: LACE_SKIP_NFT_CHECK is set");
         return;
     }
-    for name in ["node-1.nft", "node-2.nft"] {
+    for name in GOLDEN_NFT {
         nft_check(
             &PathBuf::from(env!("CARGO_MANIFEST_DIR"))
                 .join("tests/golden")
@@ -105,8 +126,12 @@ fn every_node_ruleset_passes_nft_check_mode() {
         eprintln!("skipped: LACE_SKIP_NFT_CHECK is set");
         return;
     }
-    let state = common::golden_cluster();
-    for node in ["node-1", "node-2", "node-3"] {
+    for (state, node) in ["node-1", "node-2", "node-3"].into_iter().flat_map(|n| {
+        [
+            (common::golden_cluster(), n),
+            (common::golden_cluster_mixed(), n),
+        ]
+    }) {
         let text = plan(node, &state, &[]).expect("plans").render_nft();
         let dir = std::env::temp_dir().join(format!("lace-nft-{}-{node}", std::process::id()));
         std::fs::write(&dir, &text).expect("write temp ruleset");
@@ -138,7 +163,7 @@ fn golden_nft_bytecode_has_no_byteorder_newer_kernels_reject() {
         eprintln!("skipped: LACE_SKIP_NFT_CHECK is set");
         return;
     }
-    for name in ["node-1.nft", "node-2.nft"] {
+    for name in GOLDEN_NFT {
         let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
             .join("tests/golden")
             .join(name);

@@ -1,6 +1,7 @@
 //! Property tests of the planner on random clusters: reachability is exactly what the
-//! NetworkRoutingPolicies allow (routes both ways, new connections one way), names and table
-//! ids are unique, and planning is a pure function.
+//! NetworkRoutingPolicies allow (routes both ways, new connections one way) over the underlay
+//! each pair of nodes has in common (IPv6 first, else IPv4, else none), names and table ids
+//! are unique, and planning is a pure function.
 
 mod common;
 
@@ -10,7 +11,8 @@ use std::net::Ipv6Addr;
 use common::*;
 use ipnet::IpNet;
 use lace::api::NetworkAllocationSpec;
-use lace::plan::{plan, Nexthop, RouteKey, IFNAME_MAX};
+use lace::plan::underlay::{PeerPath, IPV4_TUNNEL};
+use lace::plan::{plan, Family, Nexthop, RouteKey, IFNAME_MAX};
 use lace::state::{ClusterState, PodAttachment};
 use proptest::prelude::*;
 
@@ -34,67 +36,66 @@ fn case() -> impl Strategy<Value = Case> {
             prop::collection::vec(any::<bool>(), nets),
             prop::collection::vec(any::<bool>(), nets * nets),
             prop::collection::vec(any::<bool>(), nets),
-            Just(nodes),
+            // Per node: 0 dual-stack, 1 IPv4 only, 2 IPv6 only.
+            prop::collection::vec(0u8..3, nodes as usize),
         )
-            .prop_map(move |(names, functions, dual, pairs_bits, pods, nodes)| {
-                let names: Vec<String> = names.into_iter().collect();
-                let n = names.len();
-                let mut s = ClusterState::default();
-                for (i, name) in names.iter().enumerate() {
-                    let v4 = format!("10.{}.0.0/16", i + 1);
-                    let v6 = format!("fd00:{}::/48", i + 1);
-                    let mut subnets = vec![(v4.as_str(), 24)];
-                    if dual[i] {
-                        subnets.push((v6.as_str(), 64));
+            .prop_map(
+                move |(names, functions, dual, pairs_bits, pods, families)| {
+                    let names: Vec<String> = names.into_iter().collect();
+                    let n = names.len();
+                    let mut s = ClusterState::default();
+                    for (i, name) in names.iter().enumerate() {
+                        let v4 = format!("10.{}.0.0/16", i + 1);
+                        let v6 = format!("fd00:{}::/48", i + 1);
+                        let mut subnets = vec![(v4.as_str(), 24)];
+                        if dual[i] {
+                            subnets.push((v6.as_str(), 64));
+                        }
+                        s.networks.insert(name.clone(), mk_network(&subnets));
                     }
-                    s.networks.insert(name.clone(), mk_network(&subnets));
-                }
-                for i in 0..nodes {
-                    mk_node(&mut s, &format!("n{i}"), i);
-                }
-                alloc_all(&mut s);
-                // Random distinct SID functions instead of 1, 2, 3...
-                for (name, f) in names.iter().zip(&functions) {
-                    s.network_allocations
-                        .insert(name.clone(), NetworkAllocationSpec { function: *f });
-                }
-                let mut pairs = BTreeSet::new();
-                for a in 0..n {
-                    for b in 0..n {
-                        if pairs_bits[a * n + b] {
-                            pairs.insert((a, b));
-                            mk_route(&mut s, &format!("p-{a}-{b}"), &names[a], &names[b]);
+                    for (i, f) in families.iter().enumerate() {
+                        mk_node_families(&mut s, &format!("n{i}"), i as u32, *f != 2, *f != 1);
+                    }
+                    alloc_all(&mut s);
+                    // Random distinct SID functions instead of 1, 2, 3...
+                    for (name, f) in names.iter().zip(&functions) {
+                        s.network_allocations
+                            .insert(name.clone(), NetworkAllocationSpec { function: *f });
+                    }
+                    let mut pairs = BTreeSet::new();
+                    for a in 0..n {
+                        for b in 0..n {
+                            if pairs_bits[a * n + b] {
+                                pairs.insert((a, b));
+                                mk_route(&mut s, &format!("p-{a}-{b}"), &names[a], &names[b]);
+                            }
                         }
                     }
-                }
-                let local = (0..n)
-                    .filter(|i| pods[*i])
-                    .map(|i| {
-                        mk_attachment(
-                            "ns",
-                            &format!("pod{i}"),
-                            &names[i],
-                            &format!("lp-{i}"),
-                            &[&format!("10.{}.0.9", i + 1)],
-                        )
-                    })
-                    .collect();
-                Case {
-                    state: s,
-                    names,
-                    pairs,
-                    local,
-                }
-            })
+                    let local = (0..n)
+                        .filter(|i| pods[*i])
+                        .map(|i| {
+                            mk_attachment(
+                                "ns",
+                                &format!("pod{i}"),
+                                &names[i],
+                                &format!("lp-{i}"),
+                                &[&format!("10.{}.0.9", i + 1)],
+                            )
+                        })
+                        .collect();
+                    Case {
+                        state: s,
+                        names,
+                        pairs,
+                        local,
+                    }
+                },
+            )
     })
 }
 
 fn blocks_of(s: &ClusterState, node: &str, net: &str) -> Vec<IpNet> {
-    s.node_allocations[node]
-        .blocks
-        .get(net)
-        .cloned()
-        .unwrap_or_default()
+    lace::alloc::node_blocks(s.node_allocations[node].index, &s.networks[net].subnets)
 }
 
 fn table_of(d: &lace::plan::DesiredNode, net: &str) -> u32 {
@@ -136,7 +137,18 @@ proptest! {
         let s = &c.state;
         let me = "n0";
         let d = plan(me, s, &c.local).expect("random cluster plans");
-        let index: BTreeMap<&str, u32> = s.node_allocations.iter().map(|(k, v)| (k.as_str(), v.index)).collect();
+        // The locator number of each node (mk_node: allocation index = locator number + 1).
+        let index: BTreeMap<&str, u32> = s.node_allocations.iter().map(|(k, v)| (k.as_str(), v.index - 1)).collect();
+        let mine = s.node_allocations[me].underlay;
+        // How the test expects each peer to be reached: the locator route and the encap's family.
+        let path = |node: &str| -> Option<(Nexthop, Family)> {
+            let peer = s.node_allocations[node].underlay;
+            match (mine.ipv6, peer.ipv6, mine.ipv4, peer.ipv4) {
+                (Some(_), Some(via), _, _) => Some((Nexthop::Underlay { via }, Family::V6)),
+                (_, _, Some(_), Some(via)) => Some((Nexthop::Ipv4Tunnel { via }, Family::V4)),
+                _ => None,
+            }
+        };
         let pairs4 = d.base.nft.set("pairs_v4").unwrap();
         let pairs6 = d.base.nft.set("pairs_v6").unwrap();
         let has_element = |k: &str| pairs4.elements.contains_key(k) || pairs6.elements.contains_key(k);
@@ -156,7 +168,7 @@ proptest! {
                         let want = if !(allowed || reverse) {
                             None
                         } else if *node != me {
-                            Some(Nexthop::Seg6Encap { segs: sid(*idx, f_b) })
+                            path(node).map(|(_, underlay)| Nexthop::Seg6Encap { segs: sid(*idx, f_b), underlay })
                         } else if a != b {
                             Some(Nexthop::Dev(vrf_of(&d, b)))
                         } else {
@@ -165,9 +177,10 @@ proptest! {
                         prop_assert_eq!(got, want.as_ref(), "table of {} -> block {} of {} on {}", a, blk, b, node);
                         if want.is_some() && *node != me {
                             // The outer packet is routed in the same VRF: the node's locator
-                            // must be there, via its underlay address.
+                            // must be there, via its underlay address of the common family.
                             let loc = RouteKey { table: ta, dst: IpNet::V6(locator(*idx)) };
-                            prop_assert_eq!(d.route(&loc), Some(&Nexthop::Underlay { via: underlay(*idx) }));
+                            let via = path(node).map(|(nh, _)| nh);
+                            prop_assert_eq!(d.route(&loc), via.as_ref());
                         }
                     }
                 }
@@ -183,6 +196,50 @@ proptest! {
                 }
             }
         }
+    }
+
+    #[test]
+    fn each_pair_uses_the_family_both_nodes_have(c in case()) {
+        let s = &c.state;
+        let d = plan("n0", s, &c.local).expect("random cluster plans");
+        let me = s.node_allocations["n0"].underlay;
+        let mut over_v4 = false;
+        for (node, a) in s.node_allocations.iter().filter(|(n, _)| *n != "n0") {
+            let loc = RouteKey { table: lace::plan::MAIN_TABLE, dst: IpNet::V6(a.locator) };
+            let got = (d.base.peers.get(node.as_str()), d.route(&loc));
+            match (me.ipv6.and(a.underlay.ipv6), me.ipv4.and(a.underlay.ipv4)) {
+                (Some(v6), _) => prop_assert_eq!(got, (Some(&PeerPath::Ipv6(v6)), Some(&Nexthop::Underlay { via: v6 }))),
+                (None, Some(v4)) => {
+                    over_v4 = true;
+                    prop_assert_eq!(got, (Some(&PeerPath::Ipv4(v4)), Some(&Nexthop::Ipv4Tunnel { via: v4 })));
+                }
+                (None, None) => prop_assert_eq!(got, (Some(&PeerPath::NoCommonFamily), None)),
+            }
+        }
+        // The tunnel exists exactly when a peer is reached over IPv4; its source is an address
+        // of this node that every peer knows.
+        prop_assert_eq!(d.base.ipv4_tunnel.is_some(), over_v4);
+        if let Some(t) = d.base.ipv4_tunnel {
+            prop_assert_eq!(Some(t.local), me.ipv4);
+            prop_assert_eq!(t.address, me.ipv6.is_none().then_some(d.base.seg6_tunsrc));
+        }
+        prop_assert_eq!(me.ipv6.unwrap_or(d.base.seg6_tunsrc), d.base.seg6_tunsrc);
+        prop_assert!(d.base.locator.contains(&d.base.seg6_tunsrc) || me.ipv6.is_some());
+        prop_assert_eq!(
+            d.base.sysctls.contains_key(&format!("net.ipv6.conf.{IPV4_TUNNEL}.disable_ipv6")),
+            over_v4
+        );
+        // Every node's outer sources are in the guard's sets, on every node.
+        let v6 = d.base.nft.set("node_underlays").unwrap();
+        let v4 = d.base.nft.set("node_underlays_v4").unwrap();
+        for (node, a) in &s.node_allocations {
+            let other = plan(node, s, &[]).expect("plans");
+            prop_assert!(v6.elements.contains_key(&other.base.seg6_tunsrc.to_string()), "tunsrc of {}", node);
+            if let Some(ip) = a.underlay.ipv4 {
+                prop_assert!(v4.elements.contains_key(&ip.to_string()), "IPv4 of {}", node);
+            }
+        }
+        prop_assert_eq!(v4.elements.len(), s.node_allocations.values().filter(|a| a.underlay.ipv4.is_some()).count());
     }
 
     #[test]

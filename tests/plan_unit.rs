@@ -4,9 +4,10 @@ mod common;
 
 use common::*;
 use ipnet::IpNet;
+use lace::plan::underlay::{Ipv4Tunnel, PeerPath};
 use lace::plan::{
-    plan, vrf_table, DesiredNode, Nexthop, PlanError, Planner, RouteKey, MAIN_TABLE, PROBE_MARK,
-    PROBE_MARK_MASK, PROBE_TABLE,
+    plan, vrf_table, DesiredNode, Family, Nexthop, PlanError, Planner, RouteKey, MAIN_TABLE,
+    PROBE_MARK, PROBE_MARK_MASK, PROBE_TABLE,
 };
 use lace::state::ClusterState;
 
@@ -20,6 +21,14 @@ fn key(table: u32, dst: &str) -> RouteKey {
 fn encap(segs: &str) -> Nexthop {
     Nexthop::Seg6Encap {
         segs: segs.parse().unwrap(),
+        underlay: Family::V6,
+    }
+}
+
+fn encap4(segs: &str) -> Nexthop {
+    Nexthop::Seg6Encap {
+        segs: segs.parse().unwrap(),
+        underlay: Family::V4,
     }
 }
 
@@ -483,4 +492,133 @@ fn routes_iterate_sorted_without_duplicates() {
     assert!(keys
         .iter()
         .all(|k| k.table == MAIN_TABLE || k.table == PROBE_TABLE || k.table >= vrf_table(0)));
+}
+
+/// The golden cluster with node-3 on IPv4 only: node-1 keeps IPv6 towards node-2 and carries
+/// SRv6 over IPv4 towards node-3; node-3 uses IPv4 towards both, from its locator's address.
+#[test]
+fn mixed_cluster_uses_ipv6_where_both_have_it_and_ipv4_elsewhere() {
+    let s = golden_cluster_mixed();
+    let d = plan("node-1", &s, &golden_attachments()).expect("plans");
+    let n2: std::net::Ipv6Addr = "2001:db8:ff::2".parse().unwrap();
+    let n3: std::net::Ipv4Addr = "198.51.100.3".parse().unwrap();
+    assert_eq!(
+        d.base.peers.iter().collect::<Vec<_>>(),
+        vec![
+            (&"node-2".to_string(), &PeerPath::Ipv6(n2)),
+            (&"node-3".to_string(), &PeerPath::Ipv4(n3)),
+        ]
+    );
+    let cases: Vec<(&str, RouteKey, Option<Nexthop>)> = vec![
+        (
+            "locator node-2 over IPv6",
+            key(MAIN_TABLE, "2001:db8:100::2:0:0/96"),
+            Some(Nexthop::Underlay { via: n2 }),
+        ),
+        (
+            "locator node-3 over IPv4, main",
+            key(MAIN_TABLE, "2001:db8:100::3:0:0/96"),
+            Some(Nexthop::Ipv4Tunnel { via: n3 }),
+        ),
+        (
+            "locator node-3 over IPv4, in system's table",
+            key(T_SYSTEM, "2001:db8:100::3:0:0/96"),
+            Some(Nexthop::Ipv4Tunnel { via: n3 }),
+        ),
+        (
+            "system block on node-2: encap through the uplink",
+            key(T_SYSTEM, "10.10.2.0/24"),
+            Some(encap("2001:db8:100::2:2:0")),
+        ),
+        (
+            "system block on node-3: encap through lu-ipv4",
+            key(T_SYSTEM, "10.10.3.0/24"),
+            Some(encap4("2001:db8:100::3:2:0")),
+        ),
+        (
+            "system IPv6 block on node-3 too",
+            key(T_SYSTEM, "fd00:10:0:3::/64"),
+            Some(encap4("2001:db8:100::3:2:0")),
+        ),
+    ];
+    for (what, k, want) in cases {
+        assert_eq!(d.route(&k), want.as_ref(), "{what}");
+    }
+    // node-1 has an IPv6 InternalIP: it stays the outer source, the device holds no address.
+    assert_eq!(d.base.seg6_tunsrc, underlay(1));
+    assert_eq!(
+        d.base.ipv4_tunnel,
+        Some(Ipv4Tunnel {
+            local: "198.51.100.1".parse().unwrap(),
+            address: None
+        })
+    );
+    assert_eq!(
+        d.base
+            .sysctls
+            .get("net.ipv6.conf.lu-ipv4.disable_ipv6")
+            .map(String::as_str),
+        Some("0")
+    );
+
+    // node-3: everything over IPv4, from its locator's own address, which its device holds.
+    let d3 = plan("node-3", &s, &[]).expect("plans");
+    let src: std::net::Ipv6Addr = "2001:db8:100::3:0:0".parse().unwrap();
+    assert_eq!(d3.base.seg6_tunsrc, src);
+    assert_eq!(
+        d3.base.ipv4_tunnel,
+        Some(Ipv4Tunnel {
+            local: n3,
+            address: Some(src)
+        })
+    );
+    for (peer, v4) in [("node-1", "198.51.100.1"), ("node-2", "198.51.100.2")] {
+        assert_eq!(
+            d3.base.peers[peer],
+            PeerPath::Ipv4(v4.parse().unwrap()),
+            "{peer}"
+        );
+    }
+    // Every node's guard knows node-3's outer sources: its IPv4 InternalIP and the locator
+    // address it encapsulates from; node-1's and node-2's IPv6 InternalIPs stay.
+    for node in ["node-1", "node-2", "node-3"] {
+        let nft = plan(node, &s, &[]).unwrap().base.nft.clone();
+        let v6: Vec<&String> = nft.set("node_underlays").unwrap().elements.keys().collect();
+        assert_eq!(
+            v6,
+            ["2001:db8:100::3:0:0", "2001:db8:ff::1", "2001:db8:ff::2"],
+            "{node}"
+        );
+        let v4 = &nft.set("node_underlays_v4").unwrap().elements;
+        assert_eq!(
+            v4.keys().collect::<Vec<_>>(),
+            ["198.51.100.1", "198.51.100.2", "198.51.100.3"]
+        );
+        assert_eq!(v4["198.51.100.3"].comment, "node node-3");
+    }
+}
+
+/// A pair without a common family gets no routes, and the plan says so.
+#[test]
+fn peers_without_a_common_family_are_unreachable() {
+    let mut s = golden_cluster_mixed();
+    // node-1 loses its IPv4 underlay: it has only IPv6, node-3 only IPv4.
+    s.node_allocations.get_mut("node-1").unwrap().underlay.ipv4 = None;
+    let d = plan("node-1", &s, &[]).expect("plans");
+    assert_eq!(d.base.peers["node-3"], PeerPath::NoCommonFamily);
+    assert!(d.base.ipv4_tunnel.is_none());
+    assert!(d.routes().all(|(k, _)| !"2001:db8:100::3:0:0/96"
+        .parse::<IpNet>()
+        .unwrap()
+        .contains(&k.dst)
+        && !"10.10.3.0/24".parse::<IpNet>().unwrap().contains(&k.dst)));
+    assert!(d
+        .render()
+        .contains("peer node-3 unreachable: no common address family"));
+    // node-2 still reaches node-3 over IPv4.
+    let d2 = plan("node-2", &s, &[]).expect("plans");
+    assert_eq!(
+        d2.base.peers["node-3"],
+        PeerPath::Ipv4("198.51.100.3".parse().unwrap())
+    );
 }

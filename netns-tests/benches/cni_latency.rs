@@ -36,7 +36,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cni_bed::{Bed, Ns};
+use cni_bed::{Bed, Ns, PodNamespaces};
 use serde_json::{json, Value};
 
 fn knob(name: &str, default: usize) -> usize {
@@ -133,45 +133,6 @@ fn in_netns<T: Send + 'static>(ns: &Path, f: impl FnOnce() -> T + Send + 'static
     .unwrap()
 }
 
-/// `count` fresh pod namespaces `lace-b<tag>-<i>`, made with one `ip -batch` and deleted the
-/// same way when dropped (not timed; one `ip` exec each would take minutes under emulation).
-struct PodNamespaces(Vec<String>);
-
-impl PodNamespaces {
-    fn new(tag: &str, count: usize) -> Self {
-        let names: Vec<String> = (0..count).map(|i| format!("lace-b{tag}-{i}")).collect();
-        ip_batch(names.iter().map(|n| format!("netns add {n}")));
-        PodNamespaces(names)
-    }
-
-    fn path(&self, i: usize) -> PathBuf {
-        PathBuf::from(format!("/run/netns/{}", self.0[i]))
-    }
-}
-
-impl Drop for PodNamespaces {
-    fn drop(&mut self) {
-        ip_batch(self.0.iter().map(|n| format!("netns del {n}")));
-    }
-}
-
-/// `ip -force -batch -` with these commands.
-fn ip_batch(commands: impl Iterator<Item = String>) {
-    let mut child = Command::new("ip")
-        .args(["-force", "-batch", "-"])
-        .stdin(Stdio::piped())
-        .spawn()
-        .expect("ip");
-    let script: String = commands.map(|c| c + "\n").collect();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(script.as_bytes())
-        .unwrap();
-    assert!(child.wait().unwrap().success(), "ip -batch failed");
-}
-
 /// Pods attached to each plugin in one turn of the sequential run.
 const TURN: usize = 20;
 
@@ -186,14 +147,14 @@ fn sequential(
     pods: usize,
 ) -> Vec<(Vec<Duration>, Vec<Duration>)> {
     let namespaces: Vec<PodNamespaces> = (0..plugins.len())
-        .map(|i| PodNamespaces::new(&format!("s{i}"), pods))
+        .map(|i| PodNamespaces::new(&format!("lace-bs{i}-"), pods))
         .collect();
     let mut out: Vec<(Vec<Duration>, Vec<Duration>)> = vec![Default::default(); plugins.len()];
     for verb in ["ADD", "DEL"] {
         for first in (0..pods).step_by(TURN) {
             for (i, p) in plugins.iter().enumerate() {
                 let turn: Vec<(String, PathBuf)> = (first..pods.min(first + TURN))
-                    .map(|k| (format!("s{i}-{k}"), namespaces[i].path(k)))
+                    .map(|k| (format!("s{i}-{k}"), PathBuf::from(namespaces[i][k].path())))
                     .collect();
                 let p2 = Arc::clone(p);
                 let samples = in_netns(&p.node, move || {
@@ -214,13 +175,16 @@ fn sequential(
 
 /// ADDs `pods` pods at once (one thread each, released together), then their DELs at once.
 fn concurrent(plugin: &Arc<Plugin>, tag: &str, pods: usize) -> (Vec<Duration>, Vec<Duration>) {
-    let namespaces = PodNamespaces::new(tag, pods);
+    let namespaces = PodNamespaces::new(&format!("lace-b{tag}-"), pods);
     let run_all = |verb: &'static str| -> Vec<Duration> {
         let barrier = Arc::new(std::sync::Barrier::new(pods));
         let threads: Vec<_> = (0..pods)
             .map(|i| {
-                let (p, ns, barrier) =
-                    (Arc::clone(plugin), namespaces.path(i), Arc::clone(&barrier));
+                let (p, ns, barrier) = (
+                    Arc::clone(plugin),
+                    PathBuf::from(namespaces[i].path()),
+                    Arc::clone(&barrier),
+                );
                 let id = format!("{tag}-con-{i}");
                 let node = plugin.node.clone();
                 std::thread::spawn(move || {
@@ -509,10 +473,10 @@ fn main() {
     let mut loaded = (0, 0);
     if let Some(lace) = plugins.iter().find(|p| p.label == "lace") {
         eprintln!("cni_latency: lace: {rss_pods} pods for the agent's RSS");
-        let namespaces = PodNamespaces::new("r", rss_pods);
+        let namespaces = PodNamespaces::new("lace-br-", rss_pods);
         let run = |verb: &'static str| {
             let chunks: Vec<Vec<(usize, PathBuf)>> = (0..rss_pods)
-                .map(|i| (i, namespaces.path(i)))
+                .map(|i| (i, PathBuf::from(namespaces[i].path())))
                 .collect::<Vec<_>>()
                 .chunks(rss_pods.div_ceil(8).max(1))
                 .map(<[_]>::to_vec)

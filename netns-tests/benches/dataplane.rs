@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use ipnet::{IpNet, Ipv4Net};
 use lace::dataplane::{NetnsTarget, Reconciler, ROUTE_PROTOCOL};
-use lace::plan::{plan, DesiredNode, Nexthop, RouteKey};
+use lace::plan::{plan, DesiredNode, Family, Nexthop, RouteKey};
 use lace_netns_tests::cluster::{ipv4_cluster, underlay, TestNetwork};
 use lace_netns_tests::{require_root_and_vrf, Netns};
 
@@ -59,7 +59,10 @@ fn with_routes(base: &DesiredNode, n: u32) -> DesiredNode {
                 table: VRF_TABLE,
                 dst: IpNet::V4(Ipv4Net::from(extra_dst(i))),
             },
-            Nexthop::Seg6Encap { segs: extra_sid() },
+            Nexthop::Seg6Encap {
+                segs: extra_sid(),
+                underlay: Family::V6,
+            },
         );
     }
     DesiredNode {

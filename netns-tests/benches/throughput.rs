@@ -4,25 +4,32 @@
 //! interleaved (case 1, 2, 3, 4, case 1, 2, ...) so drift of a shared machine hits all alike.
 //!
 //! Every case is its own world of the same shape: two node namespaces joined by one veth pair
-//! (the fabric, MTU 1500, IPv6 and IPv4 addresses), one pod behind each node, wired the way
-//! the CNI wires pods (`/32`, default via `169.254.1.1`). Only the way node A reaches node B's
-//! pod differs:
+//! (the fabric, MTU 1500, IPv6 and IPv4 addresses, GRO on as on a NIC), one pod behind each
+//! node, wired the way the CNI wires pods (`/32`, default via `169.254.1.1`). Only the way
+//! node A reaches node B's pod differs:
 //!
 //! - `native`: plain routes over the fabric, no encapsulation (pod MTU 1500);
 //! - `srv6`: Lace's dataplane, programmed by the real reconciler from the real planner's plan
 //!   (VRF, `seg6` encap towards the remote SID, `seg6local End.DT4/DT46` decap, nftables
 //!   policy); pod MTU = 1500 minus Lace's SRv6 overhead (64), as the agent computes it;
+//! - `srv6-fou`: the same with IPv4-only nodes (IPv6 disabled on the fabric link): the SRv6
+//!   packet rides in UDP over IPv4 through `lu-ipv4`, as the reconciler programs it; pod MTU
+//!   1500 - 64 - 28;
+//! - `srv6-sit`: that world with `lu-ipv4` switched by hand to plain 6in4 (`encap none`, device
+//!   MTU 1480): what the protocol-41 form Lace does not use would give; pod MTU 1500 - 64 - 20;
 //! - `vxlan4`: a vxlan device per node over the fabric's IPv4 (pod MTU 1500 - 50);
 //! - `vxlan6`: the same over the fabric's IPv6, the underlay SRv6 uses (pod MTU 1500 - 70).
 //!
 //! A run counts only if node B's observer (an nft table that is not Lace's) saw the stream
-//! arrive the way the case says (SRv6 = IPv6 with a routing header, VXLAN = UDP 4789, native =
-//! bare TCP) and no fragment at all: the MTUs are honest or the bench fails.
+//! arrive the way the case says (SRv6 = IPv6 with a routing header, SRv6 in fou = UDP to
+//! Lace's port, 6in4 = IP protocol 41, VXLAN = UDP 4789, native = bare TCP) and no fragment
+//! at all: the MTUs are honest or the bench fails.
 //!
 //! env: LACE_BENCH_SECONDS (default 5) per run, LACE_BENCH_REPEATS (default 3) runs per case.
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, Ipv6Addr};
+
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -30,9 +37,10 @@ use ipnet::{IpNet, Ipv4Net};
 use lace::agent::SRV6_OVERHEAD;
 use lace::dataplane::{NetnsTarget, Reconciler};
 use lace::plan::plan;
+use lace::plan::underlay::{FOU_PORT, IPV4_FOU_OVERHEAD, IPV4_TUNNEL};
 use lace::state::{ClusterState, ObjectKey, PodAttachment};
 use lace_netns_tests::bed::number_after;
-use lace_netns_tests::cluster::{ipv4_cluster, underlay, TestNetwork};
+use lace_netns_tests::cluster::{ipv4_cluster, over_ipv4, underlay, underlay4, TestNetwork};
 use lace_netns_tests::pods::{attach_pod, POD_GATEWAY_V4};
 use lace_netns_tests::{require_root_and_vrf, veth, Netns};
 use serde_json::Value;
@@ -48,17 +56,28 @@ const HOST_IF: &str = "lp-bench";
 enum Case {
     Native,
     Srv6,
+    Srv6Fou,
+    Srv6Sit,
     Vxlan4,
     Vxlan6,
 }
 
 impl Case {
-    const ALL: [Case; 4] = [Case::Native, Case::Srv6, Case::Vxlan4, Case::Vxlan6];
+    const ALL: [Case; 6] = [
+        Case::Native,
+        Case::Srv6,
+        Case::Srv6Fou,
+        Case::Srv6Sit,
+        Case::Vxlan4,
+        Case::Vxlan6,
+    ];
 
     fn name(self) -> &'static str {
         match self {
             Case::Native => "native",
             Case::Srv6 => "srv6",
+            Case::Srv6Fou => "srv6-fou",
+            Case::Srv6Sit => "srv6-sit",
             Case::Vxlan4 => "vxlan4",
             Case::Vxlan6 => "vxlan6",
         }
@@ -67,10 +86,17 @@ impl Case {
     fn describe(self) -> &'static str {
         match self {
             Case::Native => "routed, no encapsulation",
-            Case::Srv6 => "Lace: VRF + seg6 encap, reconciler",
+            Case::Srv6 => "Lace: VRF + seg6 encap over IPv6",
+            Case::Srv6Fou => "Lace over IPv4: + fou (UDP) in lu-ipv4",
+            Case::Srv6Sit => "as srv6-fou, plain 6in4 (by hand)",
             Case::Vxlan4 => "vxlan over the fabric's IPv4",
             Case::Vxlan6 => "vxlan over the fabric's IPv6",
         }
+    }
+
+    /// Whether the nodes reach each other over IPv4 only (IPv6 off on the fabric link).
+    fn ipv4_only(self) -> bool {
+        matches!(self, Case::Srv6Fou | Case::Srv6Sit)
     }
 
     /// The pods' MTU: the underlay MTU minus what the encapsulation adds.
@@ -79,6 +105,9 @@ impl Case {
             - match self {
                 Case::Native => 0,
                 Case::Srv6 => SRV6_OVERHEAD,
+                Case::Srv6Fou => SRV6_OVERHEAD + IPV4_FOU_OVERHEAD,
+                // Outer IPv4 only, no UDP.
+                Case::Srv6Sit => SRV6_OVERHEAD + 20,
                 // Outer Ethernet 14 + IP + UDP 8 + VXLAN 8.
                 Case::Vxlan4 => 14 + 20 + 8 + 8,
                 Case::Vxlan6 => 14 + 40 + 8 + 8,
@@ -90,36 +119,45 @@ impl Case {
         match self {
             Case::Native => "plain_tcp",
             Case::Srv6 => "srv6",
+            Case::Srv6Fou => "fou",
+            Case::Srv6Sit => "sit",
             Case::Vxlan4 | Case::Vxlan6 => "vxlan",
         }
     }
 }
 
+/// Every observer counter but `fragments`.
+const PATHS: [&str; 5] = ["srv6", "fou", "sit", "vxlan", "plain_tcp"];
+
 /// Node B's observer: how packets arrive from the fabric. Not Lace's table (Lace owns only
 /// `inet lace`), so the reconciler leaves it alone.
-const OBSERVER: &str = r#"
-table inet observe {
-  counter srv6 { }
-  counter vxlan { }
-  counter plain_tcp { }
-  counter fragments { }
-  chain pre {
+fn observer() -> String {
+    format!(
+        r#"
+table inet observe {{
+  counter srv6 {{ }}
+  counter fou {{ }}
+  counter sit {{ }}
+  counter vxlan {{ }}
+  counter plain_tcp {{ }}
+  counter fragments {{ }}
+  chain pre {{
     type filter hook prerouting priority -300; policy accept;
     iifname "eth0" ip6 nexthdr 43 counter name "srv6"
+    iifname "eth0" udp dport {FOU_PORT} counter name "fou"
+    iifname "eth0" ip protocol ipv6 counter name "sit"
     iifname "eth0" udp dport 4789 counter name "vxlan"
     iifname "eth0" ip protocol tcp counter name "plain_tcp"
     iifname "eth0" ip6 nexthdr 44 counter name "fragments"
     iifname "eth0" ip frag-off & 0x3fff != 0 counter name "fragments"
-  }
+  }}
+}}
+"#
+    )
 }
-"#;
 
 fn underlay6(i: u8) -> Ipv6Addr {
     underlay(u16::from(i))
-}
-
-fn underlay4(i: u8) -> Ipv4Addr {
-    Ipv4Addr::new(192, 168, 255, i)
 }
 
 fn pod_addr(i: u8) -> Ipv4Addr {
@@ -150,16 +188,29 @@ impl World {
         let nodes = [1, 2].map(|i| Netns::new(&format!("{}-node{i}", case.name())).unwrap());
         let pods = [1, 2].map(|i| Netns::new(&format!("{}-pod{i}", case.name())).unwrap());
         veth(&nodes[0], "eth0", &nodes[1], "eth0").unwrap();
+        // A NIC merges what it receives (GRO) by default; a veth only when asked. Cases that
+        // stay one GSO packet across the fabric (native, VXLAN, SRv6 over IPv6) do not need
+        // it; SRv6 over IPv4 is segmented before its sit device (the kernel offloads no
+        // tunnel in a tunnel), so without GRO its receiver would take every segment alone.
+        for n in &nodes {
+            n.exec("ethtool", &["-K", "eth0", "gro", "on"]).unwrap();
+        }
         for (n, i) in nodes.iter().zip([1u8, 2]) {
             n.ip(&format!("link set eth0 mtu {UNDERLAY_MTU}")).unwrap();
-            n.ip(&format!("-6 addr add {}/64 dev eth0 nodad", underlay6(i)))
-                .unwrap();
-            n.ip(&format!("addr add {}/24 dev eth0", underlay4(i)))
+            if case.ipv4_only() {
+                n.sysctl("net.ipv6.conf.eth0.disable_ipv6", "1").unwrap();
+            } else {
+                n.ip(&format!("-6 addr add {}/64 dev eth0 nodad", underlay6(i)))
+                    .unwrap();
+            }
+            n.ip(&format!("addr add {}/24 dev eth0", underlay4(u16::from(i))))
                 .unwrap();
             n.sysctl("net.ipv4.ip_forward", "1").unwrap();
             n.sysctl("net.ipv6.conf.all.forwarding", "1").unwrap();
         }
-        nodes[1].exec_stdin("nft", &["-f", "-"], OBSERVER).unwrap();
+        nodes[1]
+            .exec_stdin("nft", &["-f", "-"], &observer())
+            .unwrap();
         for (i, (n, p)) in nodes.iter().zip(&pods).enumerate() {
             let idx = i as u8 + 1;
             attach_pod(n, HOST_IF, p, pod_addr(idx)).unwrap();
@@ -169,13 +220,16 @@ impl World {
         }
         let mut reconcilers = Vec::new();
         match case {
-            Case::Native => {
-                route_natively(&nodes, |peer| format!("via {} dev eth0", underlay4(peer)))
-            }
+            Case::Native => route_natively(&nodes, |peer| {
+                format!("via {} dev eth0", underlay4(u16::from(peer)))
+            }),
             Case::Vxlan4 | Case::Vxlan6 => {
                 for (n, (me, peer)) in nodes.iter().zip([(1u8, 2u8), (2, 1)]) {
                     let (local, remote) = if case == Case::Vxlan4 {
-                        (underlay4(me).to_string(), underlay4(peer).to_string())
+                        (
+                            underlay4(u16::from(me)).to_string(),
+                            underlay4(u16::from(peer)).to_string(),
+                        )
                     } else {
                         (underlay6(me).to_string(), underlay6(peer).to_string())
                     };
@@ -197,8 +251,11 @@ impl World {
                 }
                 route_natively(&nodes, |peer| format!("via 10.99.0.{peer} dev vx0"));
             }
-            Case::Srv6 => {
-                let state = srv6_cluster();
+            Case::Srv6 | Case::Srv6Fou | Case::Srv6Sit => {
+                let mut state = srv6_cluster();
+                if case.ipv4_only() {
+                    over_ipv4(&mut state);
+                }
                 for (i, n) in nodes.iter().enumerate() {
                     let name = format!("node{}", i + 1);
                     let p = plan(&name, &state, &[attachment(i as u8 + 1)]).unwrap();
@@ -207,6 +264,13 @@ impl World {
                         .reconcile(&p)
                         .unwrap_or_else(|e| panic!("reconcile {name}: {e}"));
                     assert!(report.skipped.is_empty(), "{name}: {:?}", report.skipped);
+                    if case == Case::Srv6Sit {
+                        // Not what Lace programs: the same device without its UDP header.
+                        n.ip(&format!("link set {IPV4_TUNNEL} type sit encap none"))
+                            .unwrap();
+                        n.ip(&format!("link set {IPV4_TUNNEL} mtu {}", UNDERLAY_MTU - 20))
+                            .unwrap();
+                    }
                     reconcilers.push(rec);
                 }
             }
@@ -229,16 +293,24 @@ impl World {
     }
 
     fn counter(&self, name: &str) -> u64 {
+        self.counted(name).0
+    }
+
+    /// Node B's observer counter `name`: packets and bytes.
+    fn counted(&self, name: &str) -> (u64, u64) {
         let out = self.nodes[1]
             .exec("nft", &["list", "counter", "inet", "observe", name])
             .unwrap();
-        number_after(&out, "packets").unwrap()
+        (
+            number_after(&out, "packets").unwrap(),
+            number_after(&out, "bytes").unwrap(),
+        )
     }
 
     /// One iperf3 run from pod A to pod B; returns received bits/s and the sender's
     /// retransmits, after checking the stream took this case's path without fragments.
     fn run(&self, seconds: u32) -> (f64, u64) {
-        let before = self.counter(self.case.counter());
+        let before = self.counted(self.case.counter()).1;
         let target = pod_addr(2).to_string();
         // A stalled path must fail the bench, not hang it: iperf3 waits forever on a stream
         // that no longer moves.
@@ -283,14 +355,17 @@ impl World {
             .as_f64()
             .unwrap_or_else(|| panic!("{}: no sum_received in {out}", self.case.name()));
         let retransmits = json["end"]["sum_sent"]["retransmits"].as_u64().unwrap_or(0);
-        let seen = self.counter(self.case.counter()) - before;
+        // Every byte the receiver counted came the case's way (GRO may merge packets before
+        // the observer counts them, so bytes, not packets).
+        let received = json["end"]["sum_received"]["bytes"].as_u64().unwrap_or(0);
+        let seen = self.counted(self.case.counter()).1 - before;
         assert!(
-            seen > 1000,
-            "{}: only {seen} packets arrived on node B as {}",
+            received > 0 && seen >= received,
+            "{}: {received} bytes received, only {seen} arrived on node B as {}",
             self.case.name(),
             self.case.counter()
         );
-        for other in ["srv6", "vxlan", "plain_tcp"] {
+        for other in PATHS {
             if other != self.case.counter() {
                 assert_eq!(
                     self.counter(other),
@@ -383,10 +458,10 @@ fn main() {
     let mut results: BTreeMap<&str, (Vec<f64>, u64)> = BTreeMap::new();
     for rep in 0..repeats {
         for w in &worlds {
-            eprintln!("run {}/{repeats} {:<7} ...", rep + 1, w.case.name());
+            eprintln!("run {}/{repeats} {:<8} ...", rep + 1, w.case.name());
             let (bps, retr) = w.run(seconds);
             eprintln!(
-                "run {}/{repeats} {:<7} {:>9.1} Mbit/s, {retr} retransmits",
+                "run {}/{repeats} {:<8} {:>9.1} Mbit/s, {retr} retransmits",
                 rep + 1,
                 w.case.name(),
                 bps / 1e6
@@ -405,10 +480,10 @@ fn main() {
         std::thread::available_parallelism().map_or(0, |n| n.get()),
     );
     println!(
-        "| {:<7} | {:<36} | {:>7} | {:<26} | {:>13} | {:>9} | {:>7} |",
+        "| {:<8} | {:<38} | {:>7} | {:<26} | {:>13} | {:>9} | {:>7} |",
         "case", "path", "pod MTU", "runs Mbit/s", "median Mbit/s", "vs native", "retrans"
     );
-    println!("|{}|", "-".repeat(132));
+    println!("|{}|", "-".repeat(135));
     let native = median(&results["native"].0);
     for case in Case::ALL {
         let (runs, retr) = &results[case.name()];
@@ -419,12 +494,23 @@ fn main() {
             .collect::<Vec<_>>()
             .join(" ");
         println!(
-            "| {:<7} | {:<36} | {:>7} | {list:<26} | {:>13.1} | {:>8.2}x | {retr:>7} |",
+            "| {:<8} | {:<38} | {:>7} | {list:<26} | {:>13.1} | {:>8.2}x | {retr:>7} |",
             case.name(),
             case.describe(),
             case.pod_mtu(),
             m / 1e6,
             m / native
+        );
+    }
+    // Each SRv6 underlay against VXLAN over the same fabric family.
+    for (a, b) in [
+        ("srv6", "vxlan6"),
+        ("srv6-fou", "vxlan4"),
+        ("srv6-sit", "vxlan4"),
+    ] {
+        println!(
+            "{a} / {b}: {:.2}x (medians)",
+            median(&results[a].0) / median(&results[b].0)
         );
     }
 }

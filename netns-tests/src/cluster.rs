@@ -2,16 +2,37 @@
 //! [`ClusterState`] the planner takes, with readable addresses instead of the allocator's.
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use lace::api::{
     NetworkAllocationSpec, NetworkRoutingPolicySpec, NetworkSpec, NodeAllocationSpec, Subnet,
+    Underlay,
 };
 use lace::state::{ClusterState, Node};
 
 /// Node `i`'s address on the test fabric: `2001:db8:ff::<i>`.
 pub fn underlay(i: u16) -> Ipv6Addr {
     Ipv6Addr::new(0x2001, 0xdb8, 0xff, 0, 0, 0, 0, i)
+}
+
+/// Node `i`'s IPv4 address on the test fabric: `192.168.255.<i>`.
+pub fn underlay4(i: u16) -> Ipv4Addr {
+    Ipv4Addr::new(192, 168, 255, i as u8)
+}
+
+/// Makes every node of a cluster built here IPv4-only: its InternalIP and underlay become
+/// [`underlay4`], so the nodes carry SRv6 over IPv4 between them.
+pub fn over_ipv4(s: &mut ClusterState) {
+    for (name, a) in s.node_allocations.iter_mut() {
+        let v4 = underlay4((a.index - 1) as u16);
+        a.underlay = Underlay {
+            ipv4: Some(v4),
+            ipv6: None,
+        };
+        if let Some(n) = s.nodes.get_mut(name) {
+            n.internal_ips = vec![IpAddr::V4(v4)];
+        }
+    }
 }
 
 /// Adds dual-stack Network `name` (allocated SID function `function`): `10.<second>.0.0/16`
@@ -92,16 +113,13 @@ pub fn ipv4_cluster(node_prefix: &str, nodes: u16, networks: &[TestNetwork]) -> 
         s.node_allocations.insert(
             node,
             NodeAllocationSpec {
-                index: u32::from(i),
+                // Index i + 1 holds block i of every subnet: `10.<second>.<i>.0/24`.
+                index: u32::from(i) + 1,
                 locator: format!("2001:db8:100::{i}:0:0/96").parse().unwrap(),
-                underlay: underlay(i),
-                blocks: networks
-                    .iter()
-                    .map(|n| {
-                        let block = format!("10.{}.{i}.0/24", n.second).parse().unwrap();
-                        (n.name.to_string(), vec![block])
-                    })
-                    .collect(),
+                underlay: Underlay {
+                    ipv4: None,
+                    ipv6: Some(underlay(i)),
+                },
             },
         );
     }

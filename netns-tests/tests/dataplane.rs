@@ -1,24 +1,30 @@
-//! The dataplane reconciler against a real kernel: three node namespaces on an IPv6 fabric
-//! (one bridge), an "internet" namespace beyond node 1, a rogue host on the fabric, pods wired
-//! as the CNI wires them. The plan comes from the real planner over a ClusterState built here;
-//! only the reconciler programs the nodes. Everything is asserted with real ICMP and TCP.
+//! The dataplane reconciler against a real kernel: three node namespaces on a fabric (one
+//! bridge), an "internet" namespace beyond node 1, a rogue host on the fabric, pods wired as
+//! the CNI wires them (at the MTU the agent computes). The plan comes from the real planner
+//! over a ClusterState built here; only the reconciler programs the nodes. Everything is
+//! asserted with real ICMP and TCP.
 //!
 //! Networks: `system` reaches itself; `default` does not reach itself and egresses to the
 //! external `internet`; `tenant-a` reaches itself and `system`. Every Network is dual-stack
 //! (a /24 and a /64 per node), every pod has an IPv4 and an IPv6 address, and every cell of the
 //! matrix is checked in both families, with ICMP and with TCP.
+//!
+//! The fabric comes in three kinds ([`Fabric`]): IPv6 only (SRv6 natively), IPv4 only with
+//! IPv6 disabled on every fabric link (SRv6 in fou over IPv4, through `lu-ipv4`), and mixed
+//! (nodes 1 and 2 dual-stack, node 3 IPv4 only: the pair 1-2 over IPv6, the others over IPv4).
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
-use lace::api::{NetworkRoutingPolicySpec, NetworkSpec, NodeAllocationSpec};
+use lace::api::{NetworkRoutingPolicySpec, NetworkSpec, NodeAllocationSpec, Underlay};
 use lace::dataplane::{NetnsTarget, Reconciler, ROUTE_PROTOCOL};
+use lace::plan::underlay::{self, FOU_PORT, IPV4_TUNNEL};
 use lace::plan::{plan, DesiredNode};
 use lace::state::{ClusterState, Node, ObjectKey, PodAttachment};
 use lace_netns_tests::bed::number_after;
@@ -30,7 +36,13 @@ const NODES: [u32; 3] = [1, 2, 3];
 /// (Network, second octet, SID function).
 const NETS: [(&str, u8, u16); 3] = [("default", 1, 1), ("system", 2, 2), ("tenant-a", 3, 3)];
 const TCP_PORT: u16 = 7100;
+/// The rogue host's number on the fabric (`2001:db8:ff::99`, `192.168.0.153`).
+const ROGUE: u16 = 0x99;
+/// How long a check the policies deny waits for an answer that must not come.
 const TIMEOUT: Duration = Duration::from_secs(3);
+/// How long a check the policies allow waits for its answer: only a failure waits that long,
+/// and under emulation on a loaded machine an allowed handshake took over 3 s.
+const PATIENT: Duration = Duration::from_secs(15);
 /// The internet namespace's address beyond node 1, per family.
 const INTERNET_V4: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 1);
 const INTERNET_V6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xeeee, 0, 0, 0, 0, 1);
@@ -72,10 +84,6 @@ const fn block6(second: u8, node: u32) -> Ipv6Addr {
     Ipv6Addr::new(0xfd00, second as u16, 0, node as u16, 0, 0, 0, 0)
 }
 
-fn octet(network: &str) -> u8 {
-    NETS.iter().find(|n| n.0 == network).map(|n| n.1).unwrap()
-}
-
 const fn pod(label: &'static str, node: u32, network: &'static str, host: u8) -> PodSpec {
     let second = match network.as_bytes()[0] {
         b'd' => 1,
@@ -107,8 +115,45 @@ fn node_label(i: u32) -> String {
     format!("node{i}")
 }
 
+/// What the fabric between the nodes carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fabric {
+    /// IPv6 only: SRv6 natively.
+    Ipv6,
+    /// IPv4 only, IPv6 disabled on every fabric link: SRv6 in fou over IPv4.
+    Ipv4,
+    /// Nodes 1 and 2 dual-stack, node 3 IPv4 only (IPv6 disabled on its links).
+    Mixed,
+}
+
+impl Fabric {
+    /// Whether node `i` has an IPv6 InternalIP on the fabric.
+    fn v6(self, i: u32) -> bool {
+        match self {
+            Fabric::Ipv6 => true,
+            Fabric::Ipv4 => false,
+            Fabric::Mixed => i != 3,
+        }
+    }
+
+    /// Whether node `i` has an IPv4 InternalIP on the fabric.
+    fn v4(self, _i: u32) -> bool {
+        self != Fabric::Ipv6
+    }
+}
+
 fn underlay(i: u32) -> Ipv6Addr {
     Ipv6Addr::new(0x2001, 0xdb8, 0xff, 0, 0, 0, 0, i as u16)
+}
+
+/// Node `i`'s IPv4 InternalIP (fabric `192.168.0.0/24`).
+fn underlay4(i: u32) -> Ipv4Addr {
+    Ipv4Addr::new(192, 168, 0, i as u8)
+}
+
+/// The address node `i` encapsulates from over IPv4 when it has no IPv6: its locator's own.
+fn locator_address(i: u32) -> Ipv6Addr {
+    locator(i).network()
 }
 
 fn locator(i: u32) -> Ipv6Net {
@@ -127,8 +172,9 @@ fn host_if(p: &PodSpec) -> String {
     format!("lp-{}", p.label.trim_start_matches('p'))
 }
 
-/// The cluster: the example Networks, allocated by hand, with `tenant-a` optional.
-fn cluster(with_tenant: bool) -> ClusterState {
+/// The cluster: the example Networks, allocated by hand, with `tenant-a` optional, nodes
+/// addressed as `fabric` says.
+fn cluster(with_tenant: bool, fabric: Fabric) -> ClusterState {
     let mut s = ClusterState::default();
     for (name, second, function) in NETS {
         if name == "tenant-a" && !with_tenant {
@@ -161,32 +207,30 @@ fn cluster(with_tenant: bool) -> ClusterState {
         );
     }
     for i in NODES {
+        let ul = Underlay {
+            ipv4: fabric.v4(i).then(|| underlay4(i)),
+            ipv6: fabric.v6(i).then(|| underlay(i)),
+        };
         s.nodes.insert(
             node_label(i),
             Node {
                 labels: BTreeMap::new(),
-                internal_ips: vec![IpAddr::V6(underlay(i))],
+                internal_ips: ul
+                    .ipv4
+                    .map(IpAddr::V4)
+                    .into_iter()
+                    .chain(ul.ipv6.map(IpAddr::V6))
+                    .collect(),
             },
         );
-        let blocks = s
-            .networks
-            .iter()
-            .filter(|(_, n)| !n.external)
-            .map(|(name, _)| {
-                let b: IpNet = Ipv4Net::new(Ipv4Addr::new(10, octet(name), i as u8, 0), 24)
-                    .unwrap()
-                    .into();
-                let b6: IpNet = Ipv6Net::new(block6(octet(name), i), 64).unwrap().into();
-                (name.clone(), vec![b, b6])
-            })
-            .collect();
         s.node_allocations.insert(
             node_label(i),
             NodeAllocationSpec {
-                index: i,
+                // Index i + 1 holds block i of every subnet: 10.<octet>.<i>.0/24 and
+                // fd00:<octet>:0:<i>::/64 (add_dual_stack_network's subnets).
+                index: i + 1,
                 locator: locator(i),
-                underlay: underlay(i),
-                blocks,
+                underlay: ul,
             },
         );
     }
@@ -209,8 +253,8 @@ fn attachments(node: u32, with_tenant: bool) -> Vec<PodAttachment> {
         .collect()
 }
 
-fn plans(with_tenant: bool) -> Vec<DesiredNode> {
-    let state = cluster(with_tenant);
+fn plans(with_tenant: bool, fabric: Fabric) -> Vec<DesiredNode> {
+    let state = cluster(with_tenant, fabric);
     NODES
         .iter()
         .map(|&i| plan(&node_label(i), &state, &attachments(i, with_tenant)).unwrap())
@@ -230,7 +274,7 @@ impl World {
         self.ns(&node_label(i))
     }
 
-    fn build() -> World {
+    fn build(fabric: Fabric) -> World {
         let mut topo = Topology::new();
         for l in ["fabric", "internet", "rogue"] {
             topo.add(l).unwrap();
@@ -242,21 +286,41 @@ impl World {
             topo.add(p.label).unwrap();
         }
         let w = World { topo };
+        let kind = fabric;
         let fabric = w.ns("fabric");
         fabric.ip("link add br0 type bridge").unwrap();
         fabric.ip("link set br0 up").unwrap();
         let mut on_fabric: Vec<(String, u16)> =
             NODES.iter().map(|&i| (node_label(i), i as u16)).collect();
-        on_fabric.push(("rogue".into(), 0x99));
+        on_fabric.push(("rogue".into(), ROGUE));
         for (label, host) in &on_fabric {
             let port = format!("fab-{label}");
             w.topo.link((label, "eth0"), ("fabric", &port)).unwrap();
             fabric.ip(&format!("link set {port} master br0")).unwrap();
             let ns = w.ns(label);
-            ns.ip(&format!(
-                "-6 addr add 2001:db8:ff::{host:x}/64 dev eth0 nodad"
-            ))
-            .unwrap();
+            // The rogue host has what the nodes have (both in the mixed fabric).
+            let i = if *host == ROGUE { 2 } else { u32::from(*host) };
+            if kind.v6(i) {
+                ns.ip(&format!(
+                    "-6 addr add 2001:db8:ff::{host:x}/64 dev eth0 nodad"
+                ))
+                .unwrap();
+            } else {
+                // A fabric link that carries no IPv6 at all, on both of its ends.
+                ns.sysctl("net.ipv6.conf.eth0.disable_ipv6", "1").unwrap();
+                fabric
+                    .sysctl(&format!("net.ipv6.conf.{port}.disable_ipv6"), "1")
+                    .unwrap();
+            }
+            if kind.v4(i) {
+                ns.ip(&format!("addr add 192.168.0.{host}/24 dev eth0"))
+                    .unwrap();
+            }
+        }
+        if kind == Fabric::Ipv4 {
+            fabric
+                .sysctl("net.ipv6.conf.br0.disable_ipv6", "1")
+                .unwrap();
         }
         for i in NODES {
             let n = w.node(i);
@@ -276,16 +340,18 @@ impl World {
                     .unwrap();
             } else {
                 n.ip("route add default dev eth0").unwrap();
-                n.ip("-6 route add default dev eth0").unwrap();
+                if kind.v6(i) {
+                    n.ip("-6 route add default dev eth0").unwrap();
+                } else {
+                    // The node's IPv6 way out is not the fabric (which has none).
+                    n.ip("link add egress6 up type dummy").unwrap();
+                    n.ip("-6 route add default dev egress6").unwrap();
+                }
             }
             // An observer that is not Lace's: counts SRv6 packets (IPv6 + routing header)
-            // arriving from the fabric.
-            n.exec_stdin(
-                "nft",
-                &["-f", "-"],
-                "table inet observe {\n chain pre {\n  type filter hook prerouting priority -300; policy accept;\n  iifname \"eth0\" ip6 nexthdr 43 counter\n }\n}\n",
-            )
-            .unwrap();
+            // and SRv6 in fou (UDP to Lace's port) arriving from the fabric.
+            n.exec_stdin("nft", &["-f", "-"], &format!("table inet observe {{\n counter srv6 {{}}\n counter fou {{}}\n chain pre {{\n  type filter hook prerouting priority -300; policy accept;\n  iifname \"eth0\" ip6 nexthdr 43 counter name \"srv6\"\n  iifname \"eth0\" udp dport {FOU_PORT} counter name \"fou\"\n }}\n}}\n"))
+                .unwrap();
         }
         let inet = w.ns("internet");
         inet.ip("addr add 198.51.100.2/24 dev eth0").unwrap();
@@ -295,18 +361,35 @@ impl World {
             .unwrap();
         inet.ip(&format!("-6 addr add {INTERNET_V6}/128 dev lo"))
             .unwrap();
+        // The pods' MTU as the agent computes it from the plan's paths (fabric MTU 1500).
+        let state = cluster(true, kind);
         for p in &PODS {
             let (node, pod) = (w.node(p.node), w.ns(p.label));
             attach_pod(node, &host_if(p), pod, p.addr).unwrap();
             add_pod_v6(node, &host_if(p), pod, p.addr6).unwrap();
+            let mtu = pod_mtu(&state, p.node);
+            node.ip(&format!("link set {} mtu {mtu}", host_if(p)))
+                .unwrap();
+            pod.ip(&format!("link set eth0 mtu {mtu}")).unwrap();
         }
         w
     }
 
-    fn ping(&self, from: &str, to: IpAddr) -> bool {
+    /// One ICMP echo from pod `from` to `to`, answered within `wait`. ping is started from a
+    /// thread inside the pod's namespace (one exec instead of `ip netns exec`'s two).
+    fn ping(&self, from: &str, to: IpAddr, wait: Duration) -> bool {
+        let (to, wait) = (to.to_string(), wait.as_secs().to_string());
         self.ns(from)
-            .exec("ping", &["-c", "1", "-W", "2", &to.to_string()])
-            .is_ok()
+            .enter(|| {
+                Command::new("ping")
+                    .args(["-c", "1", "-W", &wait, &to])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status()
+            })
+            .unwrap()
+            .unwrap_or_else(|e| panic!("ping: {e}"))
+            .success()
     }
 
     /// Starts a TCP server on every pod's addresses (both families) and on the internet's.
@@ -344,26 +427,58 @@ impl World {
         out
     }
 
-    /// SRv6 packets node `i` received from the fabric (the foreign observer's counter).
+    /// SRv6 packets node `i` received natively over IPv6 from the fabric (the foreign
+    /// observer's counter).
     fn srv6_in(&self, i: u32) -> u64 {
+        self.observed(i, "srv6")
+    }
+
+    /// SRv6-in-fou packets node `i` received over IPv4 from the fabric.
+    fn fou_in(&self, i: u32) -> u64 {
+        self.observed(i, "fou")
+    }
+
+    fn observed(&self, i: u32, counter: &str) -> u64 {
         let out = self
             .node(i)
-            .exec("nft", &["list", "chain", "inet", "observe", "pre"])
+            .exec("nft", &["list", "counter", "inet", "observe", counter])
             .unwrap();
         number_after(&out, "packets").unwrap()
     }
 
+    /// Packets node `i`'s guard dropped after `lu-ipv4` decapsulated them (not from a node).
+    fn guard_v4_drops(&self, i: u32) -> u64 {
+        let tunnel = format!("iifname \"{IPV4_TUNNEL}\"");
+        self.prerouting_counter(i, |l| l.contains(&tunnel) && l.contains("drop"))
+    }
+
+    /// Packets node `i`'s guard dropped on their way to a local SID (not from a node).
     fn guard_drops(&self, i: u32) -> u64 {
+        self.prerouting_counter(i, |l| l.contains("@local_sids"))
+    }
+
+    /// The packet counter of the first rule of Lace's prerouting chain on node `i` that `rule`
+    /// picks.
+    fn prerouting_counter(&self, i: u32, rule: impl Fn(&str) -> bool) -> u64 {
         let out = self
             .node(i)
             .exec("nft", &["list", "chain", "inet", "lace", "prerouting"])
             .unwrap();
-        let line = out
-            .lines()
-            .find(|l| l.contains("@local_sids"))
-            .expect("ingress guard rule");
+        let line = out.lines().find(|l| rule(l)).expect("ingress guard rule");
         number_after(line, "packets").unwrap()
     }
+}
+
+/// The pod MTU of node `i` in `state`, from the paths its plan uses (the agent's function),
+/// on a fabric of MTU 1500.
+fn pod_mtu(state: &ClusterState, i: u32) -> u32 {
+    let p = plan(&node_label(i), state, &[]).unwrap();
+    underlay::pod_mtu(
+        &p.base.underlay,
+        p.base.peers.values(),
+        Some(1500),
+        Some(1500),
+    )
 }
 
 fn reconcilers(w: &World) -> Vec<Reconciler> {
@@ -402,52 +517,124 @@ fn allowed(from: &PodSpec, to: &PodSpec) -> bool {
     )
 }
 
-/// Checks every ordered pair of `pods` in `families`, with ICMP (echo and its reply) and
-/// TCP (handshake, request and response), a few pairs at a time; returns every check whose
-/// outcome differs from the policy. [`World::servers`] must be running.
-fn matrix(w: &World, pods: &[&PodSpec], families: &[Family]) -> Vec<String> {
-    let pairs: Vec<(&PodSpec, &PodSpec)> = pods
-        .iter()
-        .flat_map(|a| pods.iter().map(move |b| (*a, *b)))
-        .filter(|(a, b)| a.label != b.label)
-        .collect();
-    let mut wrong = Vec::new();
-    for chunk in pairs.chunks(14) {
-        let results: Vec<Vec<String>> = std::thread::scope(|s| {
-            let hs: Vec<_> = chunk
-                .iter()
-                .map(|(a, b)| {
-                    s.spawn(move || {
-                        let want = allowed(a, b);
-                        let mut wrong = Vec::new();
-                        for &f in families {
-                            let pair = format!("{} -> {} ({f:?})", a.label, b.label);
-                            let icmp = w.ping(a.label, b.ip(f));
-                            if icmp != want {
-                                wrong.push(format!("{pair}: policy {want}, ICMP {icmp}"));
-                            }
-                            match (want, tcp(w, a.label, b.ip(f))) {
-                                (true, Ok(seen)) if seen != a.ip(f) => wrong.push(format!(
-                                    "{pair}: TCP server saw {seen}, not the pod (NAT between pods)"
-                                )),
-                                (true, Err(e)) => {
-                                    wrong.push(format!("{pair}: policy true, TCP failed: {e}"))
-                                }
-                                (false, Ok(_)) => {
-                                    wrong.push(format!("{pair}: policy false, TCP connected"))
-                                }
-                                _ => {}
-                            }
-                        }
-                        wrong
-                    })
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join().unwrap()).collect()
-        });
-        wrong.extend(results.into_iter().flatten());
+/// One connectivity check from pod `from` to `to`: an ICMP echo (and its reply) or a TCP
+/// exchange (handshake, request, response), and what the policies expect of it.
+struct Check {
+    from: &'static str,
+    to: IpAddr,
+    what: String,
+    tcp: bool,
+    allowed: bool,
+    /// The source address the TCP server must report (the pod's own: no NAT between pods;
+    /// node 1's for masquerade).
+    seen: IpAddr,
+}
+
+impl Check {
+    /// Both checks (ICMP and TCP) from `from` to `to`.
+    fn both(
+        from: &'static PodSpec,
+        to: IpAddr,
+        what: String,
+        allowed: bool,
+        seen: IpAddr,
+    ) -> [Check; 2] {
+        [false, true].map(|tcp| Check {
+            from: from.label,
+            to,
+            what: what.clone(),
+            tcp,
+            allowed,
+            seen,
+        })
     }
+
+    /// How long the check waits for an answer.
+    fn patience(&self) -> Duration {
+        if self.allowed {
+            PATIENT
+        } else {
+            TIMEOUT
+        }
+    }
+
+    /// Runs the check; a description of how the outcome differs from the policy, if it does.
+    fn run(&self, w: &World) -> Option<String> {
+        let (what, want) = (&self.what, self.allowed);
+        if !self.tcp {
+            let icmp = w.ping(self.from, self.to, self.patience());
+            return (icmp != want).then(|| format!("{what}: policy {want}, ICMP {icmp}"));
+        }
+        match (want, tcp(w, self.from, self.to, self.patience())) {
+            (true, Ok(seen)) if seen != self.seen => Some(format!(
+                "{what}: TCP server saw {seen}, not {} (NAT between pods, or no masquerade)",
+                self.seen
+            )),
+            (true, Err(e)) => Some(format!("{what}: policy true, TCP failed: {e}")),
+            (false, Ok(_)) => Some(format!("{what}: policy false, TCP connected")),
+            _ => None,
+        }
+    }
+}
+
+/// Checks at once: a denied check waits for its timeout, so they overlap; each spawns at most
+/// one process (ping), which bounds the load of a round under emulation.
+const CHECKS_AT_ONCE: usize = 24;
+
+/// Runs `checks` on a pool of [`CHECKS_AT_ONCE`] threads; returns every outcome that differs
+/// from the policy. [`World::servers`] must be running for the TCP checks.
+fn run_checks(w: &World, checks: &[Check]) -> Vec<String> {
+    let next = AtomicUsize::new(0);
+    let wrong = Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..CHECKS_AT_ONCE.min(checks.len()) {
+            s.spawn(|| {
+                while let Some(c) = checks.get(next.fetch_add(1, Ordering::Relaxed)) {
+                    if let Some(e) = c.run(w) {
+                        wrong.lock().unwrap().push(e);
+                    }
+                }
+            });
+        }
+    });
+    let mut wrong = wrong.into_inner().unwrap();
+    wrong.sort();
     wrong
+}
+
+/// Checks every ordered pair of `pods` in `families`, with ICMP and TCP; returns every check
+/// whose outcome differs from the policy. [`World::servers`] must be running.
+fn matrix(w: &World, pods: &[&'static PodSpec], families: &[Family]) -> Vec<String> {
+    let mut checks = Vec::new();
+    for a in pods {
+        for b in pods.iter().filter(|b| b.label != a.label) {
+            for &f in families {
+                let what = format!("{} -> {} ({f:?})", a.label, b.label);
+                checks.extend(Check::both(a, b.ip(f), what, allowed(a, b), a.ip(f)));
+            }
+        }
+    }
+    run_checks(w, &checks)
+}
+
+/// The matrix of all pods, one family at a time; after each, node 2's counter `arrived` must
+/// have grown: cross-node traffic to it took the path (`what`) the test expects.
+fn matrix_each_family(w: &World, arrived: fn(&World, u32) -> u64, what: &str) {
+    let all: Vec<&'static PodSpec> = PODS.iter().collect();
+    for f in FAMILIES {
+        let before = arrived(w, 2);
+        let wrong = matrix(w, &all, &[f]);
+        assert!(
+            wrong.is_empty(),
+            "{f:?} matrix differs from policy:\n{}\n{}",
+            wrong.join("\n"),
+            w.diagnose(1, "p1-system")
+        );
+        assert!(
+            arrived(w, 2) > before,
+            "cross-node {f:?} traffic to node 2 must arrive as {what}"
+        );
+    }
 }
 
 /// A TCP server on one address in one namespace (port [`TCP_PORT`]): reads one line and
@@ -493,7 +680,7 @@ impl Server {
 
 fn serve(conn: TcpStream, peer: SocketAddr) -> std::io::Result<()> {
     conn.set_nonblocking(false)?;
-    conn.set_read_timeout(Some(TIMEOUT))?;
+    conn.set_read_timeout(Some(PATIENT))?;
     let mut line = String::new();
     BufReader::new(&conn).read_line(&mut line)?;
     if line == "ping\n" {
@@ -512,15 +699,16 @@ impl Drop for Server {
 }
 
 /// Opens a TCP connection from pod `from` to a [`Server`] at `to`, sends a request and reads
-/// the answer: the address the server saw (so both directions carried data), or the error.
-fn tcp(w: &World, from: &str, to: IpAddr) -> Result<IpAddr, String> {
+/// the answer, waiting up to `timeout` for each: the address the server saw (so both
+/// directions carried data), or the error.
+fn tcp(w: &World, from: &str, to: IpAddr, timeout: Duration) -> Result<IpAddr, String> {
     let server: SocketAddr = (to, TCP_PORT).into();
     let client = w
         .ns(from)
-        .enter(|| TcpStream::connect_timeout(&server, TIMEOUT))
+        .enter(|| TcpStream::connect_timeout(&server, timeout))
         .unwrap();
     let client = client.map_err(|e| format!("connect: {e}"))?;
-    client.set_read_timeout(Some(TIMEOUT)).unwrap();
+    client.set_read_timeout(Some(timeout)).unwrap();
     (&client)
         .write_all(b"ping\n")
         .map_err(|e| format!("send: {e}"))?;
@@ -568,7 +756,7 @@ fn monitored(ns: &Netns, f: impl FnOnce()) -> String {
 #[test]
 fn dataplane_three_nodes_policies_srv6_teardown_restart() {
     require_root_and_vrf();
-    let w = World::build();
+    let w = World::build(Fabric::Ipv6);
     let n1 = w.node(1);
 
     // Foreign state on node 1 that Lace must never touch.
@@ -582,53 +770,36 @@ fn dataplane_three_nodes_policies_srv6_teardown_restart() {
 
     // Before Lace: no pod reaches another.
     for f in FAMILIES {
-        assert!(!w.ping("p1-system", pod_by("p2-system").ip(f)));
+        assert!(!w.ping("p1-system", pod_by("p2-system").ip(f), TIMEOUT));
     }
 
     let recs = reconcilers(&w);
-    let first = apply_all(&recs, &plans(true));
+    let first = apply_all(&recs, &plans(true, Fabric::Ipv6));
     assert!(first > 0);
     let servers = w.servers();
 
     // --- The connectivity matrix: same node and across nodes, per family. ----------------
-    let all: Vec<&PodSpec> = PODS.iter().collect();
-    for f in FAMILIES {
-        let srv6_before = w.srv6_in(2);
-        let wrong = matrix(&w, &all, &[f]);
-        assert!(
-            wrong.is_empty(),
-            "{f:?} matrix differs from policy:\n{}\n{}",
-            wrong.join("\n"),
-            w.diagnose(1, "p1-system")
-        );
-        assert!(
-            w.srv6_in(2) > srv6_before,
-            "cross-node {f:?} traffic to node 2 must arrive as SRv6"
-        );
-    }
+    matrix_each_family(&w, World::srv6_in, "SRv6");
 
     // `default` egresses to the internet, masqueraded behind node 1, in both families; the
     // other Networks have no way out.
+    let mut egress = Vec::new();
     for (internet, node1) in [
         (IpAddr::V4(INTERNET_V4), IpAddr::V4(NODE1_INET_V4)),
         (IpAddr::V6(INTERNET_V6), IpAddr::V6(NODE1_INET_V6)),
     ] {
-        let from = "p1-default";
-        assert!(w.ping(from, internet), "{from} -> {internet} (ICMP)");
-        let seen =
-            tcp(&w, from, internet).unwrap_or_else(|e| panic!("{from} -> {internet} (TCP): {e}"));
-        assert_eq!(
-            seen, node1,
-            "{from} -> {internet}: not masqueraded behind node 1"
-        );
-        for from in ["p1-system", "p1-tenant"] {
-            assert!(!w.ping(from, internet), "{from} reached {internet} (ICMP)");
-            assert!(
-                tcp(&w, from, internet).is_err(),
-                "{from} reached {internet} (TCP)"
-            );
+        for from in ["p1-default", "p1-system", "p1-tenant"] {
+            let what = format!("{from} -> internet {internet}");
+            let p = pod_by(from);
+            egress.extend(Check::both(p, internet, what, from == "p1-default", node1));
         }
     }
+    let wrong = run_checks(&w, &egress);
+    assert!(
+        wrong.is_empty(),
+        "egress differs from policy:\n{}",
+        wrong.join("\n")
+    );
 
     // A hand-crafted SRv6 packet to node 1's `system` SID from a non-node is dropped.
     let rogue = w.ns("rogue");
@@ -668,7 +839,7 @@ fn dataplane_three_nodes_policies_srv6_teardown_restart() {
     );
 
     // --- Re-applying the same plan writes nothing. --------------------------------------
-    let same = plans(true);
+    let same = plans(true, Fabric::Ipv6);
     let events = monitored(n1, || assert_eq!(apply_all(&recs, &same), 0));
     assert!(
         events.trim().is_empty(),
@@ -676,7 +847,7 @@ fn dataplane_three_nodes_policies_srv6_teardown_restart() {
     );
 
     // --- Removing tenant-a removes its state; the rest keeps working. -------------------
-    apply_all(&recs, &plans(false));
+    apply_all(&recs, &plans(false, Fabric::Ipv6));
     for i in NODES {
         let n = w.node(i);
         let links = n.ip("-d link show").unwrap();
@@ -704,7 +875,7 @@ fn dataplane_three_nodes_policies_srv6_teardown_restart() {
             "node{i} nft still mentions tenant-a"
         );
     }
-    let rest: Vec<&PodSpec> = PODS.iter().filter(|p| p.network != "tenant-a").collect();
+    let rest: Vec<&'static PodSpec> = PODS.iter().filter(|p| p.network != "tenant-a").collect();
     let wrong = matrix(&w, &rest[..], &FAMILIES);
     assert!(
         wrong.is_empty(),
@@ -728,7 +899,11 @@ fn dataplane_three_nodes_policies_srv6_teardown_restart() {
         })
         .collect();
     let recs = reconcilers(&w);
-    assert_eq!(apply_all(&recs, &plans(false)), 0, "restart must not write");
+    assert_eq!(
+        apply_all(&recs, &plans(false, Fabric::Ipv6)),
+        0,
+        "restart must not write"
+    );
     for ping in pings {
         let out = ping.wait_with_output().unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
@@ -767,8 +942,394 @@ fn dataplane_three_nodes_policies_srv6_teardown_restart() {
     assert!(tables.contains("inet observe"), "{tables}");
     // Node 1 without Lace: its pods are cut off again; a second teardown writes nothing.
     for f in FAMILIES {
-        assert!(!w.ping("p1-system", pod_by("p2-system").ip(f)));
+        assert!(!w.ping("p1-system", pod_by("p2-system").ip(f), TIMEOUT));
     }
     drop(servers);
     assert_eq!(recs[0].teardown_all().unwrap().writes, 0);
+}
+
+/// Captures on `ns`'s `eth0` (headers only) while `f` runs, into `pcap`.
+fn capture(ns: &Netns, pcap: &std::path::Path, f: impl FnOnce()) {
+    let mut child = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            ns.name(),
+            "tcpdump",
+            "-i",
+            "eth0",
+            "-nn",
+            "-U",
+            "-s",
+            "200",
+        ])
+        .arg("-w")
+        .arg(pcap)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("tcpdump (Debian package tcpdump)");
+    // tcpdump says so once it captures.
+    let mut line = String::new();
+    BufReader::new(child.stderr.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.contains("listening on"), "tcpdump: {line}");
+    f();
+    std::thread::sleep(Duration::from_millis(500));
+    // `ip netns exec` execs tcpdump: the child is tcpdump, which flushes on SIGTERM.
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    child.wait().unwrap();
+}
+
+/// How many packets of `pcap` match the tcpdump `filter`.
+fn count(pcap: &std::path::Path, filter: &str) -> usize {
+    let out = Command::new("tcpdump")
+        .arg("-r")
+        .arg(pcap)
+        .args(["-nn", filter])
+        .stderr(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "tcpdump -r {} {filter}",
+        pcap.display()
+    );
+    String::from_utf8_lossy(&out.stdout).lines().count()
+}
+
+/// The first packets of `pcap` matching `filter`, verbosely (for failure messages).
+fn sample(pcap: &std::path::Path, filter: &str) -> String {
+    let out = Command::new("tcpdump")
+        .arg("-r")
+        .arg(pcap)
+        .args(["-nn", "-v", "-c", "6", filter])
+        .stderr(Stdio::null())
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Sends `bytes` over TCP from pod `from` to a sink in pod `to` at `addr` (port 7200); panics
+/// unless all of it arrived.
+fn bulk(w: &World, from: &str, to: &str, addr: IpAddr, bytes: usize) {
+    let bind: SocketAddr = (addr, 7200).into();
+    let listener = w.ns(to).enter(|| TcpListener::bind(bind)).unwrap().unwrap();
+    let sink = std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        let mut got = Vec::new();
+        std::io::Read::read_to_end(&mut conn, &mut got).unwrap();
+        got.len()
+    });
+    let mut client = w
+        .ns(from)
+        .enter(|| TcpStream::connect_timeout(&bind, TIMEOUT))
+        .unwrap()
+        .unwrap_or_else(|e| panic!("{from} -> {bind}: {e}"));
+    client.write_all(&vec![0x5a; bytes]).unwrap();
+    drop(client);
+    assert_eq!(sink.join().unwrap(), bytes, "{from} -> {bind}");
+}
+
+/// Node `i`'s `ip` output for `args`.
+fn shown(w: &World, i: u32, args: &str) -> String {
+    w.node(i).ip(args).unwrap()
+}
+
+#[test]
+fn dataplane_ipv4_fabric_srv6_in_fou_matrix_capture_guard_restart() {
+    require_root_and_vrf();
+    let w = World::build(Fabric::Ipv4);
+    let recs = reconcilers(&w);
+    assert!(apply_all(&recs, &plans(true, Fabric::Ipv4)) > 0);
+    let servers = w.servers();
+
+    // What an operator sees: the device, its fou port, the routes through it.
+    for i in NODES {
+        let link = shown(&w, i, &format!("-d link show {IPV4_TUNNEL}"));
+        for want in [
+            "mtu 1472".to_string(),
+            format!("sit ip6ip remote any local {}", underlay4(i)),
+            format!("encap fou encap-sport auto encap-dport {FOU_PORT}"),
+        ] {
+            assert!(link.contains(&want), "node{i}: no {want:?} in {link}");
+        }
+        let fou = w.node(i).exec("ip", &["fou", "show"]).unwrap();
+        assert!(
+            fou.contains(&format!("port {FOU_PORT} ipproto 41")),
+            "node{i}: {fou}"
+        );
+        let routes = shown(&w, i, "-6 route show");
+        for j in NODES.iter().filter(|&&j| j != i) {
+            let want = format!("{} via ::{} dev {IPV4_TUNNEL}", locator(*j), underlay4(*j));
+            assert!(routes.contains(&want), "node{i}: no {want:?} in {routes}");
+        }
+        // No IPv6 InternalIP: the node encapsulates from its locator's address, which its
+        // device holds.
+        let tunsrc = w.node(i).exec("ip", &["sr", "tunsrc", "show"]).unwrap();
+        assert!(tunsrc.contains(&locator_address(i).to_string()), "{tunsrc}");
+        assert!(shown(&w, i, &format!("-6 addr show dev {IPV4_TUNNEL}"))
+            .contains(&format!("{}/128", locator_address(i))));
+    }
+
+    // The matrix in both families; cross-node traffic arrives as SRv6 in fou, never natively.
+    matrix_each_family(&w, World::fou_in, "SRv6 in fou");
+    assert_eq!(w.srv6_in(2), 0, "native IPv6 on a fabric without IPv6");
+
+    // Capture on node 2: pod packets of exactly the pod MTU arrive as IPv4 + UDP to Lace's
+    // port + IPv6 with a routing header (SRH), 1500 bytes on the wire, DF set, no fragment;
+    // no pod address ever appears outside the tunnel.
+    let mtu = pod_mtu(&cluster(true, Fabric::Ipv4), 1);
+    assert_eq!(mtu, 1500 - 64 - 28);
+    let (a, b) = (pod_by("p1-system"), pod_by("p2-system"));
+    let dir = tempfile::tempdir().unwrap();
+    let pcap = dir.path().join("node2-eth0.pcap");
+    capture(w.node(2), &pcap, || {
+        for (addr, payload) in [
+            (b.ip(Family::V4), mtu - 20 - 8),
+            (b.ip(Family::V6), mtu - 40 - 8),
+        ] {
+            let size = payload.to_string();
+            w.ns(a.label)
+                .exec(
+                    "ping",
+                    &[
+                        "-c",
+                        "3",
+                        "-W",
+                        "3",
+                        "-M",
+                        "do",
+                        "-s",
+                        &size,
+                        &addr.to_string(),
+                    ],
+                )
+                .unwrap_or_else(|e| panic!("DF ping of {mtu} bytes to {addr}: {e}"));
+        }
+        bulk(&w, a.label, b.label, b.ip(Family::V4), 1 << 20);
+        bulk(&w, a.label, b.label, b.ip(Family::V6), 1 << 20);
+    });
+    let srv6_in_fou = format!(
+        "ip dst {} and ip src {} and udp dst port {FOU_PORT} and udp[8] & 0xf0 == 0x60 and udp[14] == 43",
+        underlay4(2),
+        underlay4(1)
+    );
+    // Flags and offset: DF set, MF clear, offset 0.
+    let full = format!("{srv6_in_fou} and ip[2:2] == 1500 and ip[6:2] == 0x4000");
+    let (all_in, full_size) = (count(&pcap, &srv6_in_fou), count(&pcap, &full));
+    assert!(
+        full_size >= 6,
+        "only {full_size} full-size SRv6-in-fou packets of {all_in}; the largest:\n{}",
+        sample(&pcap, &format!("{srv6_in_fou} and greater 1400"))
+    );
+    assert!(all_in > 500, "{all_in} SRv6-in-fou packets for 2 MiB");
+    assert_eq!(
+        count(&pcap, "ip[6:2] & 0x3fff != 0"),
+        0,
+        "IPv4 fragments on the fabric"
+    );
+    assert_eq!(
+        count(&pcap, "ip[2:2] > 1500"),
+        0,
+        "packets above the fabric MTU"
+    );
+    assert_eq!(
+        count(&pcap, "net 10.0.0.0/8 or ip6"),
+        0,
+        "pod traffic outside the tunnel"
+    );
+
+    // A host outside the cluster encapsulates towards node 1's system SID over IPv4, from a
+    // source the IPv6 check would accept (node 2's tunnel source), in fou and plain 6in4:
+    // nothing gets into a VRF, the guard counts it.
+    let target = pod_by("p1-system").addr.to_string();
+    let rogue = w.ns("rogue");
+    rogue.ip("addr add 10.9.9.9/32 dev lo").unwrap();
+    let rogue_v4 = format!("192.168.0.{ROGUE}");
+    // A sit device of its own, in fou to Lace's port or plain 6in4 (`encap` none).
+    let encapsulate = |ns: &Netns, local: &str, encap: &str| {
+        let _ = ns.ip("link del t0");
+        let encap = match encap {
+            "fou" => format!("encap fou encap-sport auto encap-dport {FOU_PORT}"),
+            _ => String::new(),
+        };
+        ns.ip(&format!(
+            "link add t0 type sit remote any local {local} {encap}"
+        ))
+        .unwrap();
+        ns.ip("link set t0 up").unwrap();
+        ns.exec(
+            "ip",
+            &["sr", "tunsrc", "set", &locator_address(2).to_string()],
+        )
+        .unwrap();
+        ns.ip(&format!(
+            "-6 route add {} via ::{} dev t0",
+            locator(1),
+            underlay4(1)
+        ))
+        .unwrap();
+        ns.ip(&format!(
+            "route add {target}/32 encap seg6 mode encap segs {} dev t0",
+            sid(1, 2)
+        ))
+        .unwrap();
+    };
+    // Sent, and nothing came back (not a local error before sending).
+    let knock = |ns: &Netns, src: &str| match ns
+        .exec("ping", &["-c", "2", "-W", "2", "-I", src, &target])
+    {
+        Ok(_) => false,
+        Err(e) => {
+            assert!(
+                e.to_string().contains("2 packets transmitted, 0 received"),
+                "{e}"
+            );
+            true
+        }
+    };
+    for encap in ["fou", "none"] {
+        encapsulate(rogue, &rogue_v4, encap);
+        let before = w.guard_v4_drops(1);
+        assert!(knock(rogue, "10.9.9.9"), "rogue ({encap}) reached {target}");
+        assert!(
+            w.guard_v4_drops(1) >= before + 2,
+            "the guard must count the rogue's SRv6 over IPv4 ({encap})"
+        );
+    }
+    // The internet host, beyond node 1 (not on the fabric), spoofs node 2's InternalIP. The
+    // host's own reverse-path filter is off, so only Lace's guard stands in the way.
+    let inet = w.ns("internet");
+    inet.ip(&format!("addr add {}/32 dev lo", underlay4(2)))
+        .unwrap();
+    inet.ip(&format!(
+        "route add {}/32 via 198.51.100.1 dev eth0",
+        underlay4(1)
+    ))
+    .unwrap();
+    encapsulate(inet, &underlay4(2).to_string(), "fou");
+    w.node(1)
+        .sysctl("net.ipv4.conf.inet0.rp_filter", "0")
+        .unwrap();
+    let before = w.guard_v4_drops(1);
+    assert!(
+        knock(inet, &INTERNET_V4.to_string()),
+        "spoofed node 2 reached {target}"
+    );
+    assert!(
+        w.guard_v4_drops(1) >= before + 2,
+        "the guard must count SRv6 over IPv4 from a node's address on the wrong link"
+    );
+    // The real nodes still get through.
+    assert!(w.ping("p2-system", pod_by("p1-system").ip(Family::V4), PATIENT));
+
+    // Re-applying writes nothing; a restarted reconciler (no memory) neither.
+    let same = plans(true, Fabric::Ipv4);
+    let events = monitored(w.node(1), || assert_eq!(apply_all(&recs, &same), 0));
+    assert!(
+        events.trim().is_empty(),
+        "re-apply changed the kernel:\n{events}"
+    );
+    drop(recs);
+    let recs = reconcilers(&w);
+    assert_eq!(apply_all(&recs, &same), 0, "restart must not write");
+
+    // Teardown takes the device and the fou port; the rogue's stays in its namespace.
+    recs[0].teardown_all().unwrap();
+    assert!(!shown(&w, 1, "link show").contains(IPV4_TUNNEL));
+    let fou = w.node(1).exec("ip", &["fou", "show"]).unwrap();
+    assert!(fou.trim().is_empty(), "fou port left: {fou}");
+    drop(servers);
+    assert_eq!(recs[0].teardown_all().unwrap().writes, 0);
+}
+
+#[test]
+fn dataplane_mixed_underlay_ipv6_pair_and_ipv4_pairs() {
+    require_root_and_vrf();
+    let w = World::build(Fabric::Mixed);
+    let recs = reconcilers(&w);
+    apply_all(&recs, &plans(true, Fabric::Mixed));
+    let _servers = w.servers();
+
+    // Node 1 and node 2 reach each other over IPv6, node 3 over IPv4; node 3 has nothing but
+    // the tunnel, node 1 both.
+    let routes1 = shown(&w, 1, "-6 route show");
+    assert!(
+        routes1.contains(&format!("{} via {} dev eth0", locator(2), underlay(2))),
+        "{routes1}"
+    );
+    assert!(
+        routes1.contains(&format!(
+            "{} via ::{} dev {IPV4_TUNNEL}",
+            locator(3),
+            underlay4(3)
+        )),
+        "{routes1}"
+    );
+    let tunsrc3 = w.node(3).exec("ip", &["sr", "tunsrc", "show"]).unwrap();
+    assert!(
+        tunsrc3.contains(&locator_address(3).to_string()),
+        "{tunsrc3}"
+    );
+    let tunsrc1 = w.node(1).exec("ip", &["sr", "tunsrc", "show"]).unwrap();
+    assert!(tunsrc1.contains(&underlay(1).to_string()), "{tunsrc1}");
+
+    let all: Vec<&PodSpec> = PODS.iter().collect();
+    let wrong = matrix(&w, &all, &FAMILIES);
+    assert!(
+        wrong.is_empty(),
+        "mixed matrix differs from policy:\n{}\n{}",
+        wrong.join("\n"),
+        w.diagnose(3, "p3-system")
+    );
+
+    // Which path each pair took, as node 2 saw it arrive.
+    let to = pod_by("p2-system");
+    for (from, native, fou) in [("p1-system", true, false), ("p3-system", false, true)] {
+        for f in FAMILIES {
+            let (n0, f0) = (w.srv6_in(2), w.fou_in(2));
+            assert!(
+                w.ping(from, to.ip(f), PATIENT),
+                "{from} -> p2-system ({f:?})"
+            );
+            assert_eq!(
+                w.srv6_in(2) > n0,
+                native,
+                "{from} ({f:?}): native SRv6 on node 2"
+            );
+            assert_eq!(
+                w.fou_in(2) > f0,
+                fou,
+                "{from} ({f:?}): SRv6 in fou on node 2"
+            );
+        }
+    }
+    // Every pod fits the smallest path of its node: node 1 and 2 have an IPv4 peer too.
+    let state = cluster(true, Fabric::Mixed);
+    for i in NODES {
+        assert_eq!(pod_mtu(&state, i), 1408, "node{i}");
+    }
+    let big = (1408 - 28).to_string();
+    for from in ["p1-system", "p3-system"] {
+        w.ns(from)
+            .exec(
+                "ping",
+                &[
+                    "-c",
+                    "1",
+                    "-W",
+                    "3",
+                    "-M",
+                    "do",
+                    "-s",
+                    &big,
+                    &to.addr.to_string(),
+                ],
+            )
+            .unwrap_or_else(|e| panic!("{from}: DF ping at the pod MTU: {e}"));
+    }
+    assert_eq!(apply_all(&recs, &plans(true, Fabric::Mixed)), 0);
 }

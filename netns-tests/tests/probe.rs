@@ -782,7 +782,7 @@ mod planned {
     use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
     use ipnet::{IpNet, Ipv4Net, Ipv6Net};
-    use lace::api::{NetworkRoutingPolicySpec, NodeAllocationSpec};
+    use lace::api::{NetworkRoutingPolicySpec, NodeAllocationSpec, Underlay};
     use lace::state::{ClusterState, Node, ObjectKey, PodAttachment};
     use lace_netns_tests::cluster::add_dual_stack_network;
 
@@ -805,17 +805,8 @@ mod planned {
 
     pub fn cluster() -> ClusterState {
         let mut s = ClusterState::default();
-        let mut blocks = BTreeMap::new();
         for (name, second, function, _) in NETS {
             add_dual_stack_network(&mut s, name, second, function);
-            let block: IpNet = Ipv4Net::new(Ipv4Addr::new(10, second, 1, 0), 24)
-                .unwrap()
-                .into();
-            let block6: IpNet = Ipv6Net::new(pod_addr_v6(second), 64)
-                .unwrap()
-                .trunc()
-                .into();
-            blocks.insert(name.to_string(), vec![block, block6]);
         }
         s.network_routes.insert(
             "other-self".into(),
@@ -834,11 +825,15 @@ mod planned {
         s.node_allocations.insert(
             NODE.into(),
             NodeAllocationSpec {
-                index: 1,
+                // Index 2 holds block 1 of every subnet: 10.<second>.1.0/24 and
+                // fd00:<second>:0:1::/64, where pod_addr_v4/pod_addr_v6 lie.
+                index: 2,
                 locator: Ipv6Net::new(Ipv6Addr::new(0x2001, 0xdb8, 0x100, 0, 0, 1, 0, 0), 96)
                     .unwrap(),
-                underlay: NODE_V6,
-                blocks,
+                underlay: Underlay {
+                    ipv4: Some(NODE_V4),
+                    ipv6: Some(NODE_V6),
+                },
             },
         );
         s
@@ -1116,7 +1111,7 @@ fn real_agent_restarts_keep_kubelet_probes_working_over_both_families() {
         .map(|a| a.split('/').next().unwrap().to_string())
         .collect();
     assert_eq!(addrs.len(), 2, "{result}");
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + cni_bed::DEADLINE;
     loop {
         // Until the first reconcile the table does not exist (`ip` fails): keep waiting.
         let table = lace::plan::PROBE_TABLE.to_string();
@@ -1223,7 +1218,7 @@ fn real_agent_restarts_keep_kubelet_probes_working_over_both_families() {
         "{log}"
     );
     let late = Cgroup::new("lace-test-agent-kubelet-late");
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + cni_bed::DEADLINE;
     while !log_since(&bed, from).contains("kubelet cgroup changed") {
         assert!(
             Instant::now() < deadline,

@@ -7,12 +7,13 @@
 # command's output (stdout and stderr, merged) comes back on stdout; the exit status is the
 # command's.
 #
-# usage: vmrun.sh [--kernel K] [-t SECS] [-m MEM] [-c CPUS] [-w DIR]... [--accel A] -- CMD [ARG...]
+# usage: vmrun.sh [--kernel K] [-t SECS] [-m MEM] [-c CPUS] [-w DIR]... [--times F] [--accel A] -- CMD [ARG...]
 #   --kernel K  6.1 | 6.12 | a full version string such as 6.12.117+deb12-amd64
 #               (default: $LACE_VM_KERNEL, else 6.1)
 #   -t SECS     hard timeout for the whole VM run (default: $LACE_VM_TIMEOUT, else 600)
 #   -m MEM      guest memory (default 2G);  -c CPUS  guest CPUs (default 2)
 #   -w DIR      host dir shared read-write at the same path (repeatable; default $PWD)
+#   --times F   append "SECONDS NAME" to F for each libtest test that finished on the console
 #   --accel A   auto | kvm | tcg (default: $LACE_VM_ACCEL, else auto). auto uses KVM only if a
 #               probe boot under KVM finishes within 10 s; the verdict is cached per kernel in
 #               ${XDG_CACHE_HOME:-~/.cache}/lace-vm/<kernel>/accel (delete it to re-probe). Some
@@ -20,7 +21,8 @@
 #               The accel used (and why) is printed on stderr.
 # env: LACE_VM_PASSENV="VAR ..." host variables exported into the VM (PATH, CI, RUST_BACKTRACE,
 #      RUST_TEST_THREADS, RUST_LOG are always passed); LACE_VM_DEBUG=1 shows the kernel log.
-# exit: the command's status; 124 on timeout; 125 if the VM died without a status (or could not
+# exit: the command's status; 124 on timeout (the line before names the test that was running
+#       and how long the run had taken); 125 if the VM died without a status (or could not
 #       start: missing kernel, qemu, busybox-static...); 2 on a usage error.
 set -euo pipefail
 
@@ -30,7 +32,7 @@ die() { say "ERROR: $*"; exit 125; }
 usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2; exit 2; }
 
 KERNEL=${LACE_VM_KERNEL:-6.1} TIMEOUT=${LACE_VM_TIMEOUT:-600} MEM=2G CPUS=2
-ACCEL=${LACE_VM_ACCEL:-auto} RWDIRS=() QUIET_ACCEL=0
+ACCEL=${LACE_VM_ACCEL:-auto} RWDIRS=() QUIET_ACCEL=0 TIMES_FILE=
 while [ $# -gt 0 ]; do
   case $1 in
     --kernel) KERNEL=${2:?--kernel needs a value}; shift 2;;
@@ -39,6 +41,7 @@ while [ $# -gt 0 ]; do
     -c) CPUS=${2:?-c needs a count}; shift 2;;
     -w) [ -d "${2:?-w needs a dir}" ] || die "-w $2: not a directory"; RWDIRS+=("$(realpath "$2")"); shift 2;;
     --accel) ACCEL=${2:?--accel needs auto|kvm|tcg}; shift 2;;
+    --times) TIMES_FILE=${2:?--times needs a file}; shift 2;;
     --quiet-accel) QUIET_ACCEL=1; shift;;   # internal: used by the KVM probe
     --) shift; break;;
     -h|--help) usage;;
@@ -189,7 +192,10 @@ CTL=$(mktemp -d /tmp/lace-vmrun.XXXXXX)
 trap 'rm -rf "$CTL"' EXIT
 printf '%s\n' "${RWDIRS[@]}" > "$CTL/rwdirs"
 {
-  echo "export PATH=$(printf %q "$PATH") HOME=/root TERM=dumb LANG=C.UTF-8"
+  # Debian's own tools first (what setup.sh installs), then the host's PATH: a version
+  # manager's shims (pyenv, asdf) are scripts that fork a dozen processes per call, which costs
+  # ~10 s per `python3` under TCG instead of ~1 s.
+  echo "export PATH=/usr/sbin:/usr/bin:/sbin:/bin:$(printf %q "$PATH") HOME=/root TERM=dumb LANG=C.UTF-8"
   for v in CI RUST_BACKTRACE RUST_TEST_THREADS RUST_LOG ${LACE_VM_PASSENV:-}; do
     [ -z "${!v+x}" ] || echo "export $v=$(printf %q "${!v}")"
   done
@@ -208,14 +214,21 @@ done
 LOG="quiet loglevel=0"; [ "${LACE_VM_DEBUG:-}" = 1 ] && LOG="loglevel=7"
 
 # q35, not microvm: microvm hangs intermittently in timer calibration under TCG.
+RUN_START=$EPOCHREALTIME
+# timebox.py: on timeout it names the test running on the console (and for how long).
+TIMES=(); [ -z "$TIMES_FILE" ] || TIMES=(--times "$TIMES_FILE")
 set +e
-timeout -k 5 "$TIMEOUT" qemu-system-x86_64 -M "q35,accel=$ACCEL" -cpu "$CPU" -smp "$CPUS" -m "$MEM" \
+"$HERE/timebox.py" -t "$TIMEOUT" --label "vmrun (kernel $KVER, accel $ACCEL)" "${TIMES[@]}" -- \
+  qemu-system-x86_64 -M "q35,accel=$ACCEL" -cpu "$CPU" -smp "$CPUS" -m "$MEM" \
   -nodefaults -no-user-config -display none -no-reboot -serial stdio -monitor none \
   -kernel "$KIMAGE" -initrd "$INITRD" \
   -append "console=ttyS0 $LOG panic=-1 rdinit=/init mitigations=off tsc=reliable" \
   "${FS[@]}" </dev/null
 QRC=$?
 set -e
-if [ $QRC -eq 124 ]; then say "timeout after ${TIMEOUT}s (kernel $KVER, accel $ACCEL)"; exit 124; fi
+[ $QRC -ne 124 ] || exit 124
 [ -s "$CTL/rc" ] || { say "VM exited (qemu rc=$QRC) without a status; rerun with LACE_VM_DEBUG=1"; exit 125; }
-exit "$(cat "$CTL/rc")"
+RC=$(cat "$CTL/rc")
+say "$(awk -v a="$RUN_START" -v b="$EPOCHREALTIME" -v t="$TIMEOUT" -v rc="$RC" \
+  'BEGIN{printf "the VM run took %.1fs of its %ss limit, exit status %s", b-a, t, rc}')"
+exit "$RC"

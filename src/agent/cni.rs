@@ -156,14 +156,14 @@ pub async fn handle(agent: &Arc<Agent>, req: Request) -> Result<Option<CniResult
 }
 
 /// Where a pod goes: its Network, that Network's VRF and table, and this node's blocks.
-struct Placement {
-    network: String,
+pub(crate) struct Placement {
+    pub(crate) network: String,
     vrf: String,
     table: u32,
     blocks: Vec<IpNet>,
 }
 
-fn place(agent: &Agent, pod_key: &ObjectKey) -> Result<Placement, CniError> {
+pub(crate) async fn place(agent: &Agent, pod_key: &ObjectKey) -> Result<Placement, CniError> {
     let loaded = agent.loaded().map_err(|why| {
         CniError::new(
             ErrorCode::TRY_AGAIN_LATER,
@@ -171,10 +171,26 @@ fn place(agent: &Agent, pod_key: &ObjectKey) -> Result<Placement, CniError> {
         )
     })?;
     let state = &loaded.state;
-    // In standalone mode the manifests need not list every pod the runtime creates: a pod
-    // missing from the state is bound by its namespace's labels alone (empty pod labels).
-    let unknown = Pod::default();
-    let pod = state.pods.get(pod_key).unwrap_or(&unknown);
+    // A pod the state does not hold yet is asked of the source (in a cluster, the watch may
+    // not have delivered the pod the kubelet just created).
+    let fetched: Pod;
+    let pod = match state.pods.get(pod_key) {
+        Some(pod) => pod,
+        None => {
+            fetched = agent
+                .source
+                .unknown_pod(pod_key)
+                .await
+                .map_err(|e| CniError::new(ErrorCode::TRY_AGAIN_LATER, e.to_string()))?
+                .ok_or_else(|| {
+                    CniError::new(
+                        ErrorCode::TRY_AGAIN_LATER,
+                        format!("pod {pod_key} does not exist (yet) in the cluster"),
+                    )
+                })?;
+            &fetched
+        }
+    };
     let binding = binding::pod_network(state, pod_key, pod).ok_or_else(|| {
         CniError::new(
             ErrorCode::TRY_AGAIN_LATER,
@@ -191,13 +207,23 @@ fn place(agent: &Agent, pod_key: &ObjectKey) -> Result<Placement, CniError> {
             ),
         )
     };
-    let blocks = state
+    let index = state
         .node_allocations
         .get(&agent.node)
-        .and_then(|a| a.blocks.get(&network))
-        .filter(|b| !b.is_empty())
-        .cloned()
-        .ok_or_else(|| not_here("has no address block yet"))?;
+        .ok_or_else(|| not_here("has no address block yet (the node has no NodeAllocation)"))?
+        .index;
+    let subnets = state
+        .networks
+        .get(&network)
+        .map(|n| n.subnets.as_slice())
+        .unwrap_or_default();
+    let blocks = crate::alloc::node_blocks(index, subnets);
+    if blocks.is_empty() {
+        return Err(not_here(&format!(
+            "has no address block (its subnets hold blocks for {} nodes; this node's index is {index})",
+            crate::alloc::block_capacity(subnets)
+        )));
+    }
     let function = state
         .network_allocations
         .get(&network)
@@ -221,7 +247,7 @@ async fn add(agent: &Arc<Agent>, req: &Request) -> Result<CniResult, CniError> {
         return Err(missing("K8S_POD_NAMESPACE and K8S_POD_NAME", req.command));
     };
     let pod = ObjectKey::new(ns.clone(), name.clone());
-    let placement = place(agent, &pod)?;
+    let placement = place(agent, &pod).await?;
     let host = host_ifname(&key.container_id, &key.ifname);
     // Before allocating: a runtime's namespace that is not there fails the ADD at once.
     std::fs::File::open(&netns_path).map_err(|e| {
@@ -702,11 +728,23 @@ mod tests {
     }
 
     fn agent(node: &str, dir: &Path) -> Arc<Agent> {
+        agent_with(node, dir, super::super::source::Known::default())
+    }
+
+    fn agent_with(node: &str, dir: &Path, source: super::super::source::Known) -> Arc<Agent> {
         Arc::new(Agent::new(
             node.into(),
             super::super::ipam::IpamStore::open(dir).unwrap(),
-            Arc::new(super::super::LogOnly),
+            Arc::new(super::super::PlanSink::default()),
+            Arc::new(source),
         ))
+    }
+
+    fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(f)
     }
 
     fn example() -> crate::state::ClusterState {
@@ -716,18 +754,18 @@ mod tests {
 
     fn status(agent: &Arc<Agent>) -> Result<Option<CniResult>, CniError> {
         let req = Request::without_attachment(Command::Status, crate::wire::CniVersion::V1_1_0);
-        tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap()
-            .block_on(handle(agent, req))
+        block_on(handle(agent, req))
     }
 
     #[test]
     fn placement_follows_bindings_and_blocks() {
         let dir = tempfile::tempdir().unwrap();
-        let a = agent("node-1", dir.path());
+        // The source knows default/web (not in the manifests) with no labels.
         let pod = ObjectKey::new("default", "web");
-        let err = place(&a, &pod).err().unwrap();
+        let source = super::super::source::Known([(pod.clone(), Pod::default())].into());
+        let a = agent_with("node-1", dir.path(), source);
+        let place = |key: &ObjectKey| block_on(place(&a, key));
+        let err = place(&pod).err().unwrap();
         assert_eq!(err.code, ErrorCode::TRY_AGAIN_LATER);
         assert!(err.msg.contains("not ready"), "{}", err.msg);
         assert_eq!(status(&a).unwrap_err().code, ErrorCode::NOT_AVAILABLE);
@@ -735,23 +773,33 @@ mod tests {
         a.set_state(Ok(example()));
         a.set_serving();
         assert_eq!(status(&a).unwrap(), None);
-        let p = place(&a, &pod).unwrap();
+        let p = place(&pod).unwrap();
         assert_eq!(
             (p.network.as_str(), p.vrf.as_str(), p.table),
             ("default", "lv-default", 1_000_001)
         );
         assert_eq!(
             p.blocks,
-            example().node_allocations["node-1"].blocks["default"]
+            ["10.244.64.0/24", "fd00:244:0:100::/64"].map(|b| b.parse::<IpNet>().unwrap()),
+            "node-1 has index 1: the first block of each subnet"
         );
-        let sys = place(&a, &ObjectKey::new("kube-system", "dns")).unwrap();
+        // A pod in the state is placed by its own labels, without asking the source.
+        let sys = place(&ObjectKey::new("kube-system", "coredns-1")).unwrap();
         assert_eq!(sys.network, "system");
+        // A pod neither the state nor the source knows: retryable, says so.
+        let err = place(&ObjectKey::new("default", "ghost")).err().unwrap();
+        assert_eq!(err.code, ErrorCode::TRY_AGAIN_LATER);
+        assert!(
+            err.msg.contains("default/ghost does not exist"),
+            "{}",
+            err.msg
+        );
 
         // No binding: retryable, names the pod.
         let mut unbound = example();
         unbound.network_bindings.clear();
         a.set_state(Ok(unbound));
-        let err = place(&a, &pod).err().unwrap();
+        let err = place(&pod).err().unwrap();
         assert_eq!(err.code, ErrorCode::TRY_AGAIN_LATER);
         assert!(
             err.msg.contains("default/web") && err.msg.contains("NetworkBindingPolicy"),
@@ -761,20 +809,30 @@ mod tests {
 
         // Bound to a Network without a block here: retryable, names Network and node.
         let mut no_block = example();
-        no_block
-            .node_allocations
-            .get_mut("node-1")
-            .unwrap()
-            .blocks
-            .remove("default");
+        no_block.node_allocations.get_mut("node-1").unwrap().index = 65; // beyond the 64 blocks of default's subnets
         a.set_state(Ok(no_block));
-        let err = place(&a, &pod).err().unwrap();
+        let err = place(&pod).err().unwrap();
         assert_eq!(err.code, ErrorCode::TRY_AGAIN_LATER);
         assert!(
             err.msg.contains("\"default\"") && err.msg.contains("\"node-1\""),
             "{}",
             err.msg
         );
+
+        // An invalid object is left out, the rest keeps working: a binding naming a missing
+        // Network does not stop default/web from being placed.
+        let mut one_bad = example();
+        one_bad.network_bindings.insert(
+            "broken".into(),
+            crate::api::NetworkBindingPolicySpec {
+                network: "nope".into(),
+                priority: 1000,
+                ..Default::default()
+            },
+        );
+        a.set_state(Ok(one_bad));
+        assert_eq!(place(&pod).unwrap().network, "default");
+        assert!(a.is_ready());
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! Prometheus metrics and the health endpoint, over plain HTTP/1.1 on a tokio `TcpListener`
-//! (two fixed paths do not need a web framework).
+//! The agent's Prometheus metrics, served with `/healthz` and `/readyz` by
+//! [`crate::telemetry`] (default `127.0.0.1:9964`):
 //!
 //! - `lace_cni_requests_total{verb,result}`: CNI requests by verb and outcome (`ok`, or the
 //!   CNI error code);
@@ -14,270 +14,250 @@
 //! - `lace_dataplane_drift_throttled_total`: drift repairs delayed by the rate limit
 //!   (something keeps undoing Lace's objects);
 //! - `lace_dataplane_resyncs_total`: periodic full resyncs;
+//! - `lace_rejected_objects{kind}`: Lace objects left out of the state because they are
+//!   invalid (the log names each);
 //! - `lace_addresses_in_use{network}`: pod addresses held on this node;
 //! - `lace_ready`: 1 when ADD can be served.
 //!
-//! `/healthz` answers 200 when the agent is ready, 503 with the reason otherwise.
+//! `/healthz` and `/readyz` answer 200 when the agent is ready, 503 with the reason otherwise.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
-use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpListener;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
 
-/// Upper bounds (seconds) of the latency histograms' buckets.
-const BUCKETS: [f64; 12] = [
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0,
-];
+use crate::telemetry::{Probes, LATENCY_BUCKETS};
+use crate::validate::Rejected;
 
-/// A cumulative histogram in Prometheus' sense.
-#[derive(Clone, Debug, Default)]
-struct Histogram {
-    /// Per bucket of [`BUCKETS`], the observations at or below its bound (not cumulative
-    /// yet; made cumulative when rendered).
-    counts: [u64; BUCKETS.len()],
-    count: u64,
-    sum: f64,
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    verb: &'static str,
+    result: String,
 }
 
-impl Histogram {
-    fn observe(&mut self, d: Duration) {
-        let s = d.as_secs_f64();
-        if let Some(i) = BUCKETS.iter().position(|b| s <= *b) {
-            self.counts[i] += 1;
-        }
-        self.count += 1;
-        self.sum += s;
-    }
-
-    fn render(&self, out: &mut String, name: &str, labels: &str) {
-        let sep = if labels.is_empty() { "" } else { "," };
-        let mut cumulative = 0;
-        for (b, c) in BUCKETS.iter().zip(self.counts) {
-            cumulative += c;
-            let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{b}\"}} {cumulative}");
-        }
-        let _ = writeln!(
-            out,
-            "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {}",
-            self.count
-        );
-        let braces = if labels.is_empty() {
-            String::new()
-        } else {
-            format!("{{{labels}}}")
-        };
-        let _ = writeln!(out, "{name}_sum{braces} {}", self.sum);
-        let _ = writeln!(out, "{name}_count{braces} {}", self.count);
-    }
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VerbLabels {
+    verb: &'static str,
 }
 
-#[derive(Debug, Default)]
-struct Inner {
-    requests: BTreeMap<(&'static str, String), u64>,
-    latency: BTreeMap<&'static str, Histogram>,
-    add_phases: BTreeMap<&'static str, Histogram>,
-    reconciles: u64,
-    reconcile_errors: u64,
-    reconcile_latency: Histogram,
-    drift: u64,
-    drift_throttled: u64,
-    resyncs: u64,
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PhaseLabels {
+    phase: &'static str,
 }
 
-/// The agent's counters. Cheap to update from any task.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NetworkLabels {
+    network: String,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn latency() -> Histogram {
+    Histogram::new(LATENCY_BUCKETS)
+}
+
+/// The agent's metrics. Cheap to update from any task.
+#[derive(Debug)]
 pub struct Metrics {
-    inner: Mutex<Inner>,
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    request_latency: HistogramFamily<VerbLabels>,
+    add_phases: HistogramFamily<PhaseLabels>,
+    reconciles: Counter,
+    reconcile_errors: Counter,
+    reconcile_latency: Histogram,
+    drift: Counter,
+    drift_throttled: Counter,
+    resyncs: Counter,
+    rejected: Family<KindLabels, Gauge>,
+    in_use: Family<NetworkLabels, Gauge>,
+    ready: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let m = Self {
+            registry: Registry::default(),
+            requests: Family::default(),
+            request_latency: Family::new_with_constructor(latency),
+            add_phases: Family::new_with_constructor(latency),
+            reconciles: Counter::default(),
+            reconcile_errors: Counter::default(),
+            reconcile_latency: latency(),
+            drift: Counter::default(),
+            drift_throttled: Counter::default(),
+            resyncs: Counter::default(),
+            rejected: Family::default(),
+            in_use: Family::default(),
+            ready: Gauge::default(),
+        };
+        let mut r = Registry::default();
+        r.register(
+            "lace_cni_requests",
+            "CNI requests handled by the agent.",
+            m.requests.clone(),
+        );
+        r.register(
+            "lace_cni_request_duration_seconds",
+            "Agent-side CNI handling time.",
+            m.request_latency.clone(),
+        );
+        r.register(
+            "lace_cni_add_phase_seconds",
+            "Time of each phase of successful ADDs.",
+            m.add_phases.clone(),
+        );
+        r.register(
+            "lace_reconciles",
+            "Dataplane applies.",
+            m.reconciles.clone(),
+        );
+        r.register(
+            "lace_reconcile_errors",
+            "Failed plans or applies.",
+            m.reconcile_errors.clone(),
+        );
+        r.register(
+            "lace_reconcile_duration_seconds",
+            "Dataplane apply time.",
+            m.reconcile_latency.clone(),
+        );
+        r.register(
+            "lace_dataplane_drift",
+            "Changes to what Lace applied made without Lace, seen in kernel notifications.",
+            m.drift.clone(),
+        );
+        r.register(
+            "lace_dataplane_drift_throttled",
+            "Drift repairs delayed by the rate limit.",
+            m.drift_throttled.clone(),
+        );
+        r.register(
+            "lace_dataplane_resyncs",
+            "Periodic full resyncs of the dataplane.",
+            m.resyncs.clone(),
+        );
+        r.register(
+            "lace_rejected_objects",
+            "Lace objects left out of the cluster state because they are invalid.",
+            m.rejected.clone(),
+        );
+        r.register(
+            "lace_addresses_in_use",
+            "Pod addresses held on this node.",
+            m.in_use.clone(),
+        );
+        r.register(
+            "lace_ready",
+            "1 when the agent can serve CNI ADD.",
+            m.ready.clone(),
+        );
+        Self { registry: r, ..m }
+    }
 }
 
 impl Metrics {
-    fn with(&self, f: impl FnOnce(&mut Inner)) {
-        // A poisoned lock only means another update panicked midway: the counters are still
-        // usable, so keep counting.
-        let mut g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        f(&mut g);
+    /// The agent's metrics plus those of its state source.
+    pub fn with_source(source: &dyn super::StateSource) -> Self {
+        let mut m = Self::default();
+        source.register_metrics(&mut m.registry);
+        m
     }
 
     /// Records one CNI request: `result` is `ok` or the CNI error code.
     pub fn cni_request(&self, verb: &'static str, result: String, took: Duration) {
-        self.with(|m| {
-            *m.requests.entry((verb, result)).or_default() += 1;
-            m.latency.entry(verb).or_default().observe(took);
-        });
+        self.requests
+            .get_or_create(&RequestLabels { verb, result })
+            .inc();
+        self.request_latency
+            .get_or_create(&VerbLabels { verb })
+            .observe(took.as_secs_f64());
     }
 
     /// Records how long one phase of a successful ADD took (`ipam`, `pod`, `host`).
     pub fn add_phase(&self, phase: &'static str, took: Duration) {
-        self.with(|m| m.add_phases.entry(phase).or_default().observe(took));
+        self.add_phases
+            .get_or_create(&PhaseLabels { phase })
+            .observe(took.as_secs_f64());
     }
 
     /// Records one completed dataplane apply.
     pub fn reconciled(&self, took: Duration) {
-        self.with(|m| {
-            m.reconciles += 1;
-            m.reconcile_latency.observe(took);
-        });
+        self.reconciles.inc();
+        self.reconcile_latency.observe(took.as_secs_f64());
     }
 
     /// Records one failed plan or apply.
     pub fn reconcile_failed(&self) {
-        self.with(|m| m.reconcile_errors += 1);
+        self.reconcile_errors.inc();
     }
 
     /// Records one drift report of the dataplane.
     pub fn dataplane_drift(&self) {
-        self.with(|m| m.drift += 1);
+        self.drift.inc();
     }
 
     /// Records one drift repair delayed by the rate limit.
     pub fn dataplane_drift_throttled(&self) {
-        self.with(|m| m.drift_throttled += 1);
+        self.drift_throttled.inc();
     }
 
     /// Records one periodic full resync.
     pub fn dataplane_resync(&self) {
-        self.with(|m| m.resyncs += 1);
+        self.resyncs.inc();
     }
 
-    /// The Prometheus text exposition, with the gauges passed in.
-    pub fn render(&self, in_use: &BTreeMap<String, usize>, ready: bool) -> String {
-        let m = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let mut out = String::new();
-        out.push_str("# HELP lace_cni_requests_total CNI requests handled by the agent.\n");
-        out.push_str("# TYPE lace_cni_requests_total counter\n");
-        for ((verb, result), n) in &m.requests {
-            let _ = writeln!(
-                out,
-                "lace_cni_requests_total{{verb=\"{verb}\",result=\"{result}\"}} {n}"
-            );
+    /// Sets the rejected-object gauges to what the last admission left out.
+    pub fn set_rejected(&self, rejected: &[Rejected]) {
+        self.rejected.clear();
+        for r in rejected {
+            self.rejected
+                .get_or_create(&KindLabels { kind: r.kind })
+                .inc();
         }
-        out.push_str("# HELP lace_cni_request_duration_seconds Agent-side CNI handling time.\n");
-        out.push_str("# TYPE lace_cni_request_duration_seconds histogram\n");
-        for (verb, h) in &m.latency {
-            h.render(
-                &mut out,
-                "lace_cni_request_duration_seconds",
-                &format!("verb=\"{verb}\""),
-            );
-        }
-        out.push_str("# HELP lace_cni_add_phase_seconds Time of each phase of successful ADDs.\n");
-        out.push_str("# TYPE lace_cni_add_phase_seconds histogram\n");
-        for (phase, h) in &m.add_phases {
-            h.render(
-                &mut out,
-                "lace_cni_add_phase_seconds",
-                &format!("phase=\"{phase}\""),
-            );
-        }
-        out.push_str("# HELP lace_reconciles_total Dataplane applies.\n");
-        out.push_str("# TYPE lace_reconciles_total counter\n");
-        let _ = writeln!(out, "lace_reconciles_total {}", m.reconciles);
-        out.push_str("# HELP lace_reconcile_errors_total Failed plans or applies.\n");
-        out.push_str("# TYPE lace_reconcile_errors_total counter\n");
-        let _ = writeln!(out, "lace_reconcile_errors_total {}", m.reconcile_errors);
-        out.push_str("# HELP lace_reconcile_duration_seconds Dataplane apply time.\n");
-        out.push_str("# TYPE lace_reconcile_duration_seconds histogram\n");
-        m.reconcile_latency
-            .render(&mut out, "lace_reconcile_duration_seconds", "");
-        for (name, help, n) in [
-            (
-                "lace_dataplane_drift_total",
-                "Changes to what Lace applied made without Lace, seen in kernel notifications.",
-                m.drift,
-            ),
-            (
-                "lace_dataplane_drift_throttled_total",
-                "Drift repairs delayed by the rate limit.",
-                m.drift_throttled,
-            ),
-            (
-                "lace_dataplane_resyncs_total",
-                "Periodic full resyncs of the dataplane.",
-                m.resyncs,
-            ),
-        ] {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {n}"
-            );
-        }
-        out.push_str("# HELP lace_addresses_in_use Pod addresses held on this node.\n");
-        out.push_str("# TYPE lace_addresses_in_use gauge\n");
+    }
+
+    /// Sets the scrape-time gauges.
+    fn set_gauges(&self, in_use: &BTreeMap<String, usize>, ready: bool) {
+        self.in_use.clear();
         for (network, n) in in_use {
-            let _ = writeln!(out, "lace_addresses_in_use{{network=\"{network}\"}} {n}");
+            self.in_use
+                .get_or_create(&NetworkLabels {
+                    network: network.clone(),
+                })
+                .set(i64::try_from(*n).unwrap_or(i64::MAX));
         }
-        out.push_str("# HELP lace_ready 1 when the agent can serve CNI ADD.\n");
-        out.push_str("# TYPE lace_ready gauge\n");
-        let _ = writeln!(out, "lace_ready {}", u8::from(ready));
-        out
+        self.ready.set(i64::from(ready));
     }
 }
 
-/// Serves `/metrics` and `/healthz` on `listener` until the task is dropped.
-pub(crate) async fn serve(listener: TcpListener, agent: Arc<super::Agent>) {
-    loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(x) => x,
-            Err(e) => {
-                tracing::warn!(error = %e, "metrics: accept failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let agent = Arc::clone(&agent);
-        tokio::spawn(async move {
-            if let Err(e) = answer(stream, &agent).await {
-                tracing::debug!(%peer, error = %e, "metrics: connection failed");
-            }
-        });
+impl Probes for super::Agent {
+    fn registry(&self) -> &Registry {
+        &self.metrics.registry
     }
-}
 
-async fn answer(stream: tokio::net::TcpStream, agent: &super::Agent) -> std::io::Result<()> {
-    let (read, mut write) = stream.into_split();
-    let mut reader = BufReader::new(read).take(8192);
-    let mut request_line = String::new();
-    reader.read_line(&mut request_line).await?;
-    // Drain the headers so the client sees a clean close.
-    let mut line = String::new();
-    while reader.read_line(&mut line).await? > 2 {
-        line.clear();
+    fn healthz(&self) -> Result<(), String> {
+        self.not_ready_reason().map_or(Ok(()), Err)
     }
-    let path = request_line.split_whitespace().nth(1).unwrap_or("");
-    let (status, content_type, body) = match path {
-        "/metrics" => (
-            "200 OK",
-            "text/plain; version=0.0.4",
-            agent
-                .metrics
-                .render(&agent.ipam.in_use().unwrap_or_default(), agent.is_ready()),
-        ),
-        "/healthz" => match agent.not_ready_reason() {
-            None => ("200 OK", "text/plain", "ok\n".to_owned()),
-            Some(why) => (
-                "503 Service Unavailable",
-                "text/plain",
-                format!("not ready: {why}\n"),
-            ),
-        },
-        _ => ("404 Not Found", "text/plain", "not found\n".to_owned()),
-    };
-    let head = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    write.write_all(head.as_bytes()).await?;
-    write.write_all(body.as_bytes()).await?;
-    write.shutdown().await
-}
 
-/// Binds the metrics listener (a separate step so a bad address fails the start).
-pub(crate) async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    TcpListener::bind(addr).await
+    fn readyz(&self) -> Result<(), String> {
+        self.healthz()
+    }
+
+    fn refresh(&self) {
+        self.metrics
+            .set_gauges(&self.ipam.in_use().unwrap_or_default(), self.is_ready());
+    }
 }
 
 #[cfg(test)]
@@ -296,39 +276,45 @@ mod tests {
         m.dataplane_drift();
         m.dataplane_drift();
         m.dataplane_drift_throttled();
-        let text = m.render(&BTreeMap::from([("default".to_owned(), 3)]), true);
-        assert!(text.contains("lace_cni_requests_total{verb=\"ADD\",result=\"ok\"} 2\n"));
-        assert!(text.contains("lace_cni_requests_total{verb=\"ADD\",result=\"11\"} 1\n"));
+        m.set_gauges(&BTreeMap::from([("default".to_owned(), 3)]), true);
+        m.set_rejected(&[Rejected {
+            kind: "Network",
+            name: "bad".into(),
+            errors: vec![],
+        }]);
+        let text = crate::telemetry::encode(&m.registry);
+        let has = |line: &str| assert!(text.contains(&format!("{line}\n")), "{line}\n{text}");
+        has("lace_cni_requests_total{verb=\"ADD\",result=\"ok\"} 2");
+        has("lace_cni_requests_total{verb=\"ADD\",result=\"11\"} 1");
         // Cumulative: 1 at <=1ms, 2 at <=50ms, 2 at <=5s (10 s is above every bound), 3 total.
-        assert!(text
-            .contains("lace_cni_request_duration_seconds_bucket{verb=\"ADD\",le=\"0.001\"} 1\n"));
-        assert!(
-            text.contains("lace_cni_request_duration_seconds_bucket{verb=\"ADD\",le=\"0.05\"} 2\n")
-        );
-        assert!(
-            text.contains("lace_cni_request_duration_seconds_bucket{verb=\"ADD\",le=\"5\"} 2\n")
-        );
-        assert!(
-            text.contains("lace_cni_request_duration_seconds_bucket{verb=\"ADD\",le=\"+Inf\"} 3\n")
-        );
-        assert!(text.contains("lace_cni_request_duration_seconds_count{verb=\"ADD\"} 3\n"));
-        assert!(
-            text.contains("lace_cni_add_phase_seconds_bucket{phase=\"ipam\",le=\"0.0025\"} 0\n")
-        );
-        assert!(text.contains("lace_cni_add_phase_seconds_bucket{phase=\"ipam\",le=\"0.005\"} 1\n"));
-        assert!(text.contains("lace_cni_add_phase_seconds_sum{phase=\"ipam\"} 0.003\n"));
-        assert!(text.contains("lace_reconciles_total 1\n"));
-        assert!(text.contains("lace_reconcile_errors_total 1\n"));
-        assert!(text.contains("lace_reconcile_duration_seconds_count 1\n"));
-        assert!(text.contains("lace_dataplane_drift_total 2\n"));
-        assert!(text.contains("lace_dataplane_drift_throttled_total 1\n"));
-        assert!(text.contains("lace_dataplane_resyncs_total 0\n"));
-        assert!(text.contains("lace_addresses_in_use{network=\"default\"} 3\n"));
-        assert!(text.contains("lace_ready 1\n"));
+        has("lace_cni_request_duration_seconds_bucket{le=\"0.001\",verb=\"ADD\"} 1");
+        has("lace_cni_request_duration_seconds_bucket{le=\"0.05\",verb=\"ADD\"} 2");
+        has("lace_cni_request_duration_seconds_bucket{le=\"5.0\",verb=\"ADD\"} 2");
+        has("lace_cni_request_duration_seconds_bucket{le=\"+Inf\",verb=\"ADD\"} 3");
+        has("lace_cni_request_duration_seconds_count{verb=\"ADD\"} 3");
+        has("lace_cni_add_phase_seconds_bucket{le=\"0.0025\",phase=\"ipam\"} 0");
+        has("lace_cni_add_phase_seconds_bucket{le=\"0.005\",phase=\"ipam\"} 1");
+        has("lace_cni_add_phase_seconds_sum{phase=\"ipam\"} 0.003");
+        has("lace_reconciles_total 1");
+        has("lace_reconcile_errors_total 1");
+        has("lace_reconcile_duration_seconds_count 1");
+        has("lace_dataplane_drift_total 2");
+        has("lace_dataplane_drift_throttled_total 1");
+        has("lace_dataplane_resyncs_total 0");
+        has("lace_rejected_objects{kind=\"Network\"} 1");
+        has("lace_addresses_in_use{network=\"default\"} 3");
+        has("lace_ready 1");
         // Every sample line is `name{labels} value` or `name value` with a numeric value.
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             let value = line.rsplit(' ').next().unwrap();
             assert!(value.parse::<f64>().is_ok(), "{line}");
         }
+        // Gauges follow the latest values, not the sum of all.
+        m.set_gauges(&BTreeMap::new(), false);
+        m.set_rejected(&[]);
+        let text = crate::telemetry::encode(&m.registry);
+        assert!(text.contains("lace_ready 0\n"));
+        assert!(!text.contains("lace_addresses_in_use{"));
+        assert!(!text.contains("lace_rejected_objects{"));
     }
 }

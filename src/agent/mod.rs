@@ -1,9 +1,16 @@
 //! The node agent: serves the CNI plugin over a unix socket, owns pod IPAM, keeps the node's
 //! plan up to date and hands it to the dataplane reconciler.
 //!
+//! One lifecycle ([`lifecycle::run`]) whatever feeds the cluster state: a [`StateSource`]
+//! (the manifest directory of standalone mode, [`standalone::DirectorySource`], or the
+//! Kubernetes watches) calls [`Agent::set_state`], which admits the state
+//! ([`crate::validate::admit`]: invalid Lace objects are left out and logged, the rest
+//! keeps working) and builds the node's planner.
+//!
 //! Start-up order (each step needs the previous one):
 //! 1. open the IPAM store (`--state-dir`, exclusive lock);
-//! 2. load the cluster state (standalone: `--manifests`) and build the node's planner;
+//! 2. start the state source (the node is not ready until it delivers a state in which this
+//!    node is allocated);
 //! 3. verify IPAM against the kernel: release records whose host veth is gone, delete
 //!    `lp-*` veths nobody owns ([`cni::verify_against_kernel`]);
 //! 4. replay the DELs the plugin queued while the agent was away;
@@ -19,9 +26,12 @@
 //!   `scope link` route) and `fe80::1`, both pinned as permanent neighbour entries to the host
 //!   end's MAC, and proxy ARP on the host end. Which addresses are never handed out: see
 //!   [`ipam`].
-//! - **MTU**: pod MTU = MTU of the link holding the node's underlay address minus
-//!   [`SRV6_OVERHEAD`] (64 bytes: outer IPv6 40 + SRH 8 + one 16-byte segment), 1500 assumed
-//!   when no link holds it.
+//! - **MTU**: pod MTU = the smallest of what the underlay paths this node uses leave
+//!   ([`crate::plan::underlay::pod_mtu`]): over IPv6, the MTU of the link holding the node's
+//!   IPv6 underlay address minus [`SRV6_OVERHEAD`] (64 bytes: outer IPv6 40 + SRH 8 + one
+//!   16-byte segment); over IPv4, the MTU of the link holding its IPv4 underlay address minus
+//!   those 64 and [`crate::plan::underlay::IPV4_FOU_OVERHEAD`] (28: outer IPv4 20 + UDP 8).
+//!   1500 is assumed for a link that cannot be found. Set at CNI ADD: pods keep theirs.
 //! - **One kernel stack**: every kernel read and write goes through the [`Dataplane`]: the
 //!   reconcile, and ADD's work for its pod (the veth pair and the pod end in the pod's
 //!   namespace, then [`Dataplane::attach`]: the pod's part of the plan on the node, the
@@ -29,43 +39,36 @@
 //!   each of the pod's kernel objects once; the reconcile it triggers finds them as planned.
 //!   Plans are made on the dataplane's thread, after every write that came before, so they
 //!   include every pod ADD set up.
-//! - **Unknown pods** (standalone mode): a pod missing from the manifests is bound by its
-//!   namespace's labels with empty pod labels, so the demo and tests can create pods by
-//!   exec'ing the plugin without listing each one.
+//! - **Unknown pods**: a pod an ADD names that the state lacks is asked of the source
+//!   ([`StateSource::unknown_pod`]).
 //! - **Conflist on shutdown**: kept (see [`install`]).
-//!
-//! Kubernetes mode (watches instead of a directory) is a later issue; it will feed the same
-//! [`Agent::set_state`].
 
+pub mod cluster;
 pub mod cni;
 pub mod install;
 pub mod ipam;
+pub mod lifecycle;
 pub mod metrics;
 pub mod reconcile;
 pub mod server;
+pub mod source;
 pub mod standalone;
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use tokio::sync::Notify;
 
-use crate::plan::{DesiredNode, PlanError, Planner};
+use crate::plan::{underlay, DesiredNode, PlanError, Planner};
 use crate::state::ClusterState;
 use crate::wire::{LogLevel, PluginSettings, DEFAULT_TIMEOUT_SECONDS};
 
-#[cfg(test)]
-pub use reconcile::LogOnly;
-pub use reconcile::{Dataplane, DataplaneError};
+pub use reconcile::{Dataplane, DataplaneError, PlanSink};
+pub use source::StateSource;
 
-/// Pod MTU = underlay MTU minus this: the outer IPv6 header (40 bytes), the SRH (8 bytes)
-/// and one 16-byte segment, since Lace encapsulates with exactly one segment (the remote
-/// node's SID of the target Network).
-pub const SRV6_OVERHEAD: u32 = 40 + 8 + 16;
-/// Underlay MTU assumed when no link holds the node's underlay address.
-pub const DEFAULT_UNDERLAY_MTU: u32 = 1500;
+pub use underlay::{DEFAULT_UNDERLAY_MTU, SRV6_OVERHEAD};
 /// Directory (under the state dir) where the plugin queues DELs while the agent is away.
 pub const DEL_QUEUE_SUBDIR: &str = "cni-del-queue";
 
@@ -88,8 +91,6 @@ pub struct Config {
     pub cni_conf_name: String,
     /// `--cni-bin-source`: the plugin binary to install.
     pub cni_bin_source: PathBuf,
-    /// `--manifests`: standalone mode's directory.
-    pub manifests: PathBuf,
     /// `--metrics-addr`.
     pub metrics_addr: SocketAddr,
     /// `--kubelet-cgroup-path`: attach the kubelet probe program there, if set.
@@ -147,10 +148,19 @@ pub struct Agent {
     pub(crate) ipam: ipam::IpamStore,
     pub(crate) metrics: metrics::Metrics,
     pub(crate) dataplane: Arc<dyn Dataplane>,
+    pub(crate) source: Arc<dyn StateSource>,
     pub(crate) reconcile_wanted: Notify,
+    /// How many dataplane applies have succeeded (the Kubernetes source marks the Node's
+    /// network available after the first).
+    pub(crate) applied: tokio::sync::watch::Sender<u64>,
     /// The state, or why there is none usable.
     cluster: RwLock<Result<Arc<Loaded>, String>>,
-    underlay_mtu: AtomicU32,
+    /// Bumped by every [`Agent::set_state`].
+    generation: AtomicU64,
+    /// The objects the last admission left out, with why (logged when the set changes).
+    rejected: std::sync::Mutex<Vec<String>>,
+    /// The MTU pod interfaces get ([`Agent::refresh_underlay_mtu`]); 0 until first read.
+    pod_mtu: AtomicU32,
     serving: AtomicBool,
     /// Attachments whose interfaces are being created or deleted right now: GC leaves them
     /// alone, and each triggers a reconcile when done.
@@ -185,17 +195,26 @@ impl std::fmt::Debug for Agent {
 }
 
 impl Agent {
-    /// An agent for `node` programming the kernel through `dataplane`, not ready until
-    /// [`Agent::set_state`].
-    pub fn new(node: String, ipam: ipam::IpamStore, dataplane: Arc<dyn Dataplane>) -> Self {
+    /// An agent for `node` programming the kernel through `dataplane`, fed by `source`; not
+    /// ready until [`Agent::set_state`].
+    pub fn new(
+        node: String,
+        ipam: ipam::IpamStore,
+        dataplane: Arc<dyn Dataplane>,
+        source: Arc<dyn StateSource>,
+    ) -> Self {
         Self {
             node,
             ipam,
-            metrics: metrics::Metrics::default(),
+            metrics: metrics::Metrics::with_source(&*source),
             dataplane,
+            source,
             reconcile_wanted: Notify::new(),
+            applied: tokio::sync::watch::Sender::new(0),
             cluster: RwLock::new(Err("cluster state not loaded yet".into())),
-            underlay_mtu: AtomicU32::new(DEFAULT_UNDERLAY_MTU),
+            generation: AtomicU64::new(0),
+            rejected: Default::default(),
+            pod_mtu: AtomicU32::new(0),
             serving: AtomicBool::new(false),
             in_flight: Default::default(),
             open_connections: Default::default(),
@@ -223,16 +242,21 @@ impl Agent {
     }
 
     /// Installs a new cluster state (or the reason there is none) and triggers a reconcile.
-    /// A state whose plan fails for this node (e.g. no allocation yet) makes the agent
-    /// not ready, with the planner's message as the reason.
+    /// The state is admitted first: Lace objects that fail validation are left out (each
+    /// logged once, when the set of rejected objects changes, and counted in
+    /// `lace_rejected_objects`), so one bad object never takes the node down. A state whose
+    /// plan fails for this node (e.g. no allocation yet) makes the agent not ready, with the
+    /// planner's message as the reason.
     pub fn set_state(&self, state: Result<ClusterState, String>) {
+        let state = state.map(|state| self.admit(state));
         let loaded = state.and_then(|state| match Planner::new(&self.node, &state) {
             Ok(planner) => Ok(Arc::new(Loaded {
                 state: Arc::new(state),
                 planner,
             })),
             Err(e @ PlanError::NodeNotAllocated { .. }) => Err(format!(
-                "{e}; run `lace-agent allocate` on the manifests directory"
+                "{e}; lace-controller allocates it in a cluster (`lace-agent allocate` on the \
+                 manifests directory in standalone mode)"
             )),
             Err(e) => Err(e.to_string()),
         });
@@ -240,7 +264,38 @@ impl Agent {
             tracing::warn!(node = %self.node, reason = %why, "not ready");
         }
         *self.cluster.write().unwrap_or_else(|e| e.into_inner()) = loaded;
+        self.generation.fetch_add(1, Ordering::AcqRel);
         self.reconcile_wanted.notify_one();
+    }
+
+    /// [`crate::validate::admit`], logging what it left out when that changes.
+    fn admit(&self, state: ClusterState) -> ClusterState {
+        let (state, rejected) = crate::validate::admit(state);
+        let now: Vec<String> = rejected
+            .iter()
+            .map(|r| format!("{}/{}: {r}", r.kind, r.name))
+            .collect();
+        let mut last = self.rejected.lock().unwrap_or_else(|e| e.into_inner());
+        if *last != now {
+            for (r, line) in rejected.iter().zip(&now) {
+                if !last.contains(line) {
+                    tracing::error!(kind = r.kind, name = %r.name, reason = %r, "invalid object left out of the cluster state; everything else keeps working");
+                }
+            }
+            self.metrics.set_rejected(&rejected);
+            *last = now;
+        }
+        state
+    }
+
+    /// Follows how many dataplane applies have succeeded.
+    pub fn applied(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.applied.subscribe()
+    }
+
+    /// How many states [`Agent::set_state`] has installed.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
     }
 
     /// The current state, or why the agent is not ready.
@@ -268,52 +323,65 @@ impl Agent {
         self.serving.store(true, Ordering::Release);
     }
 
-    /// The pods' MTU.
+    /// The pods' MTU (before the underlay was first read: a 1500-byte IPv6 underlay's).
     pub fn pod_mtu(&self) -> u32 {
-        self.underlay_mtu
-            .load(Ordering::Relaxed)
-            .saturating_sub(SRV6_OVERHEAD)
+        match self.pod_mtu.load(Ordering::Relaxed) {
+            0 => DEFAULT_UNDERLAY_MTU - SRV6_OVERHEAD,
+            mtu => mtu,
+        }
     }
 
-    /// Re-reads the underlay MTU: the MTU of the link holding the node's underlay address
-    /// (from its NodeAllocation, else any InternalIP of the Node).
+    /// Re-reads the MTUs of the links holding the node's underlay addresses (its
+    /// NodeAllocation's) and sets the pods' MTU from the paths the plan uses to the other
+    /// nodes ([`underlay::pod_mtu`]).
     pub async fn refresh_underlay_mtu(&self) {
         let Ok(loaded) = self.loaded() else {
             return;
         };
-        let mut candidates: Vec<IpAddr> = Vec::new();
-        if let Some(a) = loaded.state.node_allocations.get(&self.node) {
-            candidates.push(IpAddr::V6(a.underlay));
-        }
-        if let Some(n) = loaded.state.nodes.get(&self.node) {
-            candidates.extend(n.internal_ips.iter().copied());
-        }
+        let base = Arc::clone(loaded.planner.base());
+        let addrs = [
+            base.underlay.ipv4.map(IpAddr::V4),
+            base.underlay.ipv6.map(IpAddr::V6),
+        ];
         let dataplane = Arc::clone(&self.dataplane);
         let found = tokio::task::spawn_blocking(move || {
             let node = dataplane.snapshot()?;
-            Ok::<_, DataplaneError>(candidates.into_iter().find_map(|ip| {
-                let (_, index) = node.addrs.iter().find(|(a, _)| *a == ip)?;
-                let mtu = node.links.values().find(|l| l.index == *index)?.mtu?;
-                Some((ip, mtu))
+            Ok::<_, DataplaneError>(addrs.map(|ip| -> Option<u32> {
+                let (_, index) = node.addrs.iter().find(|(a, _)| Some(*a) == ip)?;
+                Some(node.links.values().find(|l| l.index == *index)?.mtu)
             }))
         })
         .await;
-        match found {
-            Ok(Ok(Some((ip, mtu)))) => {
-                tracing::info!(underlay = %ip, mtu, pod_mtu = mtu.saturating_sub(SRV6_OVERHEAD), "underlay MTU");
-                self.underlay_mtu.store(mtu, Ordering::Relaxed);
+        let [mtu_v4, mtu_v6] = match found {
+            Ok(Ok(m)) => m,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "cannot read the underlay MTU");
+                return;
             }
-            Ok(Ok(None)) => {
+            Err(e) => {
+                tracing::warn!(error = %e, "the underlay MTU lookup failed");
+                return;
+            }
+        };
+        for (ip, mtu) in addrs.iter().zip([mtu_v4, mtu_v6]) {
+            if let (Some(ip), None) = (ip, mtu) {
                 tracing::warn!(
                     node = %self.node,
-                    assumed = DEFAULT_UNDERLAY_MTU,
-                    "no link holds this node's underlay address; assuming MTU {DEFAULT_UNDERLAY_MTU}"
+                    underlay = %ip,
+                    "no link holds this underlay address; assuming MTU {DEFAULT_UNDERLAY_MTU}"
                 );
-                self.underlay_mtu
-                    .store(DEFAULT_UNDERLAY_MTU, Ordering::Relaxed);
             }
-            Ok(Err(e)) => tracing::warn!(error = %e, "cannot read the underlay MTU"),
-            Err(e) => tracing::warn!(error = %e, "the underlay MTU lookup failed"),
+        }
+        let pod = underlay::pod_mtu(&base.underlay, base.peers.values(), mtu_v4, mtu_v6);
+        let before = self.pod_mtu.swap(pod, Ordering::Relaxed);
+        tracing::info!(?mtu_v4, ?mtu_v6, pod_mtu = pod, "underlay MTU");
+        if before != 0 && pod < before {
+            tracing::warn!(
+                before,
+                now = pod,
+                "the pod MTU shrank (a path with more overhead is in use): pods started before \
+                 keep {before} and lose larger packets on that path until they are restarted"
+            );
         }
     }
 
@@ -331,12 +399,16 @@ impl Agent {
     }
 }
 
-/// Runs the agent in standalone mode until SIGINT/SIGTERM.
-pub fn run_standalone(config: Config, dataplane: Arc<dyn Dataplane>) -> Result<(), AgentError> {
+/// Runs the agent, fed by `source`, until SIGINT/SIGTERM (see [`lifecycle::run`]).
+pub fn run(
+    config: Config,
+    source: Arc<dyn StateSource>,
+    dataplane: Arc<dyn Dataplane>,
+) -> Result<(), AgentError> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .map_err(AgentError::Runtime)?;
-    rt.block_on(standalone::run(config, dataplane))
+    rt.block_on(lifecycle::run(config, source, dataplane))
 }

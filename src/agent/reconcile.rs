@@ -146,28 +146,47 @@ impl Dataplane for Reconciler {
     }
 }
 
-/// A dataplane without a kernel, for the agent's unit tests: plans are made and logged, and
-/// the "kernel" holds nothing.
-#[cfg(test)]
-#[derive(Debug, Default)]
-pub struct LogOnly;
+/// A dataplane without a kernel, for tests and benchmarks of what the agent plans: each plan
+/// goes to the callback (by default: logged), pods get no interfaces, and the "kernel" holds
+/// nothing.
+pub struct PlanSink(Box<dyn Fn(&DesiredNode) + Send + Sync>);
 
-#[cfg(test)]
-impl Dataplane for LogOnly {
-    fn reconcile(
-        &self,
-        plan: Planning,
-        _resync: bool,
-    ) -> Result<Option<ApplyReport>, DataplaneError> {
-        if let Some(plan) = plan() {
+impl PlanSink {
+    /// Hands each plan to `f`.
+    pub fn new(f: impl Fn(&DesiredNode) + Send + Sync + 'static) -> Self {
+        Self(Box::new(f))
+    }
+}
+
+impl Default for PlanSink {
+    fn default() -> Self {
+        Self::new(|plan| {
             tracing::debug!(
                 node = %plan.node,
                 vrfs = plan.base.vrfs.len(),
                 pod_routes = plan.pod_routes.len(),
                 "dataplane: no reconciler plugged in, plan not applied"
-            );
-        }
-        Ok(None)
+            )
+        })
+    }
+}
+
+impl std::fmt::Debug for PlanSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PlanSink")
+    }
+}
+
+impl Dataplane for PlanSink {
+    fn reconcile(
+        &self,
+        plan: Planning,
+        _resync: bool,
+    ) -> Result<Option<ApplyReport>, DataplaneError> {
+        Ok(plan().map(|plan| {
+            (self.0)(&plan);
+            ApplyReport::default()
+        }))
     }
 
     fn on_drift(&self, _handler: Box<dyn Fn(Drift) + Send + Sync>) {}
@@ -213,6 +232,7 @@ impl Dataplane for LogOnly {
             rules: Vec::new(),
             sysctls: Default::default(),
             tunsrc: None,
+            fou: None,
             nft: crate::dataplane::NftState::Absent,
         })
     }
@@ -336,8 +356,9 @@ enum Trigger {
 }
 
 /// The reconcile loop: waits for a change, drift or the periodic resync, plans, applies,
-/// records the outcome. `resync_every` is the period of full resyncs.
-pub(crate) async fn run(agent: Arc<super::Agent>, resync_every: Duration) {
+/// records the outcome. `resync_every` is the period of full resyncs. Public for the
+/// benchmark of the Kubernetes source (watch event to plan applied).
+pub async fn run(agent: Arc<super::Agent>, resync_every: Duration) {
     let (drift_tx, mut drift_rx) = tokio::sync::mpsc::unbounded_channel::<Drift>();
     agent.dataplane.on_drift(Box::new(move |d| {
         let _ = drift_tx.send(d);
@@ -407,6 +428,7 @@ async fn reconcile_once(agent: &Arc<super::Agent>, trigger: Trigger) {
         Ok(Ok(None)) => {}
         Ok(Ok(Some(report))) => {
             agent.metrics.reconciled(elapsed);
+            agent.applied.send_modify(|n| *n += 1);
             if report.writes > 0 {
                 tracing::info!(
                     node = %agent.node,

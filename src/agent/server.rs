@@ -183,7 +183,8 @@ mod tests {
         let agent = Arc::new(Agent::new(
             "node-1".into(),
             super::super::ipam::IpamStore::open(&dir.path().join("state")).unwrap(),
-            Arc::new(super::super::LogOnly),
+            Arc::new(super::super::PlanSink::default()),
+            Arc::new(super::super::source::Known::default()),
         ));
         let listener = bind(&path).await.unwrap();
         tokio::spawn(serve(listener, Arc::clone(&agent)));
@@ -209,9 +210,10 @@ mod tests {
             Response::Err(e) => assert_eq!(e.code, ErrorCode::DECODE, "{e}"),
             other => panic!("{other:?}"),
         }
-        assert!(agent
-            .metrics
-            .render(&Default::default(), false)
-            .contains("lace_cni_requests_total{verb=\"STATUS\",result=\"50\"} 1"));
+        let text = crate::telemetry::encode(crate::telemetry::Probes::registry(&*agent));
+        assert!(
+            text.contains("lace_cni_requests_total{verb=\"STATUS\",result=\"50\"} 1"),
+            "{text}"
+        );
     }
 }

@@ -65,6 +65,16 @@ pub fn apply(
             }
         }
         links_changed |= phase <= 2;
+        // A `sit` device with `encap fou` needs the fou module's encapsulation registered.
+        if group.iter().any(|o| matches!(o, Op::AddTunnel { .. })) {
+            if let Err(e) = super::fou::load() {
+                failures.push(OpFailure {
+                    op: "loading the kernel's fou support (for the SRv6-over-IPv4 device)".into(),
+                    error: e,
+                });
+                break;
+            }
+        }
         let mut requests = Vec::new();
         let mut sent: Vec<Op> = Vec::new();
         for op in group {
@@ -90,6 +100,23 @@ pub fn apply(
                 Op::NftDelete => {
                     writes += 1;
                     if let Err(e) = nft::apply(&nft::delete_script()) {
+                        failures.push(fail(&op, e));
+                    }
+                }
+                Op::AddFou { listener, replace } => {
+                    writes += 1 + u64::from(replace);
+                    let done = match replace {
+                        true => super::fou::del(listener.port, listener.family),
+                        false => Ok(()),
+                    }
+                    .and_then(|()| super::fou::add(listener));
+                    if let Err(e) = done {
+                        failures.push(fail(&op, e));
+                    }
+                }
+                Op::DelFou { listener } => {
+                    writes += 1;
+                    if let Err(e) = super::fou::del(listener.port, listener.family) {
                         failures.push(fail(&op, e));
                     }
                 }
@@ -168,7 +195,14 @@ fn message(op: &Op, index: &HashMap<String, u32>) -> Result<(RouteNetlinkMessage
             RouteNetlinkMessage::NewLink(msg::vrf(name, *table)),
             NLM_F_CREATE | NLM_F_EXCL,
         ),
-        Op::LinkUp { name } => (RouteNetlinkMessage::SetLink(msg::link_up(name)), 0),
+        Op::AddTunnel { name, sit, mtu } => (
+            RouteNetlinkMessage::NewLink(msg::sit(name, sit, *mtu)),
+            NLM_F_CREATE | NLM_F_EXCL,
+        ),
+        Op::LinkUp { name } | Op::TunnelUp { name } => {
+            (RouteNetlinkMessage::SetLink(msg::link_up(name)), 0)
+        }
+        Op::SetMtu { name, mtu } => (RouteNetlinkMessage::SetLink(msg::set_mtu(name, *mtu)), 0),
         Op::SetMaster { link, master } => (
             RouteNetlinkMessage::SetLink(msg::enslave_up(idx(link)?, idx(master)?)),
             0,
@@ -194,6 +228,56 @@ fn message(op: &Op, index: &HashMap<String, u32>) -> Result<(RouteNetlinkMessage
         | Op::Tunsrc(_)
         | Op::NftSwap { .. }
         | Op::NftElements { .. }
-        | Op::NftDelete => return Err("not a netlink operation".into()),
+        | Op::NftDelete
+        | Op::AddFou { .. }
+        | Op::DelFou { .. } => return Err("not a netlink operation".into()),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::underlay::{Ipv4Tunnel, FOU_PORT, IPV4_TUNNEL};
+    use netlink_packet_core::{NetlinkHeader, NetlinkMessage, NetlinkPayload};
+
+    /// What the reconciler writes for the SRv6-over-IPv4 device reads back as what it planned
+    /// (the netns tests check that the kernel's answer does too: re-applying writes nothing).
+    #[test]
+    fn the_tunnel_written_reads_back_as_planned() {
+        let t = Ipv4Tunnel {
+            local: "192.0.2.1".parse().unwrap(),
+            address: None,
+        };
+        let sit = super::super::tunnel::planned_sit(&t);
+        let op = Op::AddTunnel {
+            name: IPV4_TUNNEL.into(),
+            sit,
+            mtu: 1472,
+        };
+        let (RouteNetlinkMessage::NewLink(m), flags) = message(&op, &HashMap::new()).unwrap()
+        else {
+            panic!("not a NewLink");
+        };
+        assert_eq!(flags, NLM_F_CREATE | NLM_F_EXCL);
+        // Through the bytes the kernel gets, and back.
+        let mut msg = NetlinkMessage::new(
+            NetlinkHeader::default(),
+            NetlinkPayload::from(RouteNetlinkMessage::NewLink(m)),
+        );
+        msg.finalize();
+        let mut buf = vec![0; msg.buffer_len()];
+        msg.serialize(&mut buf);
+        let back = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&buf).unwrap();
+        let NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(m)) = back.payload else {
+            panic!("not a NewLink");
+        };
+        let (name, link) = observe::parse_link(&m).unwrap();
+        assert_eq!(name, IPV4_TUNNEL);
+        assert_eq!(link.sit, Some(sit));
+        assert_eq!(link.mtu, 1472);
+        assert!(!link.up, "created down, brought up after the ruleset");
+        assert_eq!(sit.encap_dport, FOU_PORT);
+        assert_eq!(sit.local, Some(t.local));
+        assert_eq!(op.to_string(), "link add lu-ipv4 mtu 1472 type sit remote any local 192.0.2.1 ttl 0 pmtudisc encap 1 encap-sport 0 encap-dport 6076");
+    }
 }

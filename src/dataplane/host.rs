@@ -3,14 +3,42 @@
 //! child processes see that namespace.
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::OnceLock;
 
-/// `/proc/sys` path of a dotted sysctl key. Interface names may contain dots, so in
+/// Where the chart mounts the host's `/proc/sys/net` in the agent's container (as `net/`
+/// below this). A container that is not privileged gets `/proc/sys` mounted read-only by the
+/// runtime; a bind mount of the host's `/proc/sys/net` elsewhere stays writable, and its files
+/// still resolve against the network namespace of the thread that opens them, exactly like
+/// `/proc/sys/net` (so pod-namespace sysctls work through it too).
+pub const CONTAINER_PROC_SYS: &str = "/host/proc/sys";
+
+/// The root sysctls are read and written under: [`CONTAINER_PROC_SYS`] when its `net/` is
+/// mounted (in the chart's DaemonSet), else `/proc/sys`. Every Lace sysctl is under `net`.
+pub fn proc_sys() -> &'static Path {
+    static ROOT: OnceLock<&'static Path> = OnceLock::new();
+    ROOT.get_or_init(|| proc_sys_root(Path::new(CONTAINER_PROC_SYS)))
+}
+
+fn proc_sys_root(container: &'static Path) -> &'static Path {
+    if container.join("net").is_dir() {
+        container
+    } else {
+        Path::new("/proc/sys")
+    }
+}
+
+/// Path of a dotted sysctl key under [`proc_sys`].
+pub fn sysctl_path(key: &str) -> PathBuf {
+    sysctl_path_in(proc_sys(), key)
+}
+
+/// Path of a dotted sysctl key under `root`. Interface names may contain dots, so in
 /// `net.ipv{4,6}.{conf,neigh}.<ifname>.<leaf>` everything between the fourth component and the
 /// last is the interface name, kept whole.
-pub fn sysctl_path(key: &str) -> PathBuf {
-    let mut path = PathBuf::from("/proc/sys");
+fn sysctl_path_in(root: &Path, key: &str) -> PathBuf {
+    let mut path = root.to_path_buf();
     for prefix in [
         "net.ipv4.conf.",
         "net.ipv6.conf.",
@@ -113,17 +141,31 @@ mod tests {
 
     #[test]
     fn sysctl_paths_keep_interface_names_whole() {
+        let root = Path::new("/proc/sys");
         assert_eq!(
-            sysctl_path("net.ipv4.conf.lv-a.b.rp_filter"),
+            sysctl_path_in(root, "net.ipv4.conf.lv-a.b.rp_filter"),
             PathBuf::from("/proc/sys/net/ipv4/conf/lv-a.b/rp_filter")
         );
         assert_eq!(
-            sysctl_path("net.ipv4.conf.all.rp_filter"),
+            sysctl_path_in(root, "net.ipv4.conf.all.rp_filter"),
             PathBuf::from("/proc/sys/net/ipv4/conf/all/rp_filter")
         );
         assert_eq!(
-            sysctl_path("net.vrf.strict_mode"),
+            sysctl_path_in(root, "net.vrf.strict_mode"),
             PathBuf::from("/proc/sys/net/vrf/strict_mode")
+        );
+    }
+
+    #[test]
+    fn the_container_mount_of_the_hosts_proc_sys_net_is_used_when_present() {
+        let dir = tempfile::tempdir().unwrap();
+        let root: &'static Path = Box::leak(dir.path().to_path_buf().into_boxed_path());
+        assert_eq!(proc_sys_root(root), Path::new("/proc/sys"));
+        std::fs::create_dir(root.join("net")).unwrap();
+        assert_eq!(proc_sys_root(root), root);
+        assert_eq!(
+            sysctl_path_in(proc_sys_root(root), "net.vrf.strict_mode"),
+            root.join("net/vrf/strict_mode")
         );
     }
 }

@@ -44,10 +44,14 @@
 //!   ([`plan::VRF_TABLE_BASE`]`..=`[`plan::PROBE_TABLE`]) or in the main table (SIDs, locators,
 //!   reply routes), deleted with the protocol set so the kernel never matches a foreign route;
 //! - FIB rules with a priority in [`plan::RULE_PRIORITY_PROBE`]`..=`[`plan::RULE_PRIORITY_L3MDEV`];
-//! - links named [`plan::VRF_PREFIX`]`*` (VRFs). Pod veths ([`POD_LINK_PREFIX`]`*`, created
-//!   and deleted by the CNI) are enslaved to their VRF, brought up, given the link-local
-//!   source of their IPv6 probe route ([`plan::POD_GATEWAY_V6`]) and, when enslaved, their
-//!   proxy ARP sysctls ([`diff::pod_link_sysctls`]);
+//! - links named [`plan::VRF_PREFIX`]`*` (VRFs) and [`underlay::TUNNEL_PREFIX`]`*` (the
+//!   SRv6-over-IPv4 device [`underlay::IPV4_TUNNEL`], with its address and sysctl). Pod veths
+//!   ([`POD_LINK_PREFIX`]`*`, created and deleted by the CNI) are enslaved to their VRF,
+//!   brought up, given the link-local source of their IPv6 probe route
+//!   ([`plan::POD_GATEWAY_V6`]) and, when enslaved, their proxy ARP sysctls
+//!   ([`diff::pod_link_sysctls`]);
+//! - the fou receive port [`underlay::FOU_PORT`] (IPv4), looked at only while a Lace tunnel
+//!   device exists (it is added after the device and deleted before it);
 //! - the sysctls the plan lists (set, never reverted: their previous values are unknown);
 //! - the nftables table `inet lace`;
 //! - `ip sr tunsrc` (one value per namespace).
@@ -56,12 +60,15 @@
 //! uplink holding the underlay address, what the main table routes for [`Nexthop::Host`]).
 //!
 //! ## Order and failure
-//! [`diff::diff`] orders operations so nothing opens or black-holes mid-change: VRFs and pod
-//! enslavement, then the pod veths' link-local probe source (enslaving drops it), the nft
-//! table (changed in one transaction, always before routes that would open a path; its `ct`
-//! expressions load conntrack, whose sysctl comes next), sysctls, `ip sr
-//! tunsrc`, rules, routes added or replaced, and only then the deletions (routes, rules,
-//! VRFs). When a Network is removed, its VRF's routes go after the new ruleset no longer
+//! [`diff::diff`] orders operations so nothing opens or black-holes mid-change: VRFs and the
+//! SRv6-over-IPv4 device (created down), pod enslavement, the nft table (changed in one
+//! transaction, always before routes that would open a path; its `ct` expressions load
+//! conntrack, whose sysctl comes next), sysctls, addresses (the pod veths' link-local probe
+//! source, which enslaving drops; the tunnel source, once the device's IPv6 is enabled), `ip sr
+//! tunsrc`, the fou port and the device brought up (only now that the ruleset guarding it is
+//! in), rules, routes added or replaced, and only then the deletions (routes, rules, the fou
+//! port, links). A link the diff creates or re-creates gets its routes and sysctls written
+//! again, whatever the old one showed. When a Network is removed, its VRF's routes go after the new ruleset no longer
 //! names the VRF: a pod still attached to it would briefly be unpoliced, but its Network has
 //! no routes left to other Networks' pods a moment later (pods of a removed Network are
 //! expected to be gone already). Apply runs the phases in that order; the netlink
@@ -97,10 +104,14 @@
 //!
 //! [`DesiredNode`]: crate::plan::DesiredNode
 //! [`Nexthop::Host`]: crate::plan::Nexthop::Host
+//! [`underlay::TUNNEL_PREFIX`]: crate::plan::underlay::TUNNEL_PREFIX
+//! [`underlay::IPV4_TUNNEL`]: crate::plan::underlay::IPV4_TUNNEL
+//! [`underlay::FOU_PORT`]: crate::plan::underlay::FOU_PORT
 
 mod apply;
 pub mod diff;
-mod host;
+mod fou;
+pub(crate) mod host;
 mod msg;
 pub mod netns;
 mod nft;
@@ -109,12 +120,13 @@ mod observe;
 mod pod;
 mod rawnl;
 mod seg6;
+mod tunnel;
 pub mod watch;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::fs::File;
-use std::net::{IpAddr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -124,6 +136,7 @@ use ipnet::IpNet;
 use crate::plan::{self, DesiredNode, RouteKey};
 
 pub use diff::{diff, Diff, DiffError, Op};
+pub use fou::FouListener;
 pub use netns::{NetnsError, NetnsTarget};
 pub use nft::KnownRuleset;
 pub use observe::ObserveError;
@@ -157,6 +170,20 @@ pub enum KernelNexthop {
     Unknown(String),
 }
 
+impl KernelNexthop {
+    /// The device the route names, if any.
+    pub fn dev(&self) -> Option<&str> {
+        match self {
+            Self::Dev(dev)
+            | Self::DevSrc { dev, .. }
+            | Self::Via { dev, .. }
+            | Self::Seg6Encap { dev, .. }
+            | Self::Seg6LocalDt46 { dev, .. } => Some(dev),
+            Self::Unreachable | Self::Unknown(_) => None,
+        }
+    }
+}
+
 impl fmt::Display for KernelNexthop {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -182,10 +209,33 @@ pub struct ObservedLink {
     pub index: u32,
     /// The VRF table, if the link is a VRF.
     pub vrf_table: Option<u32>,
+    /// The tunnel's parameters, if the link is a `sit` device.
+    pub sit: Option<SitLink>,
     /// Index of the link's master (VRF), if enslaved.
     pub master: Option<u32>,
     pub up: bool,
-    pub mtu: Option<u32>,
+    pub mtu: u32,
+}
+
+/// What Lace sets of a `sit` device (`ip -d link show`), as the kernel reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SitLink {
+    /// `local` (`None`: any).
+    pub local: Option<Ipv4Addr>,
+    /// `remote` (`None`: any).
+    pub remote: Option<Ipv4Addr>,
+    /// `dev`: the index of the link the tunnel is bound to (0: none).
+    pub link: u32,
+    /// `ttl` (0: inherit).
+    pub ttl: u8,
+    pub pmtudisc: bool,
+    /// `encap` type (`TUNNEL_ENCAP_*`: 0 none, 1 fou, 2 gue).
+    pub encap_type: u16,
+    /// `encap-sport` (0: auto) and `encap-dport`.
+    pub encap_sport: u16,
+    pub encap_dport: u16,
+    /// `encap-csum` and friends (`TUNNEL_ENCAP_FLAG_*`).
+    pub encap_flags: u16,
 }
 
 /// A FIB rule in Lace's priority band.
@@ -233,6 +283,8 @@ pub struct ObservedNode {
     pub sysctls: BTreeMap<String, Option<String>>,
     pub tunsrc: Option<Ipv6Addr>,
     pub nft: NftState,
+    /// The fou receive ports, read only while a Lace tunnel device exists (`None`: not read).
+    pub fou: Option<Vec<FouListener>>,
 }
 
 impl ObservedNode {
@@ -249,6 +301,13 @@ impl ObservedNode {
         self.links
             .iter()
             .filter(|(n, _)| n.starts_with(plan::VRF_PREFIX))
+    }
+
+    /// Lace's underlay tunnel links (`lu-*`).
+    pub fn tunnels(&self) -> impl Iterator<Item = (&String, &ObservedLink)> {
+        self.links
+            .iter()
+            .filter(|(n, _)| n.starts_with(plan::underlay::TUNNEL_PREFIX))
     }
 }
 

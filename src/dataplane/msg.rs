@@ -12,7 +12,8 @@ use netlink_packet_route::address::{
     AddressAttribute, AddressFlags, AddressHeaderFlags, AddressMessage,
 };
 use netlink_packet_route::link::{
-    InfoData, InfoKind, InfoVeth, InfoVrf, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
+    InfoData, InfoIpTunnel, InfoKind, InfoVeth, InfoVrf, LinkAttribute, LinkFlags, LinkInfo,
+    LinkMessage, TunnelEncapFlags, TunnelEncapType,
 };
 use netlink_packet_route::neighbour::{
     NeighbourAddress, NeighbourAttribute, NeighbourMessage, NeighbourState,
@@ -25,7 +26,7 @@ use netlink_packet_route::route::{
 use netlink_packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
 use netlink_packet_route::AddressFamily;
 
-use super::{KernelNexthop, ROUTE_PROTOCOL};
+use super::{KernelNexthop, SitLink, ROUTE_PROTOCOL};
 use crate::plan::{Family, RouteKey, Rule, RuleAction as PlanRuleAction};
 
 fn family(ip: IpAddr) -> AddressFamily {
@@ -59,6 +60,41 @@ pub fn vrf(name: &str, table: u32) -> LinkMessage {
         LinkInfo::Kind(InfoKind::Vrf),
         LinkInfo::Data(InfoData::Vrf(vec![InfoVrf::TableId(table)])),
     ]));
+    m
+}
+
+/// `ip link add <name> mtu <mtu> type sit remote <remote|any> local <local|any> [dev <link>]
+/// ttl <ttl> [no]pmtudisc encap <type> encap-sport <sport> encap-dport <dport>`, down (it is
+/// brought up once the guard that protects it is in place).
+pub fn sit(name: &str, sit: &SitLink, mtu: u32) -> LinkMessage {
+    let any = std::net::Ipv4Addr::UNSPECIFIED;
+    let mut m = link_by_name(name);
+    m.header.change_mask = LinkFlags::Up;
+    m.attributes.push(LinkAttribute::Mtu(mtu));
+    let mut data = vec![
+        InfoIpTunnel::Remote(IpAddr::V4(sit.remote.unwrap_or(any))),
+        InfoIpTunnel::Local(IpAddr::V4(sit.local.unwrap_or(any))),
+        InfoIpTunnel::Ttl(sit.ttl),
+        InfoIpTunnel::PMtuDisc(sit.pmtudisc),
+        InfoIpTunnel::EncapType(TunnelEncapType::from(sit.encap_type)),
+        InfoIpTunnel::EncapSPort(sit.encap_sport),
+        InfoIpTunnel::EncapDPort(sit.encap_dport),
+        InfoIpTunnel::EncapFlags(TunnelEncapFlags::from_bits_retain(sit.encap_flags)),
+    ];
+    if sit.link != 0 {
+        data.push(InfoIpTunnel::Link(sit.link));
+    }
+    m.attributes.push(LinkAttribute::LinkInfo(vec![
+        LinkInfo::Kind(InfoKind::SitTun),
+        LinkInfo::Data(InfoData::IpTunnel(data)),
+    ]));
+    m
+}
+
+/// `ip link set <name> mtu <mtu>`.
+pub fn set_mtu(name: &str, mtu: u32) -> LinkMessage {
+    let mut m = link_by_name(name);
+    m.attributes.push(LinkAttribute::Mtu(mtu));
     m
 }
 

@@ -1,7 +1,7 @@
-//! Reads the namespace's kernel state: links and IPv6 addresses (to name things and find the
-//! uplink), Lace's routes and rules (by protocol, table and priority band), the host's
-//! main-table routes (to resolve host routing), the plan's sysctls, `ip sr tunsrc` and the nft
-//! table.
+//! Reads the namespace's kernel state: links and addresses (to name things and find the
+//! uplinks), Lace's routes and rules (by protocol, table and priority band), the host's
+//! main-table routes (to resolve host routing), the plan's sysctls, `ip sr tunsrc`, the nft
+//! table and (while a Lace tunnel device exists) the fou receive ports.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -11,7 +11,7 @@ use netlink_packet_route::address::{
     AddressAttribute, AddressFlags, AddressHeaderFlags, AddressMessage,
 };
 use netlink_packet_route::link::{
-    InfoData, InfoVrf, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
+    InfoData, InfoIpTunnel, InfoKind, InfoVrf, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
 };
 use netlink_packet_route::route::{
     RouteAddress, RouteAttribute, RouteFlags, RouteLwTunnelEncap, RouteMessage, RouteProtocol,
@@ -21,7 +21,7 @@ use netlink_packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 
 use super::nl::{Nl, NlError};
-use super::{host, HostRoute, KernelNexthop, ObservedLink, ObservedNode, ObservedRule};
+use super::{host, HostRoute, KernelNexthop, ObservedLink, ObservedNode, ObservedRule, SitLink};
 use crate::plan::{
     Family, RouteKey, Rule, RuleAction as PlanRuleAction, MAIN_TABLE, PROBE_TABLE,
     RULE_PRIORITY_L3MDEV, RULE_PRIORITY_PROBE, VRF_TABLE_BASE,
@@ -36,6 +36,8 @@ pub enum ObserveError {
     Nft(String),
     #[error("ip sr tunsrc: {0}")]
     Tunsrc(String),
+    #[error("ip fou show: {0}")]
+    Fou(String),
 }
 
 /// Whether table id `table` is one Lace owns routes in.
@@ -101,12 +103,15 @@ pub fn dump(nl: &mut Nl) -> Result<(ObservedNode, HostRoutes), ObserveError> {
         sysctls: BTreeMap::new(),
         tunsrc: None,
         nft: super::NftState::Absent,
+        fou: None,
     };
     Ok((node, host))
 }
 
 /// Reads what no rtnetlink notification reports, each time (each read costs the same for any
-/// plan size): the sysctls (`sysctls` are the keys), `ip sr tunsrc` and the nft table's tag.
+/// plan size): the sysctls (`sysctls` are the keys), `ip sr tunsrc`, the nft table's tag and,
+/// while a Lace tunnel device exists, the fou receive ports (the fou module is loaded then; a
+/// node that never had Lace's tunnel need not load it).
 pub fn observe_host(
     node: &mut ObservedNode,
     sysctls: &BTreeSet<String>,
@@ -117,6 +122,11 @@ pub fn observe_host(
         .collect();
     node.tunsrc = super::seg6::tunsrc_get().map_err(ObserveError::Tunsrc)?;
     node.nft = super::nft::observe().map_err(ObserveError::Nft)?;
+    let has_tunnel = node.tunnels().next().is_some();
+    node.fou = match has_tunnel {
+        true => Some(super::fou::list().map_err(ObserveError::Fou)?),
+        false => None,
+    };
     Ok(())
 }
 
@@ -139,20 +149,30 @@ pub fn parse_link(l: &LinkMessage) -> Option<(String, ObservedLink)> {
     let mut name = None;
     let mut master = None;
     let mut vrf_table = None;
-    let mut mtu = None;
+    let mut sit = None;
+    let mut mtu = 0;
     for a in &l.attributes {
         match a {
             LinkAttribute::IfName(n) => name = Some(n.clone()),
-            LinkAttribute::Mtu(m) => mtu = Some(*m),
             LinkAttribute::Controller(m) => master = Some(*m),
+            LinkAttribute::Mtu(m) => mtu = *m,
             LinkAttribute::LinkInfo(infos) => {
+                let is_sit = infos
+                    .iter()
+                    .any(|i| matches!(i, LinkInfo::Kind(InfoKind::SitTun)));
                 for i in infos {
-                    if let LinkInfo::Data(InfoData::Vrf(v)) = i {
-                        for x in v {
-                            if let InfoVrf::TableId(t) = x {
-                                vrf_table = Some(*t);
+                    match i {
+                        LinkInfo::Data(InfoData::Vrf(v)) => {
+                            for x in v {
+                                if let InfoVrf::TableId(t) = x {
+                                    vrf_table = Some(*t);
+                                }
                             }
                         }
+                        LinkInfo::Data(InfoData::IpTunnel(t)) if is_sit => {
+                            sit = Some(parse_sit(t));
+                        }
+                        _ => {}
                     }
                 }
             }
@@ -164,11 +184,46 @@ pub fn parse_link(l: &LinkMessage) -> Option<(String, ObservedLink)> {
         ObservedLink {
             index: l.header.index,
             vrf_table,
+            sit,
             master,
             up: l.header.flags.contains(LinkFlags::Up),
             mtu,
         },
     ))
+}
+
+/// A `sit` device's parameters from its link info (unset ones as the kernel's defaults).
+fn parse_sit(infos: &[InfoIpTunnel]) -> SitLink {
+    let v4 = |a: &IpAddr| match a {
+        IpAddr::V4(v) if !v.is_unspecified() => Some(*v),
+        _ => None,
+    };
+    let mut s = SitLink {
+        local: None,
+        remote: None,
+        link: 0,
+        ttl: 0,
+        pmtudisc: false,
+        encap_type: 0,
+        encap_sport: 0,
+        encap_dport: 0,
+        encap_flags: 0,
+    };
+    for i in infos {
+        match i {
+            InfoIpTunnel::Local(a) => s.local = v4(a),
+            InfoIpTunnel::Remote(a) => s.remote = v4(a),
+            InfoIpTunnel::Link(l) => s.link = *l,
+            InfoIpTunnel::Ttl(t) => s.ttl = *t,
+            InfoIpTunnel::PMtuDisc(p) => s.pmtudisc = *p,
+            InfoIpTunnel::EncapType(t) => s.encap_type = u16::from(*t),
+            InfoIpTunnel::EncapSPort(p) => s.encap_sport = *p,
+            InfoIpTunnel::EncapDPort(p) => s.encap_dport = *p,
+            InfoIpTunnel::EncapFlags(f) => s.encap_flags = f.bits(),
+            _ => {}
+        }
+    }
+    s
 }
 
 fn dump_addrs(nl: &mut Nl) -> Result<Vec<(IpAddr, u32)>, NlError> {

@@ -1,6 +1,7 @@
-//! Tiny netlink requests encoded by hand, for the two things no crate here carries: the seg6
-//! tunnel source (generic netlink) and the nft table's plan tag (nfnetlink). Both use the
-//! same layout: `nlmsghdr`, a 4-byte family header (`genlmsghdr` / `nfgenmsg`), attributes.
+//! Tiny netlink requests encoded by hand, for the things no crate here carries: the seg6
+//! tunnel source and the fou listeners (generic netlink) and the nft table's plan tag
+//! (nfnetlink). All use the same layout: `nlmsghdr`, a 4-byte family header (`genlmsghdr` /
+//! `nfgenmsg`), attributes.
 
 use netlink_sys::{Socket, SocketAddr};
 
@@ -9,6 +10,11 @@ pub const NLM_F_ACK: u16 = 4;
 /// `NLM_F_ROOT | NLM_F_MATCH`: list every object the request selects.
 pub const NLM_F_DUMP: u16 = 0x300;
 const NLMSG_ERROR: u16 = 2;
+const NLMSG_DONE: u16 = 3;
+const GENL_ID_CTRL: u16 = 0x10;
+const CTRL_CMD_GETFAMILY: u8 = 3;
+const CTRL_ATTR_FAMILY_ID: u16 = 1;
+const CTRL_ATTR_FAMILY_NAME: u16 = 2;
 
 fn align(n: usize) -> usize {
     (n + 3) & !3
@@ -95,6 +101,78 @@ pub fn talk(sock: &Socket, req: &[u8]) -> Result<Answer, String> {
             .map(|(t, v)| (t, v.to_vec()))
             .collect(),
     ))
+}
+
+/// The attributes of one message: (type, value), nested ones left encoded.
+pub type Attrs = Vec<(u16, Vec<u8>)>;
+
+/// The attributes of every message of a dump (`req` has [`NLM_F_DUMP`]), read until the
+/// kernel's `NLMSG_DONE`; an error names `what`.
+pub fn dump(sock: &Socket, req: &[u8], what: &str) -> Result<Vec<Attrs>, String> {
+    sock.send(req, 0)
+        .map_err(|e| format!("{what}: send: {e}"))?;
+    let mut buf = vec![0u8; 32768];
+    let mut out = Vec::new();
+    loop {
+        let n = sock
+            .recv(&mut &mut buf[..], 0)
+            .map_err(|e| format!("{what}: receive: {e}"))?;
+        let mut off = 0;
+        while off + 16 <= n {
+            let len =
+                u32::from_ne_bytes([buf[off], buf[off + 1], buf[off + 2], buf[off + 3]]) as usize;
+            let ty = u16::from_ne_bytes([buf[off + 4], buf[off + 5]]);
+            if len < 16 || off + len > n {
+                return Err(format!("{what}: malformed answer"));
+            }
+            match ty {
+                NLMSG_DONE => return Ok(out),
+                NLMSG_ERROR if len >= 20 => {
+                    let code = i32::from_ne_bytes([
+                        buf[off + 16],
+                        buf[off + 17],
+                        buf[off + 18],
+                        buf[off + 19],
+                    ]);
+                    if code != 0 {
+                        return Err(format!(
+                            "{what}: {}",
+                            std::io::Error::from_raw_os_error(-code)
+                        ));
+                    }
+                }
+                _ if len >= 20 => out.push(
+                    parse_attrs(&buf[off + 20..off + len])
+                        .into_iter()
+                        .map(|(t, v)| (t, v.to_vec()))
+                        .collect(),
+                ),
+                _ => {}
+            }
+            off += align(len);
+        }
+    }
+}
+
+/// A generic-netlink socket and the id of family `name` (resolving it makes the kernel load
+/// the family's module when it is one).
+pub fn genl_family(name: &str) -> Result<(Socket, u16), String> {
+    let sock = open(netlink_sys::protocols::NETLINK_GENERIC)?;
+    let mut zname = name.as_bytes().to_vec();
+    zname.push(0);
+    let req = request(
+        GENL_ID_CTRL,
+        NLM_F_REQUEST,
+        [CTRL_CMD_GETFAMILY, 1, 0, 0],
+        &[(CTRL_ATTR_FAMILY_NAME, &zname)],
+    );
+    let what = format!("resolving generic netlink family {name}");
+    let id = attrs(talk(&sock, &req)?, &what)?
+        .iter()
+        .find(|(t, v)| *t == CTRL_ATTR_FAMILY_ID && v.len() >= 2)
+        .map(|(_, v)| u16::from_ne_bytes([v[0], v[1]]))
+        .ok_or_else(|| format!("generic netlink family {name} has no id"))?;
+    Ok((sock, id))
 }
 
 /// The attributes of an answer, an error naming `what` otherwise.

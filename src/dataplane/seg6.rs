@@ -3,14 +3,10 @@
 
 use std::net::Ipv6Addr;
 
-use netlink_sys::{protocols::NETLINK_GENERIC, Socket};
+use netlink_sys::Socket;
 
-use super::rawnl::{attrs, open, request, talk, NLM_F_ACK, NLM_F_REQUEST};
+use super::rawnl::{attrs, genl_family, request, talk, NLM_F_ACK, NLM_F_REQUEST};
 
-const GENL_ID_CTRL: u16 = 0x10;
-const CTRL_CMD_GETFAMILY: u8 = 3;
-const CTRL_ATTR_FAMILY_ID: u16 = 1;
-const CTRL_ATTR_FAMILY_NAME: u16 = 2;
 const SEG6_CMD_SET_TUNSRC: u8 = 3;
 const SEG6_CMD_GET_TUNSRC: u8 = 4;
 const SEG6_ATTR_DST: u16 = 1;
@@ -18,19 +14,7 @@ const SEG6_GENL_VERSION: u8 = 1;
 
 /// A generic-netlink socket and the id of family `SEG6`.
 fn seg6() -> Result<(Socket, u16), String> {
-    let sock = open(NETLINK_GENERIC)?;
-    let req = request(
-        GENL_ID_CTRL,
-        NLM_F_REQUEST,
-        [CTRL_CMD_GETFAMILY, 1, 0, 0],
-        &[(CTRL_ATTR_FAMILY_NAME, b"SEG6\0")],
-    );
-    let id = attrs(talk(&sock, &req)?, "resolving generic netlink family SEG6")?
-        .iter()
-        .find(|(t, v)| *t == CTRL_ATTR_FAMILY_ID && v.len() >= 2)
-        .map(|(_, v)| u16::from_ne_bytes([v[0], v[1]]))
-        .ok_or("generic netlink family SEG6 has no id")?;
-    Ok((sock, id))
+    genl_family("SEG6")
 }
 
 /// The namespace's seg6 tunnel source, `None` when unset (`::`).

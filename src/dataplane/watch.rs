@@ -786,6 +786,7 @@ mod tests {
                 sysctls: BTreeMap::new(),
                 tunsrc: None,
                 nft: NftState::Absent,
+                fou: None,
             },
             HostRoutes::new(),
         );
@@ -1122,6 +1123,7 @@ mod tests {
                 m.header.flags = LinkFlags::Up;
             }
             m.attributes.push(LinkAttribute::IfName(name.into()));
+            m.attributes.push(LinkAttribute::Mtu(l.mtu));
             if let Some(master) = l.master {
                 m.attributes.push(LinkAttribute::Controller(master));
             }
@@ -1230,6 +1232,7 @@ mod tests {
                     rules: vec![],
                     sysctls: o.sysctls.clone(),
                     tunsrc: o.tunsrc,
+                    fou: o.fou.clone(),
                     nft: o.nft.clone(),
                 },
                 HostRoutes::new(),

@@ -8,14 +8,20 @@
 //! - table ids [`VRF_TABLE_BASE`]`..=`[`PROBE_TABLE`] (one VRF table per Network: base + the
 //!   Network's SID function, so every node uses the same id for the same Network);
 //! - rule priorities [`RULE_PRIORITY_PROBE`]`..=`[`RULE_PRIORITY_L3MDEV`];
-//! - interface names starting with [`VRF_PREFIX`];
+//! - interface names starting with [`VRF_PREFIX`] (VRFs) and [`underlay::TUNNEL_PREFIX`] (the
+//!   SRv6-over-IPv4 device), and the fou listener on [`underlay::FOU_PORT`];
 //! - nftables table `inet lace` ([`nft::TABLE`]);
 //! - routes in the main table are only SIDs, node locators and reply routes for pod blocks.
 //!
+//! Which underlay reaches each other node (IPv6, or SRv6 over IPv4) is decided per pair; see
+//! [`underlay`].
+//!
 //! Two next hops are symbolic because they name host configuration the cluster state does not
-//! carry: [`Nexthop::Underlay`] / [`Nexthop::Seg6Encap`] leave through the *uplink* (the link
-//! that holds this node's underlay address) and [`Nexthop::Host`] copies what the main table
-//! resolves for the destination (host routing). The reconciler resolves both when applying.
+//! carry: [`Nexthop::Underlay`] / [`Nexthop::Seg6Encap`] over IPv6 leave through the *uplink*
+//! (the link that holds this node's IPv6 underlay address) and [`Nexthop::Host`] copies what
+//! the main table resolves for the destination (host routing). The reconciler resolves both
+//! when applying, and sizes [`underlay::IPV4_TUNNEL`] after the link holding the node's IPv4
+//! underlay address.
 //!
 //! `tests/vm/datapath.sh` applies the node-1/node-2 golden plans to namespaces on a Debian
 //! 6.1 kernel and checks real traffic: pairs, replies, leaks, egress masquerade, Service
@@ -26,18 +32,21 @@
 //! routes of the local pods when attachments change.
 
 pub mod nft;
+pub mod underlay;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::{self, Write as _};
-use std::net::{IpAddr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
-use crate::api::NodeAllocationSpec;
+use crate::alloc::node_blocks;
+use crate::api::{NodeAllocationSpec, Underlay};
 use crate::routing::{allowed_pairs, service_grants, BackendLocation};
 use crate::sid::sid;
 use crate::state::{ClusterState, ObjectKey, PodAttachment};
+use underlay::{peer_path, tunnel_source, Ipv4Tunnel, PeerPath, IPV4_TUNNEL};
 
 /// First table id Lace owns. A Network's VRF table is `VRF_TABLE_BASE + function`, so ids
 /// are equal on all nodes and readable (`1000042` is function 42). Far above the ids distros
@@ -200,14 +209,18 @@ pub enum Nexthop {
     /// (`/`[`POD_GATEWAY_V6_PREFIX`], `nodad`) before the route; any other `src` is an address
     /// the node holds already.
     DevSrc { dev: String, src: IpAddr },
-    /// `encap seg6 mode encap segs <segs> dev <uplink>`: to a remote node's SID of the target
-    /// Network. The outer packet is routed again after encapsulation (in the VRF's IPv6 table,
-    /// hence the [`Nexthop::Underlay`] locator routes there), so no gateway is needed here.
-    Seg6Encap { segs: Ipv6Addr },
+    /// `encap seg6 mode encap segs <segs> dev <uplink | lu-ipv4>`: to a remote node's SID of
+    /// the target Network, whose locator is reached over the `underlay` family (IPv6: the
+    /// uplink; IPv4: [`IPV4_TUNNEL`]). The outer packet is routed again after encapsulation (in
+    /// the VRF's IPv6 table, hence the locator routes there), so no gateway is needed here.
+    Seg6Encap { segs: Ipv6Addr, underlay: Family },
     /// `encap seg6local action End.DT46 vrftable <table> dev <vrf>`: a local SID.
     Seg6LocalDt46 { vrf_table: u32, vrf: String },
-    /// `via <via> dev <uplink>`: a remote node's locator through its underlay address.
+    /// `via <via> dev <uplink>`: a remote node's locator through its IPv6 underlay address.
     Underlay { via: Ipv6Addr },
+    /// `via ::<via> dev lu-ipv4`: a remote node's locator over IPv4, through Lace's
+    /// SRv6-over-IPv4 device; the IPv4-compatible next hop names the outer IPv4 destination.
+    Ipv4Tunnel { via: Ipv4Addr },
     /// Host routing: whatever the main table resolves for the destination (gateway, device).
     Host,
     /// `unreachable`: nothing leaks out of a VRF by accident.
@@ -219,9 +232,14 @@ impl fmt::Display for Nexthop {
         match self {
             Nexthop::Dev(d) => write!(f, "dev {d}"),
             Nexthop::DevSrc { dev, src } => write!(f, "dev {dev} src {src}"),
-            Nexthop::Seg6Encap { segs } => {
-                write!(f, "encap seg6 mode encap segs {segs} dev @uplink")
-            }
+            Nexthop::Seg6Encap {
+                segs,
+                underlay: Family::V6,
+            } => write!(f, "encap seg6 mode encap segs {segs} dev @uplink"),
+            Nexthop::Seg6Encap {
+                segs,
+                underlay: Family::V4,
+            } => write!(f, "encap seg6 mode encap segs {segs} dev {IPV4_TUNNEL}"),
             Nexthop::Seg6LocalDt46 { vrf_table, vrf } => {
                 write!(
                     f,
@@ -229,13 +247,14 @@ impl fmt::Display for Nexthop {
                 )
             }
             Nexthop::Underlay { via } => write!(f, "via {via} dev @uplink"),
+            Nexthop::Ipv4Tunnel { via } => write!(f, "via ::{via} dev {IPV4_TUNNEL}"),
             Nexthop::Host => write!(f, "via @host-route"),
             Nexthop::Unreachable => write!(f, "unreachable"),
         }
     }
 }
 
-/// IP family of a rule.
+/// An IP family (of a rule, of an underlay).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Family {
     V4,
@@ -289,10 +308,15 @@ struct PodNetwork {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeBase {
     pub locator: Ipv6Net,
-    pub underlay: Ipv6Addr,
+    /// This node's underlay addresses (its first InternalIP of each family).
+    pub underlay: Underlay,
     /// `ip sr tunsrc set`: the outer source of encapsulated packets, which the other nodes'
-    /// ingress guard accepts.
+    /// ingress guard accepts ([`underlay::tunnel_source`]).
     pub seg6_tunsrc: Ipv6Addr,
+    /// How each other node (by name) is reached.
+    pub peers: BTreeMap<String, PeerPath>,
+    /// Lace's SRv6-over-IPv4 device and fou listener, when some peer is reached over IPv4.
+    pub ipv4_tunnel: Option<Ipv4Tunnel>,
     /// By device name.
     pub vrfs: BTreeMap<String, Vrf>,
     pub routes: BTreeMap<RouteKey, Nexthop>,
@@ -354,11 +378,47 @@ impl DesiredNode {
         let b = &self.base;
         let mut out = String::new();
         let _ = writeln!(out, "# Lace plan for node {}", self.node);
+        let mut underlay = String::new();
+        if let Some(v4) = b.underlay.ipv4 {
+            let _ = write!(underlay, " ipv4 {v4}");
+        }
+        if let Some(v6) = b.underlay.ipv6 {
+            let _ = write!(underlay, " ipv6 {v6}");
+        }
         let _ = writeln!(
             out,
-            "locator {}  underlay {}  seg6 tunsrc {}",
-            b.locator, b.underlay, b.seg6_tunsrc
+            "locator {}  underlay{underlay}  seg6 tunsrc {}",
+            b.locator, b.seg6_tunsrc
         );
+        let _ = writeln!(out, "\n## underlay");
+        for (peer, path) in &b.peers {
+            let _ = match path {
+                PeerPath::Ipv6(via) => writeln!(out, "peer {peer} ipv6 via {via}"),
+                PeerPath::Ipv4(via) => writeln!(out, "peer {peer} ipv4 via {via}"),
+                PeerPath::NoCommonFamily => {
+                    writeln!(out, "peer {peer} unreachable: no common address family")
+                }
+            };
+        }
+        if let Some(t) = &b.ipv4_tunnel {
+            let _ = writeln!(
+                out,
+                "link {IPV4_TUNNEL} type sit remote any local {} ttl inherit pmtudisc encap fou \
+                 encap-sport auto encap-dport {} mtu @uplink4-{}",
+                t.local,
+                underlay::FOU_PORT,
+                underlay::IPV4_FOU_OVERHEAD
+            );
+            if let Some(a) = t.address {
+                let _ = writeln!(out, "addr {a}/128 dev {IPV4_TUNNEL} nodad");
+            }
+            let _ = writeln!(
+                out,
+                "fou port {} ipproto {}",
+                underlay::FOU_PORT,
+                underlay::FOU_IPPROTO
+            );
+        }
         let _ = writeln!(out, "\n## sysctls");
         for (k, v) in &b.sysctls {
             let _ = writeln!(out, "{k} = {v}");
@@ -534,6 +594,8 @@ struct NetInfo<'a> {
     has_v4: bool,
     has_v6: bool,
     subnets: Vec<IpNet>,
+    /// The Network's subnets with their block sizes: each node's blocks derive from them.
+    spec_subnets: &'a [crate::api::Subnet],
 }
 
 fn build_base(node: &str, state: &ClusterState) -> Result<NodeBase, PlanError> {
@@ -544,6 +606,20 @@ fn build_base(node: &str, state: &ClusterState) -> Result<NodeBase, PlanError> {
             .ok_or_else(|| PlanError::NodeNotAllocated {
                 node: node.to_string(),
             })?;
+    // --- Underlay: per peer, the family both nodes have (IPv6 first) -----------------------
+    let peers: BTreeMap<String, PeerPath> = state
+        .node_allocations
+        .iter()
+        .filter(|(n, _)| n.as_str() != node)
+        .map(|(n, a)| (n.clone(), peer_path(&me.underlay, &a.underlay)))
+        .collect();
+    let ipv4_tunnel = match me.underlay.ipv4 {
+        Some(local) if peers.values().any(|p| matches!(p, PeerPath::Ipv4(_))) => Some(Ipv4Tunnel {
+            local,
+            address: me.underlay.ipv6.is_none().then(|| tunnel_source(me)),
+        }),
+        _ => None,
+    };
 
     // --- VRFs -------------------------------------------------------------------------------
     let mut nets: BTreeMap<&str, NetInfo<'_>> = BTreeMap::new();
@@ -592,6 +668,7 @@ fn build_base(node: &str, state: &ClusterState) -> Result<NodeBase, PlanError> {
                 has_v4: subnets.iter().any(|s| matches!(s, IpNet::V4(_))),
                 has_v6: subnets.iter().any(|s| matches!(s, IpNet::V6(_))),
                 subnets,
+                spec_subnets: &spec.subnets,
             },
         );
     }
@@ -675,14 +752,9 @@ fn build_base(node: &str, state: &ClusterState) -> Result<NodeBase, PlanError> {
         }
     }
     for n in &host_reply {
-        if let (Some(info), Some(blocks)) = (nets.get(n), me.blocks.get(*n)) {
-            for b in blocks {
-                rb.add(
-                    MAIN_TABLE,
-                    b.trunc(),
-                    PREC_REACH,
-                    Nexthop::Dev(info.vrf.clone()),
-                );
+        if let Some(info) = nets.get(n) {
+            for b in node_blocks(me.index, info.spec_subnets) {
+                rb.add(MAIN_TABLE, b, PREC_REACH, Nexthop::Dev(info.vrf.clone()));
             }
         }
     }
@@ -708,56 +780,70 @@ fn build_base(node: &str, state: &ClusterState) -> Result<NodeBase, PlanError> {
             srcs_by_dst.entry(dst).or_default().push(info);
         }
     }
+    // Deterministic order of the reachable destination Networks (the routes are sorted at
+    // the end anyway; this keeps the work itself in a stable order).
+    let mut dsts: Vec<(&NetInfo<'_>, &Vec<&NetInfo<'_>>)> = srcs_by_dst
+        .iter()
+        .filter_map(|(dst, srcs)| Some((nets.get(dst)?, srcs)))
+        .collect();
+    dsts.sort_by_key(|(d, _)| d.name);
     for (other, alloc) in &state.node_allocations {
-        let local = other == node;
-        if !local {
+        let to_locator = match peers.get(other) {
+            None => None,
+            Some(path) => match locator_route(path) {
+                Some(r) => Some(r),
+                None => continue, // no common family: unreachable, said in the plan
+            },
+        };
+        if let Some((nh, _)) = &to_locator {
             rb.add(
                 MAIN_TABLE,
                 IpNet::V6(alloc.locator.trunc()),
                 PREC_REACH,
-                Nexthop::Underlay {
-                    via: alloc.underlay,
-                },
+                nh.clone(),
             );
         }
-        for (dst, blocks) in &alloc.blocks {
-            let (Some(srcs), Some(dst_info)) =
-                (srcs_by_dst.get(dst.as_str()), nets.get(dst.as_str()))
-            else {
+        for &(dst_info, srcs) in &dsts {
+            let blocks = node_blocks(alloc.index, dst_info.spec_subnets);
+            if blocks.is_empty() {
                 continue;
-            };
+            }
             for src in srcs {
-                if local {
-                    if src.name == dst_info.name {
-                        continue; // local pods of the same Network: their own host routes
+                match &to_locator {
+                    None => {
+                        if src.name == dst_info.name {
+                            continue; // local pods of the same Network: their own host routes
+                        }
+                        for b in &blocks {
+                            rb.add(
+                                src.table,
+                                *b,
+                                PREC_REACH,
+                                Nexthop::Dev(dst_info.vrf.clone()),
+                            );
+                        }
                     }
-                    for b in blocks {
+                    Some((nh, underlay)) => {
+                        let segs = sid(alloc.locator, dst_info.function);
+                        for b in &blocks {
+                            rb.add(
+                                src.table,
+                                *b,
+                                PREC_REACH,
+                                Nexthop::Seg6Encap {
+                                    segs,
+                                    underlay: *underlay,
+                                },
+                            );
+                        }
+                        // The outer lookup after encap happens in the VRF's own IPv6 table.
                         rb.add(
                             src.table,
-                            b.trunc(),
+                            IpNet::V6(alloc.locator.trunc()),
                             PREC_REACH,
-                            Nexthop::Dev(dst_info.vrf.clone()),
+                            nh.clone(),
                         );
                     }
-                } else {
-                    let segs = sid(alloc.locator, dst_info.function);
-                    for b in blocks {
-                        rb.add(
-                            src.table,
-                            b.trunc(),
-                            PREC_REACH,
-                            Nexthop::Seg6Encap { segs },
-                        );
-                    }
-                    // The outer lookup after encap happens in the VRF's own IPv6 table.
-                    rb.add(
-                        src.table,
-                        IpNet::V6(alloc.locator.trunc()),
-                        PREC_REACH,
-                        Nexthop::Underlay {
-                            via: alloc.underlay,
-                        },
-                    );
                 }
             }
         }
@@ -788,17 +874,19 @@ fn build_base(node: &str, state: &ClusterState) -> Result<NodeBase, PlanError> {
                                 Nexthop::Dev(dst_info.vrf.clone()),
                             );
                         }
-                    } else if let Some(alloc) = state.node_allocations.get(bnode) {
+                    } else if let Some((alloc, (nh, underlay))) = state
+                        .node_allocations
+                        .get(bnode)
+                        .and_then(|a| Some((a, locator_route(peers.get(bnode)?)?)))
+                    {
                         let segs = sid(alloc.locator, dst_info.function);
-                        rb.add(src.table, dst, PREC_REACH, Nexthop::Seg6Encap { segs });
                         rb.add(
                             src.table,
-                            IpNet::V6(alloc.locator.trunc()),
+                            dst,
                             PREC_REACH,
-                            Nexthop::Underlay {
-                                via: alloc.underlay,
-                            },
+                            Nexthop::Seg6Encap { segs, underlay },
                         );
+                        rb.add(src.table, IpNet::V6(alloc.locator.trunc()), PREC_REACH, nh);
                     }
                 }
                 BackendLocation::Outside => rb.add(src.table, dst, PREC_REACH, Nexthop::Host),
@@ -846,6 +934,13 @@ fn build_base(node: &str, state: &ClusterState) -> Result<NodeBase, PlanError> {
         // Decapsulated packets enter through the VRF device; the kernel uses max(all, dev).
         sysctls.insert(format!("net.ipv4.conf.{vrf}.rp_filter"), "0".to_string());
     }
+    if ipv4_tunnel.is_some() {
+        // The tunnel carries IPv6 even where the host disables it by default.
+        sysctls.insert(
+            format!("net.ipv6.conf.{IPV4_TUNNEL}.disable_ipv6"),
+            "0".to_string(),
+        );
+    }
 
     let internal_ips: &[IpAddr] = state
         .nodes
@@ -856,11 +951,7 @@ fn build_base(node: &str, state: &ClusterState) -> Result<NodeBase, PlanError> {
     let pod_networks = nets
         .values()
         .map(|n| {
-            let blocks = me
-                .blocks
-                .get(n.name)
-                .map(|b| b.iter().map(|b| b.trunc()).collect())
-                .unwrap_or_default();
+            let blocks = node_blocks(me.index, n.spec_subnets);
             (
                 n.name.to_string(),
                 PodNetwork {
@@ -873,7 +964,9 @@ fn build_base(node: &str, state: &ClusterState) -> Result<NodeBase, PlanError> {
     Ok(NodeBase {
         locator: me.locator.trunc(),
         underlay: me.underlay,
-        seg6_tunsrc: me.underlay,
+        seg6_tunsrc: tunnel_source(me),
+        peers,
+        ipv4_tunnel,
         vrfs,
         routes: rb.finish(),
         rules,
@@ -882,6 +975,16 @@ fn build_base(node: &str, state: &ClusterState) -> Result<NodeBase, PlanError> {
         probe_src_v4: internal_ips.iter().find(|ip| ip.is_ipv4()).copied(),
         pod_networks,
     })
+}
+
+/// The route to a peer's locator along `path` and the family it uses, `None` when the peer
+/// cannot be reached.
+fn locator_route(path: &PeerPath) -> Option<(Nexthop, Family)> {
+    match *path {
+        PeerPath::Ipv6(via) => Some((Nexthop::Underlay { via }, Family::V6)),
+        PeerPath::Ipv4(via) => Some((Nexthop::Ipv4Tunnel { via }, Family::V4)),
+        PeerPath::NoCommonFamily => None,
+    }
 }
 
 /// Joins policy names into an element/rule comment.
@@ -900,15 +1003,7 @@ fn build_nft(
 ) -> nft::Ruleset {
     use nft::{Chain, Hook, Set};
 
-    let mut underlays = Set::new(
-        "node_underlays",
-        "ipv6_addr",
-        false,
-        "underlay addresses of the cluster's nodes",
-    );
-    for (n, a) in &state.node_allocations {
-        underlays.add(a.underlay.to_string(), None, &format!("node {n}"));
-    }
+    let [underlays, underlays_v4] = underlay::node_sets(state);
     let mut sids = Set::new(
         "local_sids",
         "ipv6_addr",
@@ -1097,10 +1192,8 @@ fn build_nft(
         comment: "after kube-proxy's DNAT; the sending node's policy lives here because seg6 encap happens at route input, before forward".into(),
         rules: Vec::new(),
     };
-    prerouting.rule(
-        "ip6 daddr @local_sids ip6 saddr != @node_underlays counter drop",
-        "SRv6 ingress guard: a SID is a door into a VRF, only nodes may knock",
-    );
+    underlay::guard(&mut prerouting);
+    let [raw_prerouting, raw_output] = underlay::untracked();
     // The VRF driver runs a pod's neighbour discovery frames through prerouting a second time
     // with the VRF as input device, untracked (vrf_ip6_rcv): from_pods would drop the
     // advertisements answering the host, which then cannot resolve IPv6 pods (seen in a VM).
@@ -1306,7 +1399,23 @@ fn build_nft(
     let [b4, b6] = backend_sets;
     nft::Ruleset {
         sets: vec![
-            underlays, sids, vrfs, link_scope, c4, c6, p4, p6, e4, e6, s4, s6, x4, x6, b4, b6,
+            underlays,
+            underlays_v4,
+            sids,
+            vrfs,
+            link_scope,
+            c4,
+            c6,
+            p4,
+            p6,
+            e4,
+            e6,
+            s4,
+            s6,
+            x4,
+            x6,
+            b4,
+            b6,
         ],
         // Jump targets first, so every chain a rule jumps to is already declared.
         chains: vec![
@@ -1314,6 +1423,8 @@ fn build_nft(
             to_pods,
             from_host,
             pods_to_host,
+            raw_prerouting,
+            raw_output,
             prerouting,
             input,
             forward,

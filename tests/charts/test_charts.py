@@ -133,7 +133,7 @@ def test_plugin_chart_deploys_what_the_guide_says(h):
     assert pod["nodeSelector"] == {"kubernetes.io/os": "linux"}
     assert {"operator": "Exists"} in pod["tolerations"]
     assert pod["hostNetwork"] is True
-    assert pod["containers"][0]["securityContext"]["privileged"] is True
+    assert pod["containers"][0]["securityContext"]["privileged"] is False
     assert ds["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"] == 1
 
     assert by_kind(docs, "ValidatingAdmissionPolicy")

@@ -8,11 +8,11 @@
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv6Addr};
 
-use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+use ipnet::{IpNet, Ipv6Net};
 use lace::api::{
     LabelSelector, NetworkAllocationSpec, NetworkBindingPolicySpec, NetworkRoutingPolicySpec,
     NetworkSpec, NodeAllocationSpec, ServiceBindingPolicySpec, ServiceRef,
-    ServiceRoutingPolicySpec, Subnet,
+    ServiceRoutingPolicySpec, Subnet, Underlay,
 };
 use lace::state::{ClusterState, Endpoints, Node, ObjectKey, PodAttachment, Service, ServicePort};
 
@@ -38,7 +38,9 @@ pub fn mk_external() -> NetworkSpec {
     }
 }
 
-/// A node with an IPv6 InternalIP equal to its underlay address.
+/// A node with an IPv6 InternalIP equal to its underlay address, locator `locator(index)`
+/// and block number `index` of every subnet (its allocation's index is `index + 1`, since
+/// node index `i` holds block `i - 1`).
 pub fn mk_node(state: &mut ClusterState, name: &str, index: u32) {
     state.nodes.insert(
         name.into(),
@@ -50,12 +52,38 @@ pub fn mk_node(state: &mut ClusterState, name: &str, index: u32) {
     state.node_allocations.insert(
         name.into(),
         NodeAllocationSpec {
-            index,
+            index: index + 1,
             locator: locator(index),
-            underlay: underlay(index),
-            blocks: BTreeMap::new(),
+            underlay: Underlay {
+                ipv4: None,
+                ipv6: Some(underlay(index)),
+            },
         },
     );
+}
+
+/// [`mk_node`] with the underlay families given: IPv4 `192.168.0.<index>` and/or IPv6
+/// [`underlay`]`(index)`, both as InternalIPs.
+pub fn mk_node_families(state: &mut ClusterState, name: &str, index: u32, v4: bool, v6: bool) {
+    mk_node(state, name, index);
+    let ipv4 = v4.then(|| underlay_v4(index));
+    let ipv6 = v6.then(|| underlay(index));
+    let node = state.nodes.get_mut(name).expect("just added");
+    node.internal_ips = ipv4
+        .map(IpAddr::V4)
+        .into_iter()
+        .chain(ipv6.map(IpAddr::V6))
+        .collect();
+    state
+        .node_allocations
+        .get_mut(name)
+        .expect("just added")
+        .underlay = Underlay { ipv4, ipv6 };
+}
+
+/// Node `index`'s IPv4 underlay address in [`mk_node_families`].
+pub fn underlay_v4(index: u32) -> std::net::Ipv4Addr {
+    std::net::Ipv4Addr::new(192, 168, (index >> 8) as u8, index as u8)
 }
 
 pub fn locator(index: u32) -> Ipv6Net {
@@ -67,24 +95,7 @@ pub fn underlay(index: u32) -> Ipv6Addr {
     Ipv6Addr::from(u128::from("2001:db8:ff::".parse::<Ipv6Addr>().unwrap()) | u128::from(index))
 }
 
-/// Block number `index` of `subnet`.
-pub fn block(subnet: &Subnet, index: u32) -> IpNet {
-    match subnet.cidr {
-        IpNet::V4(n) => {
-            let size = 1u32 << (32 - subnet.block_prefix);
-            let a = u32::from(n.network()) + index * size;
-            IpNet::V4(Ipv4Net::new(a.into(), subnet.block_prefix).unwrap())
-        }
-        IpNet::V6(n) => {
-            let size = 1u128 << (128 - subnet.block_prefix);
-            let a = u128::from(n.network()) + u128::from(index) * size;
-            IpNet::V6(Ipv6Net::new(a.into(), subnet.block_prefix).unwrap())
-        }
-    }
-}
-
-/// Gives every internal Network a function (1.. in name order) and every node a block of every
-/// subnet of every internal Network. Overwrites earlier allocations.
+/// Gives every internal Network a function (1.. in name order). Overwrites earlier allocations.
 pub fn alloc_all(state: &mut ClusterState) {
     state.network_allocations.clear();
     let internal: Vec<(String, NetworkSpec)> = state
@@ -101,27 +112,15 @@ pub fn alloc_all(state: &mut ClusterState) {
             },
         );
     }
-    for alloc in state.node_allocations.values_mut() {
-        alloc.blocks = internal
-            .iter()
-            .map(|(name, n)| {
-                let blocks = n
-                    .subnets
-                    .iter()
-                    .map(|s| {
-                        let b = block(s, alloc.index);
-                        assert!(
-                            s.cidr.contains(&b),
-                            "fixture: Network {name} has no block {} in {}",
-                            alloc.index,
-                            s.cidr
-                        );
-                        b
-                    })
-                    .collect();
-                (name.clone(), blocks)
-            })
-            .collect();
+    // Blocks derive from the node index; check the fixture's subnets are big enough.
+    for (node, alloc) in &state.node_allocations {
+        for (name, n) in &internal {
+            assert!(
+                !lace::alloc::node_blocks(alloc.index, &n.subnets).is_empty(),
+                "fixture: Network {name} has no block for {node} (index {})",
+                alloc.index
+            );
+        }
     }
 }
 
@@ -249,6 +248,19 @@ pub fn mk_attachment(
     }
 }
 
+/// The golden cluster with node-3 reachable over IPv4 only (no IPv6 InternalIP): node-1 and
+/// node-2 use IPv6 between them and IPv4 towards node-3.
+pub fn golden_cluster_mixed() -> ClusterState {
+    let mut s = golden_cluster();
+    s.nodes
+        .get_mut("node-3")
+        .unwrap()
+        .internal_ips
+        .retain(|ip| ip.is_ipv4());
+    s.node_allocations.get_mut("node-3").unwrap().underlay.ipv6 = None;
+    s
+}
+
 /// The cluster of the golden test and many unit tests: 3 nodes, 4 Networks.
 /// - `system` (10.10.0.0/16, fd00:10::/48) reaches itself; kube-system binds to it.
 /// - `default` (10.20.0.0/16) catch-all, does NOT reach itself, reaches the internet.
@@ -271,9 +283,15 @@ pub fn golden_cluster() -> ClusterState {
     s.networks.insert("internet".into(), mk_external());
     for (i, n) in ["node-1", "node-2", "node-3"].iter().enumerate() {
         mk_node(&mut s, n, i as u32 + 1);
-        // An IPv4 InternalIP too (the kubelet's probe source for IPv4 pods).
-        let v4: IpAddr = format!("198.51.100.{}", i + 1).parse().unwrap();
-        s.nodes.get_mut(*n).unwrap().internal_ips.insert(0, v4);
+        // An IPv4 InternalIP too (the kubelet's probe source for IPv4 pods), first as the
+        // kubelet lists it; the allocator records it as the node's IPv4 underlay.
+        let v4: std::net::Ipv4Addr = format!("198.51.100.{}", i + 1).parse().unwrap();
+        s.nodes
+            .get_mut(*n)
+            .unwrap()
+            .internal_ips
+            .insert(0, IpAddr::V4(v4));
+        s.node_allocations.get_mut(*n).unwrap().underlay.ipv4 = Some(v4);
     }
     alloc_all(&mut s);
     mk_binding(&mut s, "system", "system", 1000, Some("kube-system"));

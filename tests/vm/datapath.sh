@@ -168,7 +168,7 @@ kill $hz $hs 2>/dev/null
 ip -n inet -6 route add 2001:db8:100::1:0:0/96 via 2001:db8:ee::1
 ip -n inet route add 10.10.1.0/24 encap seg6 mode encap segs 2001:db8:100::1:2:0 dev e1
 expect deny "SRv6 from a non-node address into system" ip netns exec inet $P 10.10.1.2
-g=$(ip netns exec n1 nft list chain inet lace prerouting | grep 'ingress guard' | grep -o 'packets [0-9]*' | awk '{print $2}')
+g=$(ip netns exec n1 nft list chain inet lace prerouting | grep 'daddr @local_sids ip6 saddr != ' | grep -o 'packets [0-9]*' | awk '{print $2}')
 [ "${g:-0}" -gt 0 ] && ok "guard counter on node-1 = $g" || bad "guard counter on node-1 = ${g:-?}"
 
 echo "$pass passed, $fail failed"

@@ -4,14 +4,22 @@
 // Shared by `tests/cni.rs` and `benches/cni_latency.rs`; each uses a subset.
 #![allow(dead_code)]
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
+use std::mem::ManuallyDrop;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use nix::sys::statfs::FsType;
 use serde_json::{json, Value};
+
+/// How long the tests wait for something the agent or the kernel must do (start, become
+/// ready, install a route) before they fail: generous, since only a failure waits that long,
+/// and an agent start took over 60 s in the VM on the 2-core CI machine at load 11.
+pub const DEADLINE: Duration = Duration::from_secs(180);
 
 pub const NODE: &str = "node-1";
 pub const VRF: &str = "lv-default";
@@ -25,7 +33,11 @@ pub fn workspace() -> PathBuf {
 }
 
 /// `lace` or `lace-agent` from `$LACE_BIN_DIR` (default: the workspace's `target/debug`).
+/// Where that is a 9p mount (the netns VM's view of the host), the binary is copied once per
+/// process to the temporary directory (tmpfs) and used from there: 9p pages a binary in
+/// several times slower, and the agent copies the plugin from its source at every start.
 pub fn binary(name: &str) -> PathBuf {
+    static STAGED: OnceLock<Mutex<BTreeMap<String, PathBuf>>> = OnceLock::new();
     let dir = std::env::var_os("LACE_BIN_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| workspace().join("target/debug"));
@@ -35,7 +47,22 @@ pub fn binary(name: &str) -> PathBuf {
         "{} is missing: run `cargo build -p lace -p lace-cni` first",
         p.display()
     );
-    p
+    const V9FS_MAGIC: FsType = FsType(0x0102_1997);
+    if nix::sys::statfs::statfs(&p).map(|s| s.filesystem_type()) != Ok(V9FS_MAGIC) {
+        return p;
+    }
+    let mut staged = STAGED.get_or_init(Default::default).lock().unwrap();
+    staged
+        .entry(name.to_owned())
+        .or_insert_with(|| {
+            let dir = std::env::temp_dir().join(format!("lace-bin-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let copy = dir.join(name);
+            std::fs::copy(&p, &copy)
+                .unwrap_or_else(|e| panic!("copy {} to {}: {e}", p.display(), copy.display()));
+            copy
+        })
+        .clone()
 }
 
 pub fn require_root_and_vrf() {
@@ -82,10 +109,79 @@ impl Ns {
     }
 }
 
+impl Ns {
+    /// The name, the namespace left in place (something else deletes it).
+    fn disarm(self) -> String {
+        std::mem::take(&mut ManuallyDrop::new(self).0)
+    }
+}
+
 impl Drop for Ns {
     fn drop(&mut self) {
         let _ = ip_ok(&["netns", "del", &self.0]);
     }
+}
+
+/// `count` pod namespaces `<prefix><i>`, made with one `ip -batch` and deleted the same way
+/// when dropped: an `ip` exec per namespace costs ~0.4 s under emulation, minutes for a storm
+/// of pods. Their loopback stays down (no pod traffic needs it; Lace's ADD does not care).
+pub struct PodNamespaces(Vec<Ns>);
+
+impl PodNamespaces {
+    pub fn new(prefix: &str, count: usize) -> Self {
+        let names: Vec<String> = (0..count).map(|i| format!("{prefix}{i}")).collect();
+        // Leftovers of an earlier, killed run would make `netns add` fail.
+        ip_batch(names.iter().map(|n| format!("netns del {n}")), false);
+        ip_batch(names.iter().map(|n| format!("netns add {n}")), true);
+        PodNamespaces(names.into_iter().map(Ns).collect())
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn iter(&self) -> std::slice::Iter<'_, Ns> {
+        self.0.iter()
+    }
+}
+
+impl std::ops::Index<usize> for PodNamespaces {
+    type Output = Ns;
+    fn index(&self, i: usize) -> &Ns {
+        &self.0[i]
+    }
+}
+
+impl Drop for PodNamespaces {
+    fn drop(&mut self) {
+        let names: Vec<String> = self.0.drain(..).map(Ns::disarm).collect();
+        ip_batch(names.iter().map(|n| format!("netns del {n}")), false);
+    }
+}
+
+/// `ip -force -batch -` with these commands (`-force`: every line runs even after a failure);
+/// panics on failure if `must`.
+fn ip_batch(commands: impl Iterator<Item = String>, must: bool) {
+    let mut child = Command::new("ip")
+        .args(["-force", "-batch", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(if must {
+            Stdio::inherit()
+        } else {
+            Stdio::null()
+        })
+        .spawn()
+        .expect("ip");
+    let script: String = commands.map(|c| c + "\n").collect();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(script.as_bytes())
+        .unwrap();
+    let ok = child.wait().unwrap().success();
+    assert!(ok || !must, "ip -batch failed:\n{script}");
 }
 
 /// The node namespace, a manifests copy and a running agent.
@@ -191,7 +287,7 @@ impl Bed {
         let _ = std::fs::remove_file(self.p("conf/10-lace.conflist"));
         self.spawn_agent();
         // Ready = the conflist is written (the agent does that only once it can serve ADD).
-        self.wait_for_conflist(Duration::from_secs(60));
+        self.wait_for_conflist(DEADLINE);
     }
 
     /// Waits for the conflist; panics with the agent's log after `timeout`.
@@ -426,8 +522,11 @@ impl Bed {
     pub fn http_get(&self, path: &str) -> String {
         use std::io::Read;
         let mut s = std::net::TcpStream::connect(("127.0.0.1", self.metrics_port)).unwrap();
-        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
-            .unwrap();
+        // One request per connection: the answer ends when the server closes it.
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .unwrap();
         let mut body = String::new();
         s.read_to_string(&mut body).unwrap();
         body

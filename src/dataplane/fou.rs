@@ -1,0 +1,128 @@
+//! fou receive ports over generic netlink (family `fou`): `ip fou show`, `ip fou add port P
+//! ipproto 41`, `ip fou del port P`; and loading the `fou` module, which also registers the
+//! encapsulation a `sit` device with `encap fou` needs.
+
+use super::rawnl::{
+    attrs, dump, genl_family, request, talk, Answer, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST,
+};
+
+const FOU_GENL_VERSION: u8 = 1;
+const FOU_CMD_ADD: u8 = 1;
+const FOU_CMD_DEL: u8 = 2;
+const FOU_CMD_GET: u8 = 3;
+const FOU_ATTR_PORT: u16 = 1;
+const FOU_ATTR_AF: u16 = 2;
+const FOU_ATTR_IPPROTO: u16 = 3;
+const FOU_ATTR_TYPE: u16 = 4;
+/// `FOU_ENCAP_DIRECT`: the UDP payload is the packet of [`FouListener::ipproto`].
+const FOU_ENCAP_DIRECT: u8 = 1;
+const AF_INET: u8 = libc::AF_INET as u8;
+
+/// One receive port, as `ip fou show` lists it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct FouListener {
+    pub port: u16,
+    /// `AF_INET` or `AF_INET6`.
+    pub family: u8,
+    /// The protocol of direct fou (`None` for GUE).
+    pub ipproto: Option<u8>,
+}
+
+impl FouListener {
+    /// The listener Lace wants: IPv4, direct, carrying `ipproto`.
+    pub fn direct_v4(port: u16, ipproto: u8) -> Self {
+        Self {
+            port,
+            family: AF_INET,
+            ipproto: Some(ipproto),
+        }
+    }
+}
+
+fn u8_of(a: &[(u16, Vec<u8>)], ty: u16) -> Option<u8> {
+    a.iter()
+        .find(|(t, _)| *t == ty)
+        .and_then(|(_, v)| v.first().copied())
+}
+
+/// Makes sure the kernel's fou support is loaded (for a `sit` device with `encap fou`, and the
+/// receive port). The `fou` module declares no alias the kernel could load it by on demand
+/// (checked on Debian's 6.1 and 6.12), so when its generic netlink family is missing this runs
+/// `modprobe fou` (kmod, with the host's `/lib/modules`, which the agent's DaemonSet mounts).
+pub fn load() -> Result<(), String> {
+    if genl_family("fou").is_ok() {
+        return Ok(());
+    }
+    super::host::run("modprobe", &["fou"], None).map_err(|e| {
+        format!("the kernel's fou module is not loaded and loading it failed ({e}); load it on the node: `modprobe fou`, and list it in /etc/modules-load.d/")
+    })?;
+    genl_family("fou").map(|_| ())
+}
+
+/// The namespace's fou receive ports.
+pub fn list() -> Result<Vec<FouListener>, String> {
+    let (sock, family) = genl_family("fou")?;
+    let req = request(
+        family,
+        NLM_F_REQUEST | NLM_F_DUMP,
+        [FOU_CMD_GET, FOU_GENL_VERSION, 0, 0],
+        &[],
+    );
+    let mut out = Vec::new();
+    for a in dump(&sock, &req, "FOU_CMD_GET")? {
+        let Some(port) = a
+            .iter()
+            .find(|(t, v)| *t == FOU_ATTR_PORT && v.len() == 2)
+            .map(|(_, v)| u16::from_be_bytes([v[0], v[1]]))
+        else {
+            continue;
+        };
+        let direct = u8_of(&a, FOU_ATTR_TYPE) == Some(FOU_ENCAP_DIRECT);
+        out.push(FouListener {
+            port,
+            family: u8_of(&a, FOU_ATTR_AF).unwrap_or(AF_INET),
+            ipproto: u8_of(&a, FOU_ATTR_IPPROTO).filter(|_| direct),
+        });
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// `ip fou add port <port> ipproto <ipproto>` (IPv4, direct); one that exists is fine.
+pub fn add(l: FouListener) -> Result<(), String> {
+    let ipproto = l.ipproto.ok_or("a GUE listener is not Lace's")?;
+    let port = l.port.to_be_bytes();
+    let attributes: [(u16, &[u8]); 4] = [
+        (FOU_ATTR_PORT, &port),
+        (FOU_ATTR_AF, &[l.family]),
+        (FOU_ATTR_IPPROTO, &[ipproto]),
+        (FOU_ATTR_TYPE, &[FOU_ENCAP_DIRECT]),
+    ];
+    send(FOU_CMD_ADD, &attributes, libc::EEXIST)
+}
+
+/// `ip fou del port <port>` (of `family`); one that is gone is fine.
+pub fn del(port: u16, family: u8) -> Result<(), String> {
+    let port = port.to_be_bytes();
+    send(
+        FOU_CMD_DEL,
+        &[(FOU_ATTR_PORT, &port), (FOU_ATTR_AF, &[family])],
+        libc::ENOENT,
+    )
+}
+
+/// One acknowledged request; `fine` is the errno that means "already so".
+fn send(cmd: u8, attributes: &[(u16, &[u8])], fine: i32) -> Result<(), String> {
+    load()?;
+    let (sock, family) = genl_family("fou")?;
+    let req = request(
+        family,
+        NLM_F_REQUEST | NLM_F_ACK,
+        [cmd, FOU_GENL_VERSION, 0, 0],
+        attributes,
+    );
+    match talk(&sock, &req)? {
+        Answer::Errno(e) if e == fine => Ok(()),
+        a => attrs(a, "fou").map(|_| ()),
+    }
+}

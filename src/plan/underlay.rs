@@ -1,0 +1,333 @@
+//! The underlay: how this node's SRv6 packets reach each other node, decided per pair.
+//!
+//! - **IPv6** when both nodes have an IPv6 InternalIP: the outer IPv6 packet is routed natively
+//!   towards the peer's IPv6 address (`<locator> via <peer IPv6> dev <uplink>`).
+//! - **IPv4** otherwise, when both have an IPv4 InternalIP: the outer IPv6 packet (with its
+//!   SRH) is carried in UDP over IPv4 between the two InternalIPs (foo-over-UDP, "fou", with
+//!   IP protocol 41: the UDP payload is the IPv6 packet itself). One Lace-owned `sit` device
+//!   per node, [`IPV4_TUNNEL`] (`remote any local <InternalIP> encap fou encap-dport`
+//!   [`FOU_PORT`]), sends to every such peer: the route to a peer's locator names the peer's
+//!   IPv4 address as an IPv4-compatible next hop (`via ::<peer IPv4> dev lu-ipv4`), from which
+//!   the `sit` driver takes the outer destination. A fou listener on [`FOU_PORT`] hands what
+//!   arrives to the same device.
+//! - A pair with no common family cannot be reached; [`PeerPath::NoCommonFamily`] says so in
+//!   the plan.
+//!
+//! Why fou and not plain 6in4 (`sit` without encapsulation, IP protocol 41): UDP crosses every
+//! fabric Lace meets — one L2 segment, routed IPv4 networks, and cloud networks whose security
+//! rules pass only TCP, UDP and ICMP between nodes, where protocol 41 is dropped — and its
+//! source port (a hash of the inner flow, `encap-sport auto`) spreads flows over ECMP paths and
+//! receive queues. It costs 8 bytes of MTU more than plain 6in4.
+//!
+//! The outer IPv6 source (`ip sr tunsrc`) is the node's IPv6 InternalIP when it has one, as
+//! before; a node without one uses its locator's own address ([`tunnel_source`], the SID of
+//! function 0, which no Network gets), held by [`IPV4_TUNNEL`]. Every peer derives either from
+//! the node's NodeAllocation, so no node needs a global IPv6 address of its own.
+
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+use super::nft::{Chain, Hook, Set};
+use crate::api::{NodeAllocationSpec, Underlay};
+use crate::sid::sid;
+use crate::state::ClusterState;
+
+/// Prefix of the underlay devices Lace creates ("lace underlay"). VRF names start with
+/// [`super::VRF_PREFIX`], so the two never collide.
+pub const TUNNEL_PREFIX: &str = "lu-";
+/// Lace's SRv6-over-IPv4 device (`type sit`, fou encapsulation).
+pub const IPV4_TUNNEL: &str = "lu-ipv4";
+/// UDP port of Lace's fou encapsulation, the same on every node (sent to and listened on).
+/// No IANA port exists for IPv6 in UDP; this one is clear of the ports Kubernetes and the
+/// common CNIs use (VXLAN 4789/8472, Geneve 6081, WireGuard 51820, BGP 179, NodePorts
+/// 30000-32767, kubelet 10250, etcd 2379-2380, the API server 6443).
+pub const FOU_PORT: u16 = 6076;
+/// IP protocol of the fou payload: IPv6 (41).
+pub const FOU_IPPROTO: u8 = 41;
+/// Socket-mark bit set on SRv6-over-IPv4 packets that came from a node's InternalIP over the
+/// link towards that node, before [`IPV4_TUNNEL`] decapsulates them (the mark survives the
+/// decapsulation): only packets carrying it may enter through the tunnel. Chosen clear of every
+/// bit the components a node may run alongside use (see [`super::PROBE_MARK`]) and of Lace's
+/// probe bit; cleared again right after the check.
+pub const UNDERLAY_MARK: u32 = 0x2000;
+
+/// What SRv6 encapsulation adds to a pod's packet: the outer IPv6 header (40 bytes), the SRH
+/// (8 bytes) and its one 16-byte segment, since Lace encapsulates with exactly one segment (the
+/// remote node's SID of the target Network).
+pub const SRV6_OVERHEAD: u32 = 40 + 8 + 16;
+/// What carrying the SRv6 packet over IPv4 adds on top: the outer IPv4 header (20 bytes) and
+/// the UDP header (8 bytes).
+pub const IPV4_FOU_OVERHEAD: u32 = 20 + 8;
+/// Underlay MTU assumed when no link holds the node's underlay address of a family.
+pub const DEFAULT_UNDERLAY_MTU: u32 = 1500;
+
+/// How this node reaches one other node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum PeerPath {
+    /// Natively over IPv6, towards the peer's IPv6 InternalIP.
+    Ipv6(Ipv6Addr),
+    /// Over IPv4 (fou) through [`IPV4_TUNNEL`], towards the peer's IPv4 InternalIP.
+    Ipv4(Ipv4Addr),
+    /// The two nodes share no address family: the peer's pods are unreachable from here.
+    NoCommonFamily,
+}
+
+/// The path between a node with underlay `me` and a peer with underlay `peer`: IPv6 when both
+/// have an IPv6 address, else IPv4 when both have an IPv4 address.
+pub fn peer_path(me: &Underlay, peer: &Underlay) -> PeerPath {
+    match (me.ipv6, peer.ipv6, me.ipv4, peer.ipv4) {
+        (Some(_), Some(v6), _, _) => PeerPath::Ipv6(v6),
+        (_, _, Some(_), Some(v4)) => PeerPath::Ipv4(v4),
+        _ => PeerPath::NoCommonFamily,
+    }
+}
+
+/// The outer IPv6 source of the node's encapsulated packets (`ip sr tunsrc`): its IPv6
+/// InternalIP, else its locator's own address (function 0 is never a Network's).
+pub fn tunnel_source(alloc: &NodeAllocationSpec) -> Ipv6Addr {
+    alloc
+        .underlay
+        .ipv6
+        .unwrap_or_else(|| sid(alloc.locator.trunc(), 0))
+}
+
+/// Lace's SRv6-over-IPv4 device on this node: `ip link add lu-ipv4 type sit remote any local
+/// <local> ttl inherit pmtudisc encap fou encap-sport auto encap-dport` [`FOU_PORT`], MTU the
+/// uplink's minus [`IPV4_FOU_OVERHEAD`], `disable_ipv6 0`, and `ip fou add port`
+/// [`FOU_PORT`] `ipproto 41` beside it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ipv4Tunnel {
+    /// The node's IPv4 InternalIP: the outer source, and what peers send to.
+    pub local: Ipv4Addr,
+    /// An address the device holds (`/128`, `nodad`): the node's [`tunnel_source`] when the
+    /// node has no IPv6 InternalIP, so that the source is an address of the node.
+    pub address: Option<Ipv6Addr>,
+}
+
+/// The guard's two sets: `node_underlays`, the outer IPv6 sources of every node (its IPv6
+/// InternalIP, and its [`tunnel_source`] when that is another address), and
+/// `node_underlays_v4`, every node's IPv4 InternalIP.
+pub fn node_sets(state: &ClusterState) -> [Set; 2] {
+    let mut v6 = Set::new(
+        "node_underlays",
+        "ipv6_addr",
+        false,
+        "the outer IPv6 sources of the cluster's nodes: IPv6 InternalIPs, tunnel sources",
+    );
+    let mut v4 = Set::new(
+        "node_underlays_v4",
+        "ipv4_addr",
+        false,
+        "IPv4 InternalIPs of the cluster's nodes: the sources of SRv6 over IPv4",
+    );
+    for (n, a) in &state.node_allocations {
+        if let Some(ip) = a.underlay.ipv6 {
+            v6.add(ip.to_string(), None, &format!("node {n}"));
+        }
+        let src = tunnel_source(a);
+        if a.underlay.ipv6 != Some(src) {
+            v6.add(src.to_string(), None, &format!("tunnel source of node {n}"));
+        }
+        if let Some(ip) = a.underlay.ipv4 {
+            v4.add(ip.to_string(), None, &format!("node {n}"));
+        }
+    }
+    [v6, v4]
+}
+
+/// The SRv6 ingress guard, at the head of the `prerouting` chain.
+///
+/// [`IPV4_TUNNEL`] (`remote any`) decapsulates whatever protocol 41 or fou UDP reaches the
+/// node, so its outer IPv4 header is checked before, and the verdict carried across the
+/// decapsulation in [`UNDERLAY_MARK`] (the outer header is gone when the inner packet comes
+/// by). A node's address counts only on the link this node's routes lead to it (strict reverse
+/// path), so a spoofed InternalIP from elsewhere gets no mark. Then, on any path, a SID takes
+/// only packets from a node's outer IPv6 source.
+pub fn guard(prerouting: &mut Chain) {
+    let um = UNDERLAY_MARK;
+    for (what, l4) in [
+        ("6in4", "meta l4proto ipv6".to_string()),
+        ("fou", format!("udp dport {FOU_PORT}")),
+    ] {
+        prerouting.rule(
+            format!(
+                "{l4} ip saddr @node_underlays_v4 fib saddr . iif oif exists meta mark set meta mark | {um:#010x}"
+            ),
+            format!("SRv6 over IPv4 ({what}) from a node's InternalIP, over the link towards it: may enter {IPV4_TUNNEL}"),
+        );
+    }
+    prerouting.rule(
+        format!("iifname \"{IPV4_TUNNEL}\" meta mark & {um:#010x} != {um:#010x} counter drop"),
+        format!("SRv6 ingress guard over IPv4: {IPV4_TUNNEL} takes only what nodes sent from their InternalIPs"),
+    );
+    prerouting.rule(
+        format!(
+            "iifname \"{IPV4_TUNNEL}\" meta mark set meta mark & {:#010x}",
+            !um
+        ),
+        "the mark only carried the outer check across the decapsulation",
+    );
+    prerouting.rule(
+        "ip6 daddr @local_sids ip6 saddr != @node_underlays counter drop",
+        "SRv6 ingress guard: a SID is a door into a VRF, only nodes may knock",
+    );
+}
+
+/// Chains at the `raw` priority that keep conntrack off the outer headers of SRv6 between
+/// nodes: the pod's packet inside is tracked on its own (the `sit` and `seg6local`
+/// decapsulations reset the packet's conntrack state), so tracking the outer flows (one per
+/// pair of nodes) only costs a lookup per packet. Packets from anything but a node stay
+/// tracked and meet the guard.
+pub fn untracked() -> [Chain; 2] {
+    let raw = |hook: &'static str, comment: &str| Chain {
+        name: format!("raw_{hook}"),
+        hook: Some(Hook {
+            kind: "filter",
+            hook,
+            priority: "raw",
+        }),
+        comment: comment.into(),
+        rules: Vec::new(),
+    };
+    let mut pre = raw(
+        "prerouting",
+        "no conntrack for the outer headers of SRv6 from nodes",
+    );
+    let mut out = raw(
+        "output",
+        "no conntrack for the outer headers of SRv6 over IPv4 to nodes",
+    );
+    pre.rule(
+        "ip6 daddr @local_sids ip6 saddr @node_underlays notrack",
+        "SRv6 from a node to a local SID",
+    );
+    for (dir, chain) in [("saddr", &mut pre), ("daddr", &mut out)] {
+        chain.rule(
+            format!("udp dport {FOU_PORT} ip {dir} @node_underlays_v4 notrack"),
+            "SRv6 over IPv4 (fou) between nodes",
+        );
+        chain.rule(
+            format!("meta l4proto ipv6 ip {dir} @node_underlays_v4 notrack"),
+            "SRv6 over IPv4 (6in4) between nodes",
+        );
+    }
+    [pre, out]
+}
+
+/// The pods' MTU on a node whose `peers` are reached as listed and whose own underlay is
+/// `me`, given the MTUs of the links holding its IPv4 and IPv6 underlay addresses: the
+/// smallest of what each path in use leaves (IPv6: the link's MTU minus [`SRV6_OVERHEAD`];
+/// IPv4: minus [`SRV6_OVERHEAD`] and [`IPV4_FOU_OVERHEAD`]). A node without peers counts the
+/// path it would use (IPv6 if it has an IPv6 underlay). An unknown link MTU counts as
+/// [`DEFAULT_UNDERLAY_MTU`].
+///
+/// SRv6 encapsulation happens at route input, so a pod never learns a smaller path MTU from
+/// the kernel: the MTU must fit the smallest path from the start.
+pub fn pod_mtu<'a>(
+    me: &Underlay,
+    peers: impl IntoIterator<Item = &'a PeerPath>,
+    mtu_v4: Option<u32>,
+    mtu_v6: Option<u32>,
+) -> u32 {
+    let (mut v4, mut v6) = (false, false);
+    for p in peers {
+        match p {
+            PeerPath::Ipv6(_) => v6 = true,
+            PeerPath::Ipv4(_) => v4 = true,
+            PeerPath::NoCommonFamily => {}
+        }
+    }
+    if !v4 && !v6 {
+        v6 = me.ipv6.is_some();
+        v4 = !v6;
+    }
+    let over_v6 = mtu_v6
+        .unwrap_or(DEFAULT_UNDERLAY_MTU)
+        .saturating_sub(SRV6_OVERHEAD);
+    let over_v4 = mtu_v4
+        .unwrap_or(DEFAULT_UNDERLAY_MTU)
+        .saturating_sub(SRV6_OVERHEAD + IPV4_FOU_OVERHEAD);
+    match (v4, v6) {
+        (true, true) => over_v4.min(over_v6),
+        (true, false) => over_v4,
+        _ => over_v6,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ul(v4: Option<&str>, v6: Option<&str>) -> Underlay {
+        Underlay {
+            ipv4: v4.map(|a| a.parse().unwrap()),
+            ipv6: v6.map(|a| a.parse().unwrap()),
+        }
+    }
+
+    #[test]
+    fn the_pair_uses_ipv6_when_both_have_it_else_ipv4() {
+        let dual = ul(Some("192.0.2.1"), Some("2001:db8::1"));
+        let dual2 = ul(Some("192.0.2.2"), Some("2001:db8::2"));
+        let v4 = ul(Some("192.0.2.3"), None);
+        let v6 = ul(None, Some("2001:db8::4"));
+        let cases = [
+            (dual, dual2, PeerPath::Ipv6("2001:db8::2".parse().unwrap())),
+            (dual, v4, PeerPath::Ipv4("192.0.2.3".parse().unwrap())),
+            (v4, dual2, PeerPath::Ipv4("192.0.2.2".parse().unwrap())),
+            (v6, dual2, PeerPath::Ipv6("2001:db8::2".parse().unwrap())),
+            (v6, v4, PeerPath::NoCommonFamily),
+            (v4, v6, PeerPath::NoCommonFamily),
+        ];
+        for (me, peer, want) in cases {
+            assert_eq!(peer_path(&me, &peer), want, "{me:?} -> {peer:?}");
+            // Symmetric in the family chosen.
+            let back = peer_path(&peer, &me);
+            assert_eq!(
+                std::mem::discriminant(&back),
+                std::mem::discriminant(&want),
+                "{peer:?} -> {me:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_tunnel_source_is_the_ipv6_internal_ip_else_the_locator_address() {
+        let mut a = NodeAllocationSpec {
+            index: 3,
+            locator: "2001:db8:100::3:0:0/96".parse().unwrap(),
+            underlay: ul(Some("192.0.2.3"), Some("2001:db8::3")),
+        };
+        assert_eq!(
+            tunnel_source(&a),
+            "2001:db8::3".parse::<Ipv6Addr>().unwrap()
+        );
+        a.underlay.ipv6 = None;
+        let src = tunnel_source(&a);
+        assert_eq!(src, "2001:db8:100::3:0:0".parse::<Ipv6Addr>().unwrap());
+        // Inside the locator, and no Network's SID (functions start at 1).
+        assert!(a.locator.contains(&src));
+        for f in 1..=u16::MAX {
+            assert_ne!(sid(a.locator, f), src);
+        }
+    }
+
+    #[test]
+    fn pod_mtu_fits_the_smallest_path_in_use() {
+        let dual = ul(Some("192.0.2.1"), Some("2001:db8::1"));
+        let p6 = PeerPath::Ipv6("2001:db8::2".parse().unwrap());
+        let p4 = PeerPath::Ipv4("192.0.2.3".parse().unwrap());
+        let none = PeerPath::NoCommonFamily;
+        // 1500 - 64 over IPv6; 1500 - 64 - 28 over IPv4 (fou).
+        assert_eq!(pod_mtu(&dual, &[p6], Some(1500), Some(1500)), 1436);
+        assert_eq!(pod_mtu(&dual, &[p4], Some(1500), Some(1500)), 1408);
+        assert_eq!(pod_mtu(&dual, &[p6, p4], Some(1500), Some(1500)), 1408);
+        // Jumbo IPv4 uplink, 1500 IPv6 uplink: the IPv6 path is the smaller one.
+        assert_eq!(pod_mtu(&dual, &[p6, p4], Some(9000), Some(1500)), 1436);
+        assert_eq!(pod_mtu(&dual, &[p4], Some(9000), None), 9000 - 92);
+        // No peers (yet): the path the node would use.
+        assert_eq!(pod_mtu(&dual, &[], None, None), 1436);
+        let v4 = ul(Some("192.0.2.1"), None);
+        assert_eq!(pod_mtu(&v4, &[], Some(1450), None), 1450 - 92);
+        assert_eq!(pod_mtu(&v4, &[none], None, None), 1408);
+    }
+}
