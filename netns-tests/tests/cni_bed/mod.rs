@@ -296,11 +296,38 @@ impl Bed {
         while !self.p("conf/10-lace.conflist").exists() {
             assert!(
                 Instant::now() < deadline,
-                "agent did not become ready:\n{}",
-                self.log()
+                "agent did not become ready:\n{}\n--- where its threads wait ---\n{}",
+                self.log(),
+                self.agent_threads()
             );
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// The agent's threads: name, state and kernel stack (for a stuck agent).
+    pub fn agent_threads(&self) -> String {
+        let Some(pid) = self.agent.as_ref().map(|c| c.id()) else {
+            return "no agent".into();
+        };
+        let mut out = String::new();
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten();
+        for task in tasks.flatten() {
+            let dir = task.path();
+            let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+            let state = read("status")
+                .lines()
+                .find(|l| l.starts_with("State:"))
+                .unwrap_or_default()
+                .to_owned();
+            out.push_str(&format!(
+                "{} {} {}\n{}\n",
+                task.file_name().to_string_lossy(),
+                read("comm").trim(),
+                state,
+                read("stack")
+            ));
+        }
+        out
     }
 
     /// Starts the agent without waiting.
