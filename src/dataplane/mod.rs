@@ -346,6 +346,19 @@ pub struct ApplyReport {
 /// How many operations an [`ApplyReport`] names.
 pub const SAMPLE_OPS: usize = 32;
 
+impl ApplyReport {
+    /// The report of a diff about to be applied (no writes yet).
+    fn of(ops: &[diff::Op], skipped: Vec<String>, full_dump: bool) -> Self {
+        Self {
+            ops: ops.len(),
+            writes: 0,
+            sample: ops.iter().take(SAMPLE_OPS).map(|o| o.to_string()).collect(),
+            skipped,
+            full_dump,
+        }
+    }
+}
+
 /// Why a reconcile failed.
 #[derive(Debug, thiserror::Error)]
 pub enum DataplaneError {
@@ -541,18 +554,7 @@ impl Reconciler {
             let outcome = session
                 .with_observed(None, |nl, observed, full_dump| {
                     let d = diff::attach(&pods, observed)?;
-                    let report = ApplyReport {
-                        ops: d.ops.len(),
-                        writes: 0,
-                        sample: d
-                            .ops
-                            .iter()
-                            .take(SAMPLE_OPS)
-                            .map(|o| o.to_string())
-                            .collect(),
-                        skipped: d.skipped,
-                        full_dump,
-                    };
+                    let report = ApplyReport::of(&d.ops, d.skipped, full_dump);
                     let (writes, failures) =
                         apply::apply(nl, observed, d.ops, apply::Batching::Pod);
                     Ok((ApplyReport { writes, ..report }, failures))
@@ -647,18 +649,7 @@ fn converge(
         .with_observed(Some(&keys), move |nl, observed, full_dump| {
             let d = diff::diff(desired.as_ref(), observed, known.as_ref())?;
             let nft_tag = nft::tag_after(&d.ops, &observed.nft);
-            let report = ApplyReport {
-                ops: d.ops.len(),
-                writes: 0,
-                sample: d
-                    .ops
-                    .iter()
-                    .take(SAMPLE_OPS)
-                    .map(|o| o.to_string())
-                    .collect(),
-                skipped: d.skipped,
-                full_dump,
-            };
+            let report = ApplyReport::of(&d.ops, d.skipped, full_dump);
             let deleted: Vec<watch::Deleted> =
                 d.ops.iter().filter_map(watch::Deleted::by).collect();
             let (writes, failures) = apply::apply(nl, observed, d.ops, apply::Batching::Phases);

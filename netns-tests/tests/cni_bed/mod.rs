@@ -310,7 +310,9 @@ impl Bed {
             return "no agent".into();
         };
         let mut out = String::new();
-        let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten();
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .into_iter()
+            .flatten();
         for task in tasks.flatten() {
             let dir = task.path();
             let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_default();
