@@ -134,6 +134,10 @@ pub fn node_sets(state: &ClusterState) -> [Set; 2] {
     [v6, v4]
 }
 
+/// IPv6 in IPv4 (protocol 41), by number: nft resolves protocol names through
+/// `/etc/protocols`, which the agent's image (and many minimal hosts) do not have.
+const SIT_L4PROTO: &str = "meta l4proto 41";
+
 /// The SRv6 ingress guard, at the head of the `prerouting` chain.
 ///
 /// [`IPV4_TUNNEL`] (`remote any`) decapsulates whatever protocol 41 or fou UDP reaches the
@@ -145,7 +149,7 @@ pub fn node_sets(state: &ClusterState) -> [Set; 2] {
 pub fn guard(prerouting: &mut Chain) {
     let um = UNDERLAY_MARK;
     for (what, l4) in [
-        ("6in4", "meta l4proto ipv6".to_string()),
+        ("6in4", SIT_L4PROTO.to_string()),
         ("fou", format!("udp dport {FOU_PORT}")),
     ] {
         prerouting.rule(
@@ -206,7 +210,7 @@ pub fn untracked() -> [Chain; 2] {
             "SRv6 over IPv4 (fou) between nodes",
         );
         chain.rule(
-            format!("meta l4proto ipv6 ip {dir} @node_underlays_v4 notrack"),
+            format!("{SIT_L4PROTO} ip {dir} @node_underlays_v4 notrack"),
             "SRv6 over IPv4 (6in4) between nodes",
         );
     }
