@@ -17,6 +17,8 @@
 //!   1500 - 64 - 28;
 //! - `srv6-sit`: that world with `lu-ipv4` switched by hand to plain 6in4 (`encap none`, device
 //!   MTU 1480): what the protocol-41 form Lace does not use would give; pod MTU 1500 - 64 - 20;
+//! - `ipip-fou`: no SRv6, the pod's IPv4 packet straight in UDP over IPv4 (an `ipip` device with
+//!   `encap fou`, by hand): what a single-level IPv4 underlay would give; pod MTU 1500 - 28;
 //! - `vxlan4`: a vxlan device per node over the fabric's IPv4 (pod MTU 1500 - 50);
 //! - `vxlan6`: the same over the fabric's IPv6, the underlay SRv6 uses (pod MTU 1500 - 70).
 //!
@@ -25,7 +27,13 @@
 //! Lace's port, 6in4 = IP protocol 41, VXLAN = UDP 4789, native = bare TCP) and no fragment
 //! at all: the MTUs are honest or the bench fails.
 //!
-//! env: LACE_BENCH_SECONDS (default 5) per run, LACE_BENCH_REPEATS (default 3) runs per case.
+//! The `B/pkt` column is the stream's bytes per packet as node B's observer saw them arrive
+//! from the fabric: about the MTU where every packet crosses alone, tens of kB where the
+//! stream stays segmentation-offloaded (GSO) end to end. It tells a path the kernel has to
+//! handle packet by packet from one it handles 64 kB at a time.
+//!
+//! env: LACE_BENCH_SECONDS (default 5) per run, LACE_BENCH_REPEATS (default 3) runs per case,
+//! LACE_BENCH_CASES (default all) a comma-separated list of case names to run.
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, Ipv6Addr};
@@ -58,16 +66,18 @@ enum Case {
     Srv6,
     Srv6Fou,
     Srv6Sit,
+    IpipFou,
     Vxlan4,
     Vxlan6,
 }
 
 impl Case {
-    const ALL: [Case; 6] = [
+    const ALL: [Case; 7] = [
         Case::Native,
         Case::Srv6,
         Case::Srv6Fou,
         Case::Srv6Sit,
+        Case::IpipFou,
         Case::Vxlan4,
         Case::Vxlan6,
     ];
@@ -78,6 +88,7 @@ impl Case {
             Case::Srv6 => "srv6",
             Case::Srv6Fou => "srv6-fou",
             Case::Srv6Sit => "srv6-sit",
+            Case::IpipFou => "ipip-fou",
             Case::Vxlan4 => "vxlan4",
             Case::Vxlan6 => "vxlan6",
         }
@@ -89,6 +100,7 @@ impl Case {
             Case::Srv6 => "Lace: VRF + seg6 encap over IPv6",
             Case::Srv6Fou => "Lace over IPv4: + fou (UDP) in lu-ipv4",
             Case::Srv6Sit => "as srv6-fou, plain 6in4 (by hand)",
+            Case::IpipFou => "IPv4 in fou, no SRv6 (by hand)",
             Case::Vxlan4 => "vxlan over the fabric's IPv4",
             Case::Vxlan6 => "vxlan over the fabric's IPv6",
         }
@@ -109,6 +121,8 @@ impl Case {
                 // Outer IPv4 only, no UDP.
                 Case::Srv6Sit => SRV6_OVERHEAD + 20,
                 // Outer Ethernet 14 + IP + UDP 8 + VXLAN 8.
+                // Outer IPv4 20 + UDP 8.
+                Case::IpipFou => 28,
                 Case::Vxlan4 => 14 + 20 + 8 + 8,
                 Case::Vxlan6 => 14 + 40 + 8 + 8,
             }
@@ -121,13 +135,16 @@ impl Case {
             Case::Srv6 => "srv6",
             Case::Srv6Fou => "fou",
             Case::Srv6Sit => "sit",
+            Case::IpipFou => "ipip_fou",
             Case::Vxlan4 | Case::Vxlan6 => "vxlan",
         }
     }
 }
 
 /// Every observer counter but `fragments`.
-const PATHS: [&str; 5] = ["srv6", "fou", "sit", "vxlan", "plain_tcp"];
+const PATHS: [&str; 6] = ["srv6", "fou", "sit", "ipip_fou", "vxlan", "plain_tcp"];
+/// The by-hand IPv4-in-UDP case's fou port (not Lace's).
+const IPIP_FOU_PORT: u16 = 5555;
 
 /// Node B's observer: how packets arrive from the fabric. Not Lace's table (Lace owns only
 /// `inet lace`), so the reconciler leaves it alone.
@@ -138,6 +155,7 @@ table inet observe {{
   counter srv6 {{ }}
   counter fou {{ }}
   counter sit {{ }}
+  counter ipip_fou {{ }}
   counter vxlan {{ }}
   counter plain_tcp {{ }}
   counter fragments {{ }}
@@ -146,6 +164,7 @@ table inet observe {{
     iifname "eth0" ip6 nexthdr 43 counter name "srv6"
     iifname "eth0" udp dport {FOU_PORT} counter name "fou"
     iifname "eth0" ip protocol ipv6 counter name "sit"
+    iifname "eth0" udp dport {IPIP_FOU_PORT} counter name "ipip_fou"
     iifname "eth0" udp dport 4789 counter name "vxlan"
     iifname "eth0" ip protocol tcp counter name "plain_tcp"
     iifname "eth0" ip6 nexthdr 44 counter name "fragments"
@@ -223,6 +242,22 @@ impl World {
             Case::Native => route_natively(&nodes, |peer| {
                 format!("via {} dev eth0", underlay4(u16::from(peer)))
             }),
+            Case::IpipFou => {
+                for (n, (me, peer)) in nodes.iter().zip([(1u8, 2u8), (2, 1)]) {
+                    n.ip(&format!("fou add port {IPIP_FOU_PORT} ipproto 4"))
+                        .unwrap();
+                    n.ip(&format!(
+                        "link add lt-ipip type ipip local {} remote {} encap fou encap-sport auto encap-dport {IPIP_FOU_PORT}",
+                        underlay4(u16::from(me)),
+                        underlay4(u16::from(peer))
+                    ))
+                    .unwrap();
+                    n.ip(&format!("link set lt-ipip mtu {}", case.pod_mtu()))
+                        .unwrap();
+                    n.ip("link set lt-ipip up").unwrap();
+                }
+                route_natively(&nodes, |_| "dev lt-ipip".into());
+            }
             Case::Vxlan4 | Case::Vxlan6 => {
                 for (n, (me, peer)) in nodes.iter().zip([(1u8, 2u8), (2, 1)]) {
                     let (local, remote) = if case == Case::Vxlan4 {
@@ -307,10 +342,10 @@ impl World {
         )
     }
 
-    /// One iperf3 run from pod A to pod B; returns received bits/s and the sender's
-    /// retransmits, after checking the stream took this case's path without fragments.
-    fn run(&self, seconds: u32) -> (f64, u64) {
-        let before = self.counted(self.case.counter()).1;
+    /// One iperf3 run from pod A to pod B, after checking the stream took this case's path
+    /// without fragments.
+    fn run(&self, seconds: u32) -> Run {
+        let before = self.counted(self.case.counter());
         let target = pod_addr(2).to_string();
         // A stalled path must fail the bench, not hang it: iperf3 waits forever on a stream
         // that no longer moves.
@@ -358,7 +393,8 @@ impl World {
         // Every byte the receiver counted came the case's way (GRO may merge packets before
         // the observer counts them, so bytes, not packets).
         let received = json["end"]["sum_received"]["bytes"].as_u64().unwrap_or(0);
-        let seen = self.counted(self.case.counter()).1 - before;
+        let after = self.counted(self.case.counter());
+        let (packets, seen) = (after.0 - before.0, after.1 - before.1);
         assert!(
             received > 0 && seen >= received,
             "{}: {received} bytes received, only {seen} arrived on node B as {}",
@@ -382,8 +418,22 @@ impl World {
             self.case.name(),
             self.case.pod_mtu()
         );
-        (bps, retransmits)
+        Run {
+            bps,
+            retransmits,
+            bytes_per_packet: seen / packets.max(1),
+        }
     }
+}
+
+/// What one iperf3 run measured.
+struct Run {
+    /// Received bits per second.
+    bps: f64,
+    /// The sender's retransmitted segments.
+    retransmits: u64,
+    /// Bytes per packet of the stream arriving on node B from the fabric.
+    bytes_per_packet: u64,
 }
 
 /// Node `i` routes its own pod on the host veth and the peer's pod block via `via(peer)`.
@@ -448,27 +498,28 @@ fn main() {
     require_root_and_vrf();
     let seconds = env_u32("LACE_BENCH_SECONDS", 5);
     let repeats = env_u32("LACE_BENCH_REPEATS", 3);
-    let worlds: Vec<World> = Case::ALL.iter().map(|&c| World::build(c)).collect();
+    let cases = selected_cases();
+    let worlds: Vec<World> = cases.iter().map(|&c| World::build(c)).collect();
     // Every pod reaches its peer before anything is measured (also warms ARP/ND caches).
     for w in &worlds {
         w.pods[0]
             .exec("ping", &["-c", "2", "-W", "3", &pod_addr(2).to_string()])
             .unwrap_or_else(|e| panic!("{}: pods do not reach each other: {e}", w.case.name()));
     }
-    let mut results: BTreeMap<&str, (Vec<f64>, u64)> = BTreeMap::new();
+    let mut results: BTreeMap<&str, Vec<Run>> = BTreeMap::new();
     for rep in 0..repeats {
         for w in &worlds {
             eprintln!("run {}/{repeats} {:<8} ...", rep + 1, w.case.name());
-            let (bps, retr) = w.run(seconds);
+            let run = w.run(seconds);
             eprintln!(
-                "run {}/{repeats} {:<8} {:>9.1} Mbit/s, {retr} retransmits",
+                "run {}/{repeats} {:<8} {:>9.1} Mbit/s, {} retransmits, {} B/pkt",
                 rep + 1,
                 w.case.name(),
-                bps / 1e6
+                run.bps / 1e6,
+                run.retransmits,
+                run.bytes_per_packet
             );
-            let e = results.entry(w.case.name()).or_default();
-            e.0.push(bps);
-            e.1 += retr;
+            results.entry(w.case.name()).or_default().push(run);
         }
     }
     println!(
@@ -480,26 +531,33 @@ fn main() {
         std::thread::available_parallelism().map_or(0, |n| n.get()),
     );
     println!(
-        "| {:<8} | {:<38} | {:>7} | {:<26} | {:>13} | {:>9} | {:>7} |",
-        "case", "path", "pod MTU", "runs Mbit/s", "median Mbit/s", "vs native", "retrans"
+        "| {:<8} | {:<38} | {:>7} | {:<26} | {:>13} | {:>9} | {:>7} | {:>6} |",
+        "case", "path", "pod MTU", "runs Mbit/s", "median Mbit/s", "vs native", "retrans", "B/pkt"
     );
-    println!("|{}|", "-".repeat(135));
-    let native = median(&results["native"].0);
-    for case in Case::ALL {
-        let (runs, retr) = &results[case.name()];
-        let m = median(runs);
+    println!("|{}|", "-".repeat(144));
+    let median_of = |name: &str| {
+        results
+            .get(name)
+            .map(|runs| median(&runs.iter().map(|r| r.bps).collect::<Vec<_>>()))
+    };
+    for case in &cases {
+        let runs = &results[case.name()];
+        let m = median_of(case.name()).unwrap_or_default();
         let list = runs
             .iter()
-            .map(|b| format!("{:.0}", b / 1e6))
+            .map(|r| format!("{:.0}", r.bps / 1e6))
             .collect::<Vec<_>>()
             .join(" ");
+        let vs_native = median_of("native").map_or("-".into(), |n| format!("{:.2}x", m / n));
+        let retr: u64 = runs.iter().map(|r| r.retransmits).sum();
+        let bytes_per_packet =
+            runs.iter().map(|r| r.bytes_per_packet).sum::<u64>() / runs.len() as u64;
         println!(
-            "| {:<8} | {:<38} | {:>7} | {list:<26} | {:>13.1} | {:>8.2}x | {retr:>7} |",
+            "| {:<8} | {:<38} | {:>7} | {list:<26} | {:>13.1} | {vs_native:>9} | {retr:>7} | {bytes_per_packet:>6} |",
             case.name(),
             case.describe(),
             case.pod_mtu(),
             m / 1e6,
-            m / native
         );
     }
     // Each SRv6 underlay against VXLAN over the same fabric family.
@@ -507,10 +565,32 @@ fn main() {
         ("srv6", "vxlan6"),
         ("srv6-fou", "vxlan4"),
         ("srv6-sit", "vxlan4"),
+        ("ipip-fou", "vxlan4"),
     ] {
-        println!(
-            "{a} / {b}: {:.2}x (medians)",
-            median(&results[a].0) / median(&results[b].0)
-        );
+        if let (Some(x), Some(y)) = (median_of(a), median_of(b)) {
+            println!("{a} / {b}: {:.2}x (medians)", x / y);
+        }
     }
+}
+
+/// The cases LACE_BENCH_CASES names (all when unset); an unknown name fails the bench.
+fn selected_cases() -> Vec<Case> {
+    let Ok(list) = std::env::var("LACE_BENCH_CASES") else {
+        return Case::ALL.to_vec();
+    };
+    list.split(',')
+        .filter(|n| !n.is_empty())
+        .map(|n| {
+            Case::ALL
+                .into_iter()
+                .find(|c| c.name() == n)
+                .unwrap_or_else(|| {
+                    let known: Vec<_> = Case::ALL.iter().map(|c| c.name()).collect();
+                    panic!(
+                        "LACE_BENCH_CASES: no case {n:?}; the cases are {}",
+                        known.join(", ")
+                    )
+                })
+        })
+        .collect()
 }
