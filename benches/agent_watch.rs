@@ -222,20 +222,20 @@ impl Stamps {
             }
         }
     }
-}
 
-impl Stamps {
-    fn expect(&self, marker: &str) {
+    /// The time from `change` (which adds a policy named `marker`) to the first plan applied
+    /// with it.
+    fn until_applied(&self, marker: &str, change: impl FnOnce()) -> Duration {
         *self.seen.lock().unwrap() = None;
         *self.marker.lock().unwrap() = Some(marker.to_string());
-    }
-    fn wait(&self, what: &str) -> Instant {
-        let deadline = Instant::now() + Duration::from_secs(120);
+        let t0 = Instant::now();
+        change();
+        let deadline = t0 + Duration::from_secs(120);
         loop {
             if let Some(t) = *self.seen.lock().unwrap() {
-                return t;
+                return t - t0;
             }
-            assert!(Instant::now() < deadline, "{what}: never applied");
+            assert!(Instant::now() < deadline, "{marker}: never applied");
             std::thread::sleep(Duration::from_millis(1));
         }
     }
@@ -381,14 +381,12 @@ fn main() {
     for k in 0..s.iterations {
         let (from, to) = (net(k as u32 % s.networks), net((k as u32 + 1) % s.networks));
         let name = format!("bench-watch-{k}");
-        r.stamps.expect(&name);
-        let t0 = Instant::now();
-        client(&lace(
+        let policy = lace(
             "NetworkRoutingPolicy",
             &name,
             json!({"from": from, "to": to}),
-        ));
-        watched.push(r.stamps.wait(&name) - t0);
+        );
+        watched.push(r.stamps.until_applied(&name, || client(&policy)));
 
         let name = format!("bench-direct-{k}");
         let mut state = (*r.agent.loaded().unwrap().state).clone();
@@ -399,10 +397,10 @@ fn main() {
                 to: net((k as u32 + 3) % s.networks),
             },
         );
-        r.stamps.expect(&name);
-        let t0 = Instant::now();
-        r.agent.set_state(Ok(state));
-        direct.push(r.stamps.wait(&name) - t0);
+        direct.push(
+            r.stamps
+                .until_applied(&name, || r.agent.set_state(Ok(state))),
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     watched.sort();

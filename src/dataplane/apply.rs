@@ -70,7 +70,7 @@ pub fn apply(
             if let Err(e) = super::fou::load() {
                 failures.push(OpFailure {
                     op: "loading the kernel's fou support (for the SRv6-over-IPv4 device)".into(),
-                    error: e,
+                    error: e.to_string(),
                 });
                 break;
             }
@@ -154,10 +154,10 @@ pub fn apply(
     (writes, failures)
 }
 
-fn fail(op: &Op, error: impl Into<String>) -> OpFailure {
+fn fail(op: &Op, error: impl std::fmt::Display) -> OpFailure {
     OpFailure {
         op: op.to_string(),
-        error: error.into(),
+        error: error.to_string(),
     }
 }
 

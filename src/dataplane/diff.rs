@@ -27,7 +27,7 @@ pub enum DiffError {
     #[error("no link holds the node's underlay address {underlay} (its InternalIP in the NodeAllocation): cannot resolve the uplink")]
     NoUplink { underlay: IpAddr },
     #[error("the nft ruleset cannot be tagged: {0}")]
-    Nft(String),
+    Nft(#[from] super::nft::UntaggableRuleset),
 }
 
 /// One change to the kernel, naming its object.

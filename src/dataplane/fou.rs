@@ -2,9 +2,22 @@
 //! ipproto 41`, `ip fou del port P`; and loading the `fou` module, which also registers the
 //! encapsulation a `sit` device with `encap fou` needs.
 
+use super::host::HostError;
 use super::rawnl::{
-    attrs, dump, genl_family, request, talk, Answer, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST,
+    attrs, dump, genl_family, request, talk, Answer, RawNlError, NLM_F_ACK, NLM_F_DUMP,
+    NLM_F_REQUEST,
 };
+
+/// Why a fou request failed.
+#[derive(Debug, thiserror::Error)]
+pub enum FouError {
+    #[error("the kernel's fou module is not loaded and loading it failed ({0}); load it on the node: `modprobe fou`, and list it in /etc/modules-load.d/")]
+    Module(#[source] HostError),
+    #[error(transparent)]
+    Netlink(#[from] RawNlError),
+    #[error("fou port {0} is a GUE listener, which Lace neither makes nor takes over")]
+    Gue(u16),
+}
 
 const FOU_GENL_VERSION: u8 = 1;
 const FOU_CMD_ADD: u8 = 1;
@@ -49,18 +62,16 @@ fn u8_of(a: &[(u16, Vec<u8>)], ty: u16) -> Option<u8> {
 /// receive port). The `fou` module declares no alias the kernel could load it by on demand
 /// (checked on Debian's 6.1 and 6.12), so when its generic netlink family is missing this runs
 /// `modprobe fou` (kmod, with the host's `/lib/modules`, which the agent's DaemonSet mounts).
-pub fn load() -> Result<(), String> {
+pub fn load() -> Result<(), FouError> {
     if genl_family("fou").is_ok() {
         return Ok(());
     }
-    super::host::run("modprobe", &["fou"], None).map_err(|e| {
-        format!("the kernel's fou module is not loaded and loading it failed ({e}); load it on the node: `modprobe fou`, and list it in /etc/modules-load.d/")
-    })?;
-    genl_family("fou").map(|_| ())
+    super::host::run("modprobe", &["fou"], None).map_err(FouError::Module)?;
+    Ok(genl_family("fou").map(|_| ())?)
 }
 
 /// The namespace's fou receive ports.
-pub fn list() -> Result<Vec<FouListener>, String> {
+pub fn list() -> Result<Vec<FouListener>, RawNlError> {
     let (sock, family) = genl_family("fou")?;
     let req = request(
         family,
@@ -89,8 +100,8 @@ pub fn list() -> Result<Vec<FouListener>, String> {
 }
 
 /// `ip fou add port <port> ipproto <ipproto>` (IPv4, direct); one that exists is fine.
-pub fn add(l: FouListener) -> Result<(), String> {
-    let ipproto = l.ipproto.ok_or("a GUE listener is not Lace's")?;
+pub fn add(l: FouListener) -> Result<(), FouError> {
+    let ipproto = l.ipproto.ok_or(FouError::Gue(l.port))?;
     let port = l.port.to_be_bytes();
     let attributes: [(u16, &[u8]); 4] = [
         (FOU_ATTR_PORT, &port),
@@ -102,7 +113,7 @@ pub fn add(l: FouListener) -> Result<(), String> {
 }
 
 /// `ip fou del port <port>` (of `family`); one that is gone is fine.
-pub fn del(port: u16, family: u8) -> Result<(), String> {
+pub fn del(port: u16, family: u8) -> Result<(), FouError> {
     let port = port.to_be_bytes();
     send(
         FOU_CMD_DEL,
@@ -112,7 +123,7 @@ pub fn del(port: u16, family: u8) -> Result<(), String> {
 }
 
 /// One acknowledged request; `fine` is the errno that means "already so".
-fn send(cmd: u8, attributes: &[(u16, &[u8])], fine: i32) -> Result<(), String> {
+fn send(cmd: u8, attributes: &[(u16, &[u8])], fine: i32) -> Result<(), FouError> {
     load()?;
     let (sock, family) = genl_family("fou")?;
     let req = request(
@@ -121,8 +132,13 @@ fn send(cmd: u8, attributes: &[(u16, &[u8])], fine: i32) -> Result<(), String> {
         [cmd, FOU_GENL_VERSION, 0, 0],
         attributes,
     );
-    match talk(&sock, &req)? {
+    let what = if cmd == FOU_CMD_ADD {
+        "FOU_CMD_ADD"
+    } else {
+        "FOU_CMD_DEL"
+    };
+    match talk(&sock, &req, what)? {
         Answer::Errno(e) if e == fine => Ok(()),
-        a => attrs(a, "fou").map(|_| ()),
+        a => Ok(attrs(a, what).map(|_| ())?),
     }
 }

@@ -69,14 +69,45 @@ pub fn read_sysctl(key: &str) -> Option<String> {
         .map(|s| s.trim().to_string())
 }
 
+/// Why a sysctl write or a tool failed; each names the file or the command line.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    #[error("writing {}: {source}", path.display())]
+    Sysctl {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot run `{line}`: {source}")]
+    Spawn {
+        line: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{step} `{line}`: {source}")]
+    Pipe {
+        line: String,
+        step: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("`{line}` failed ({status}): {stderr}")]
+    Failed {
+        line: String,
+        status: std::process::ExitStatus,
+        stderr: String,
+    },
+}
+
 /// Writes a sysctl.
-pub fn write_sysctl(key: &str, value: &str) -> Result<(), String> {
-    std::fs::write(sysctl_path(key), value).map_err(|e| e.to_string())
+pub fn write_sysctl(key: &str, value: &str) -> Result<(), HostError> {
+    let path = sysctl_path(key);
+    std::fs::write(&path, value).map_err(|source| HostError::Sysctl { path, source })
 }
 
 /// Runs `program` with `args`, feeding it `stdin`; its stdout, or an error naming the
 /// command and what it said.
-pub fn run(program: &str, args: &[&str], stdin: Option<&str>) -> Result<String, String> {
+pub fn run(program: &str, args: &[&str], stdin: Option<&str>) -> Result<String, HostError> {
     let line = format!("{program} {}", args.join(" "));
     let mut child = Command::new(program)
         .args(args)
@@ -88,7 +119,10 @@ pub fn run(program: &str, args: &[&str], stdin: Option<&str>) -> Result<String, 
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| format!("cannot run `{line}`: {e}"))?;
+        .map_err(|source| HostError::Spawn {
+            line: line.clone(),
+            source,
+        })?;
     // Feed stdin from another thread while this one drains stdout and stderr: a tool that
     // reports many errors before reading all its input would otherwise block on a full pipe
     // while we block writing to it.
@@ -104,20 +138,30 @@ pub fn run(program: &str, args: &[&str], stdin: Option<&str>) -> Result<String, 
         (out, written)
     });
     let out = match out {
-        (Ok(o), Some(Err(e))) if o.status.success() => {
-            return Err(format!("writing to `{line}`: {e}"))
+        (Ok(o), Some(Err(source))) if o.status.success() => {
+            return Err(HostError::Pipe {
+                line,
+                step: "writing to",
+                source,
+            })
         }
         (Ok(o), _) => o,
-        (Err(e), _) => return Err(format!("waiting for `{line}`: {e}")),
+        (Err(source), _) => {
+            return Err(HostError::Pipe {
+                line,
+                step: "waiting for",
+                source,
+            })
+        }
     };
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     } else {
-        Err(format!(
-            "`{line}` failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
+        Err(HostError::Failed {
+            line,
+            status: out.status,
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        })
     }
 }
 
@@ -135,7 +179,11 @@ mod tests {
             Some(&input),
         )
         .unwrap_err();
-        assert!(err.contains("exit status: 3"), "{err}");
+        assert!(
+            matches!(&err, HostError::Failed { status, .. } if status.code() == Some(3)),
+            "{err}"
+        );
+        assert!(err.to_string().contains("exit status: 3"), "{err}");
         assert_eq!(run("cat", &[], Some("abc")).unwrap(), "abc");
     }
 

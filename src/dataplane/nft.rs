@@ -57,12 +57,17 @@ fn tag_element(tag: &str) -> String {
     format!("{TAG_KEY} comment \"{tag}\"")
 }
 
+/// The ruleset text has no line opening Lace's table, so the tag has nowhere to go.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("the ruleset text has no `table inet {} {{` line", TABLE)]
+pub struct UntaggableRuleset;
+
 /// `rendered` (the planner's whole-table `nft -f` text) with the table comment and the tag
 /// set, so the next observation can tell whether the kernel holds exactly this ruleset.
-pub fn replace_script(rendered: &str, tag: &str) -> Result<String, String> {
+pub fn replace_script(rendered: &str, tag: &str) -> Result<String, UntaggableRuleset> {
     let open = format!("table inet {TABLE} {{\n");
     if !rendered.contains(&open) {
-        return Err(format!("ruleset text has no `{}` line", open.trim_end()));
+        return Err(UntaggableRuleset);
     }
     let head = format!(
         "{open}\tcomment \"{TABLE_COMMENT}\"\n\tset {TAG_SET} {{\n\t\ttype ifname\n\t\t\
@@ -162,7 +167,7 @@ pub fn op(
 }
 
 fn replace(rendered: &str, tag: String) -> Result<Op, DiffError> {
-    let script = replace_script(rendered, &tag).map_err(DiffError::Nft)?;
+    let script = replace_script(rendered, &tag)?;
     Ok(Op::NftSwap { script, tag })
 }
 
@@ -213,8 +218,8 @@ fn tag_of(attrs: &[(u16, Vec<u8>)]) -> Option<String> {
 
 /// Whether table `inet lace` exists, and its tag: one `NFT_MSG_GETSETELEM` dump of set
 /// [`TAG_SET`] (plus an `NFT_MSG_GETTABLE` when there is no such set), not a run of `nft`.
-pub fn observe() -> Result<NftState, String> {
-    let sock = rawnl::open(netlink_sys::protocols::NETLINK_NETFILTER)?;
+pub fn observe() -> Result<NftState, rawnl::RawNlError> {
+    let sock = rawnl::open(netlink_sys::protocols::NETLINK_NETFILTER, "nfnetlink")?;
     let table = format!("{TABLE}\0");
     let set = format!("{TAG_SET}\0");
     let req = rawnl::request(
@@ -226,11 +231,12 @@ pub fn observe() -> Result<NftState, String> {
             (NFTA_SET_ELEM_LIST_SET, set.as_bytes()),
         ],
     );
-    match rawnl::talk(&sock, &req)? {
+    let what = "NFT_MSG_GETSETELEM inet lace plan";
+    match rawnl::talk(&sock, &req, what)? {
         rawnl::Answer::Errno(e) if e == libc::ENOENT => {}
         // An empty set answers with the end of the dump: no attributes, no tag.
         a => {
-            let attrs = rawnl::attrs(a, "NFT_MSG_GETSETELEM inet lace plan")?;
+            let attrs = rawnl::attrs(a, what)?;
             return Ok(NftState::Present {
                 tag: tag_of(&attrs),
             });
@@ -243,14 +249,15 @@ pub fn observe() -> Result<NftState, String> {
         [NFPROTO_INET, 0, 0, 0],
         &[(NFTA_TABLE_NAME, table.as_bytes())],
     );
-    match rawnl::talk(&sock, &req)? {
+    let what = "NFT_MSG_GETTABLE inet lace";
+    match rawnl::talk(&sock, &req, what)? {
         rawnl::Answer::Errno(e) if e == libc::ENOENT => Ok(NftState::Absent),
-        a => rawnl::attrs(a, "NFT_MSG_GETTABLE inet lace").map(|_| NftState::Present { tag: None }),
+        a => rawnl::attrs(a, what).map(|_| NftState::Present { tag: None }),
     }
 }
 
 /// Runs one `nft -f` transaction.
-pub fn apply(script: &str) -> Result<(), String> {
+pub fn apply(script: &str) -> Result<(), host::HostError> {
     host::run("nft", &["-f", "-"], Some(script)).map(|_| ())
 }
 

@@ -429,11 +429,11 @@ impl Notifications {
 
     /// Every notification since the last take or discard, in order; or why they cannot be
     /// trusted to be complete (then they are dropped).
-    pub fn take(&mut self) -> Result<Taken, String> {
+    pub fn take(&mut self) -> Result<Taken, NotificationsLost> {
         self.drain();
         let bytes = std::mem::take(&mut self.pending);
         match self.broken.take() {
-            Some(why) => Err(why),
+            Some(why) => Err(NotificationsLost(why)),
             None => Ok(Taken(bytes)),
         }
     }
@@ -446,6 +446,12 @@ impl Notifications {
         self.broken = None;
     }
 }
+
+/// Why the notifications queued since the last take cannot be trusted to be complete (an
+/// overrun of the socket's buffer, a failed receive).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct NotificationsLost(String);
 
 /// Notifications taken off the socket, as received.
 #[derive(Debug)]

@@ -21,6 +21,7 @@ use netlink_packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 
 use super::nl::{Nl, NlError};
+use super::rawnl::RawNlError;
 use super::{host, HostRoute, KernelNexthop, ObservedLink, ObservedNode, ObservedRule, SitLink};
 use crate::plan::{
     Family, RouteKey, Rule, RuleAction as PlanRuleAction, MAIN_TABLE, PROBE_TABLE,
@@ -33,11 +34,11 @@ pub enum ObserveError {
     #[error(transparent)]
     Netlink(#[from] NlError),
     #[error("nft: {0}")]
-    Nft(String),
+    Nft(#[source] RawNlError),
     #[error("ip sr tunsrc: {0}")]
-    Tunsrc(String),
+    Tunsrc(#[source] RawNlError),
     #[error("ip fou show: {0}")]
-    Fou(String),
+    Fou(#[source] RawNlError),
 }
 
 /// Whether table id `table` is one Lace owns routes in.
@@ -226,22 +227,27 @@ fn parse_sit(infos: &[InfoIpTunnel]) -> SitLink {
     s
 }
 
-fn dump_addrs(nl: &mut Nl) -> Result<Vec<(IpAddr, u32)>, NlError> {
+/// `ip addr show`: the address messages of both families, IPv4 first.
+pub fn dump_address_messages(nl: &mut Nl) -> Result<Vec<AddressMessage>, NlError> {
     let mut out = Vec::new();
     for family in [AddressFamily::Inet, AddressFamily::Inet6] {
         let mut req = AddressMessage::default();
         req.header.family = family;
         for m in nl.dump("addresses", RouteNetlinkMessage::GetAddress(req))? {
-            let RouteNetlinkMessage::NewAddress(a) = m else {
-                continue;
-            };
-            if !usable(&a) {
-                continue;
+            if let RouteNetlinkMessage::NewAddress(a) = m {
+                out.push(a);
             }
-            for entry in addr_entries(&a) {
-                if !out.contains(&entry) {
-                    out.push(entry);
-                }
+        }
+    }
+    Ok(out)
+}
+
+fn dump_addrs(nl: &mut Nl) -> Result<Vec<(IpAddr, u32)>, NlError> {
+    let mut out = Vec::new();
+    for a in dump_address_messages(nl)?.iter().filter(|a| usable(a)) {
+        for entry in addr_entries(a) {
+            if !out.contains(&entry) {
+                out.push(entry);
             }
         }
     }

@@ -11,13 +11,13 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::IpNet;
 use netlink_packet_core::{NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE};
-use netlink_packet_route::address::{AddressAttribute, AddressMessage};
+use netlink_packet_route::address::AddressAttribute;
 use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkMessage};
 use netlink_packet_route::route::RouteMessage;
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 
 use super::nl::{Nl, NlError};
-use super::observe::{classify_route, Route};
+use super::observe::{classify_route, dump_address_messages, Route};
 use super::{msg, KernelNexthop, OpFailure};
 use crate::plan::{RouteKey, MAIN_TABLE};
 
@@ -302,24 +302,19 @@ pub fn inspect(nl: &mut Nl, ifname: &str) -> Result<Option<PodLinkState>, NlErro
         }),
         ..Default::default()
     };
-    for family in [AddressFamily::Inet, AddressFamily::Inet6] {
-        let mut req = AddressMessage::default();
-        req.header.family = family;
-        for m in nl.dump("addresses", RouteNetlinkMessage::GetAddress(req))? {
-            let RouteNetlinkMessage::NewAddress(a) = m else {
-                continue;
-            };
-            if a.header.index != index {
-                continue;
-            }
-            for attr in &a.attributes {
-                if let AddressAttribute::Address(ip) = attr {
-                    if let Ok(net) = IpNet::new(*ip, a.header.prefix_len) {
-                        state.addresses.push(net);
-                    }
+    for a in dump_address_messages(nl)?
+        .iter()
+        .filter(|a| a.header.index == index)
+    {
+        for attr in &a.attributes {
+            if let AddressAttribute::Address(ip) = attr {
+                if let Ok(net) = IpNet::new(*ip, a.header.prefix_len) {
+                    state.addresses.push(net);
                 }
             }
         }
+    }
+    for family in [AddressFamily::Inet, AddressFamily::Inet6] {
         let mut req = RouteMessage::default();
         req.header.address_family = family;
         let names = [(index, ifname.to_owned())].into_iter().collect();

@@ -16,16 +16,54 @@ const CTRL_CMD_GETFAMILY: u8 = 3;
 const CTRL_ATTR_FAMILY_ID: u16 = 1;
 const CTRL_ATTR_FAMILY_NAME: u16 = 2;
 
+/// Why a hand-encoded request failed; each names the request (`what`).
+#[derive(Debug, thiserror::Error)]
+pub enum RawNlError {
+    #[error("{what}: netlink {step}: {source}")]
+    Io {
+        what: String,
+        step: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{what}: the kernel answered: {source}")]
+    Refused {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{what}: {detail}")]
+    Malformed { what: String, detail: String },
+}
+
+impl RawNlError {
+    fn io<'a>(what: &'a str, step: &'static str) -> impl FnOnce(std::io::Error) -> Self + 'a {
+        move |source| Self::Io {
+            what: what.to_owned(),
+            step,
+            source,
+        }
+    }
+
+    /// The answer to `what` lacked or mangled what it should carry (`detail`).
+    pub fn malformed(what: &str, detail: impl Into<String>) -> Self {
+        Self::Malformed {
+            what: what.to_owned(),
+            detail: detail.into(),
+        }
+    }
+}
+
 fn align(n: usize) -> usize {
     (n + 3) & !3
 }
 
-/// A connected netlink socket of `protocol` in the calling thread's namespace.
-pub fn open(protocol: isize) -> Result<Socket, String> {
-    let mut sock = Socket::new(protocol).map_err(|e| format!("socket: {e}"))?;
-    sock.bind_auto().map_err(|e| format!("bind: {e}"))?;
+/// A connected netlink socket of `protocol` in the calling thread's namespace, for `what`.
+pub fn open(protocol: isize, what: &str) -> Result<Socket, RawNlError> {
+    let mut sock = Socket::new(protocol).map_err(RawNlError::io(what, "socket"))?;
+    sock.bind_auto().map_err(RawNlError::io(what, "bind"))?;
     sock.connect(&SocketAddr::new(0, 0))
-        .map_err(|e| format!("connect: {e}"))?;
+        .map_err(RawNlError::io(what, "connect"))?;
     Ok(sock)
 }
 
@@ -75,16 +113,19 @@ pub enum Answer {
     Errno(i32),
 }
 
-/// Sends `req` and reads the answer.
-pub fn talk(sock: &Socket, req: &[u8]) -> Result<Answer, String> {
-    sock.send(req, 0).map_err(|e| format!("send: {e}"))?;
+/// Sends `req` (request `what`) and reads the answer.
+pub fn talk(sock: &Socket, req: &[u8], what: &str) -> Result<Answer, RawNlError> {
+    sock.send(req, 0).map_err(RawNlError::io(what, "send"))?;
     let mut buf = vec![0u8; 16384];
     let n = sock
         .recv(&mut &mut buf[..], 0)
-        .map_err(|e| format!("receive: {e}"))?;
+        .map_err(RawNlError::io(what, "receive"))?;
     let buf = &buf[..n];
     if n < 20 {
-        return Err(format!("short answer ({n} bytes)"));
+        return Err(RawNlError::malformed(
+            what,
+            format!("short answer ({n} bytes)"),
+        ));
     }
     if u16::from_ne_bytes([buf[4], buf[5]]) == NLMSG_ERROR {
         let code = i32::from_ne_bytes([buf[16], buf[17], buf[18], buf[19]]);
@@ -108,22 +149,21 @@ pub type Attrs = Vec<(u16, Vec<u8>)>;
 
 /// The attributes of every message of a dump (`req` has [`NLM_F_DUMP`]), read until the
 /// kernel's `NLMSG_DONE`; an error names `what`.
-pub fn dump(sock: &Socket, req: &[u8], what: &str) -> Result<Vec<Attrs>, String> {
-    sock.send(req, 0)
-        .map_err(|e| format!("{what}: send: {e}"))?;
+pub fn dump(sock: &Socket, req: &[u8], what: &str) -> Result<Vec<Attrs>, RawNlError> {
+    sock.send(req, 0).map_err(RawNlError::io(what, "send"))?;
     let mut buf = vec![0u8; 32768];
     let mut out = Vec::new();
     loop {
         let n = sock
             .recv(&mut &mut buf[..], 0)
-            .map_err(|e| format!("{what}: receive: {e}"))?;
+            .map_err(RawNlError::io(what, "receive"))?;
         let mut off = 0;
         while off + 16 <= n {
             let len =
                 u32::from_ne_bytes([buf[off], buf[off + 1], buf[off + 2], buf[off + 3]]) as usize;
             let ty = u16::from_ne_bytes([buf[off + 4], buf[off + 5]]);
             if len < 16 || off + len > n {
-                return Err(format!("{what}: malformed answer"));
+                return Err(RawNlError::malformed(what, "malformed answer"));
             }
             match ty {
                 NLMSG_DONE => return Ok(out),
@@ -135,10 +175,10 @@ pub fn dump(sock: &Socket, req: &[u8], what: &str) -> Result<Vec<Attrs>, String>
                         buf[off + 19],
                     ]);
                     if code != 0 {
-                        return Err(format!(
-                            "{what}: {}",
-                            std::io::Error::from_raw_os_error(-code)
-                        ));
+                        return Err(RawNlError::Refused {
+                            what: what.to_owned(),
+                            source: std::io::Error::from_raw_os_error(-code),
+                        });
                     }
                 }
                 _ if len >= 20 => out.push(
@@ -156,8 +196,9 @@ pub fn dump(sock: &Socket, req: &[u8], what: &str) -> Result<Vec<Attrs>, String>
 
 /// A generic-netlink socket and the id of family `name` (resolving it makes the kernel load
 /// the family's module when it is one).
-pub fn genl_family(name: &str) -> Result<(Socket, u16), String> {
-    let sock = open(netlink_sys::protocols::NETLINK_GENERIC)?;
+pub fn genl_family(name: &str) -> Result<(Socket, u16), RawNlError> {
+    let what = format!("resolving generic netlink family {name}");
+    let sock = open(netlink_sys::protocols::NETLINK_GENERIC, &what)?;
     let mut zname = name.as_bytes().to_vec();
     zname.push(0);
     let req = request(
@@ -166,20 +207,22 @@ pub fn genl_family(name: &str) -> Result<(Socket, u16), String> {
         [CTRL_CMD_GETFAMILY, 1, 0, 0],
         &[(CTRL_ATTR_FAMILY_NAME, &zname)],
     );
-    let what = format!("resolving generic netlink family {name}");
-    let id = attrs(talk(&sock, &req)?, &what)?
+    let id = attrs(talk(&sock, &req, &what)?, &what)?
         .iter()
         .find(|(t, v)| *t == CTRL_ATTR_FAMILY_ID && v.len() >= 2)
         .map(|(_, v)| u16::from_ne_bytes([v[0], v[1]]))
-        .ok_or_else(|| format!("generic netlink family {name} has no id"))?;
+        .ok_or_else(|| RawNlError::malformed(&what, "no family id in the answer"))?;
     Ok((sock, id))
 }
 
 /// The attributes of an answer, an error naming `what` otherwise.
-pub fn attrs(answer: Answer, what: &str) -> Result<Vec<(u16, Vec<u8>)>, String> {
+pub fn attrs(answer: Answer, what: &str) -> Result<Vec<(u16, Vec<u8>)>, RawNlError> {
     match answer {
         Answer::Attrs(a) => Ok(a),
-        Answer::Errno(e) => Err(format!("{what}: {}", std::io::Error::from_raw_os_error(e))),
+        Answer::Errno(e) => Err(RawNlError::Refused {
+            what: what.to_owned(),
+            source: std::io::Error::from_raw_os_error(e),
+        }),
     }
 }
 

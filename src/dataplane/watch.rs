@@ -230,7 +230,7 @@ impl Session {
                     self.unchecked |= !t.is_empty();
                     cache.apply_stream(t.messages()).err()
                 }
-                Err(why) => Some(why),
+                Err(why) => Some(why.to_string()),
             },
             _ => Some(String::new()),
         };
@@ -279,7 +279,7 @@ impl Session {
                     notified = !t.is_empty();
                     cache.apply_stream(t.messages()).err()
                 }
-                Some(Err(why)) => Some(why),
+                Some(Err(why)) => Some(why.to_string()),
                 None => Some("no notification socket".into()),
             }
         } else {
@@ -331,7 +331,7 @@ impl Session {
         let lost = match taken {
             Ok(t) if t.is_empty() && !self.unchecked => return,
             Ok(t) => cache.apply_stream(t.messages()).err(),
-            Err(why) => Some(why),
+            Err(why) => Some(why.to_string()),
         };
         match lost {
             None => self.check_drift(),
