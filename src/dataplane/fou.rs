@@ -2,6 +2,8 @@
 //! ipproto 41`, `ip fou del port P`; and loading the `fou` module, which also registers the
 //! encapsulation a `sit` device with `encap fou` needs.
 
+use netlink_sys::Socket;
+
 use super::host::HostError;
 use super::rawnl::{
     attrs, dump, genl_family, request, talk, Answer, RawNlError, NLM_F_ACK, NLM_F_DUMP,
@@ -63,11 +65,16 @@ fn u8_of(a: &[(u16, Vec<u8>)], ty: u16) -> Option<u8> {
 /// (checked on Debian's 6.1 and 6.12), so when its generic netlink family is missing this runs
 /// `modprobe fou` (kmod, with the host's `/lib/modules`, which the agent's DaemonSet mounts).
 pub fn load() -> Result<(), FouError> {
-    if genl_family("fou").is_ok() {
-        return Ok(());
+    fou_family().map(|_| ())
+}
+
+/// The `fou` generic-netlink family (socket and id), loading the module when it is missing.
+fn fou_family() -> Result<(Socket, u16), FouError> {
+    if let Ok(found) = genl_family("fou") {
+        return Ok(found);
     }
     super::host::run("modprobe", &["fou"], None).map_err(FouError::Module)?;
-    Ok(genl_family("fou").map(|_| ())?)
+    Ok(genl_family("fou")?)
 }
 
 /// The namespace's fou receive ports.
@@ -109,7 +116,7 @@ pub fn add(l: FouListener) -> Result<(), FouError> {
         (FOU_ATTR_IPPROTO, &[ipproto]),
         (FOU_ATTR_TYPE, &[FOU_ENCAP_DIRECT]),
     ];
-    send(FOU_CMD_ADD, &attributes, libc::EEXIST)
+    send(FOU_CMD_ADD, "FOU_CMD_ADD", &attributes, libc::EEXIST)
 }
 
 /// `ip fou del port <port>` (of `family`); one that is gone is fine.
@@ -117,26 +124,22 @@ pub fn del(port: u16, family: u8) -> Result<(), FouError> {
     let port = port.to_be_bytes();
     send(
         FOU_CMD_DEL,
+        "FOU_CMD_DEL",
         &[(FOU_ATTR_PORT, &port), (FOU_ATTR_AF, &[family])],
         libc::ENOENT,
     )
 }
 
-/// One acknowledged request; `fine` is the errno that means "already so".
-fn send(cmd: u8, attributes: &[(u16, &[u8])], fine: i32) -> Result<(), FouError> {
-    load()?;
-    let (sock, family) = genl_family("fou")?;
+/// One acknowledged request `cmd` (named `what` in errors); `fine` is the errno that means
+/// "already so".
+fn send(cmd: u8, what: &str, attributes: &[(u16, &[u8])], fine: i32) -> Result<(), FouError> {
+    let (sock, family) = fou_family()?;
     let req = request(
         family,
         NLM_F_REQUEST | NLM_F_ACK,
         [cmd, FOU_GENL_VERSION, 0, 0],
         attributes,
     );
-    let what = if cmd == FOU_CMD_ADD {
-        "FOU_CMD_ADD"
-    } else {
-        "FOU_CMD_DEL"
-    };
     match talk(&sock, &req, what)? {
         Answer::Errno(e) if e == fine => Ok(()),
         a => Ok(attrs(a, what).map(|_| ())?),
