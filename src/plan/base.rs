@@ -1,0 +1,537 @@
+//! The pod-independent part of a node's plan ([`NodeBase`]): the underlay towards each peer,
+//! one VRF per internal Network, the routes the routing policies ask for, the rules and the
+//! sysctls. The ruleset is built beside it, in `ruleset`.
+//!
+//! Routes are collected with a precedence per kind and the highest wins per key, so the parts
+//! can be added in any order: a route that reaches something beats an unreachable fallback
+//! for the same prefix.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
+
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+
+use super::ruleset::build_ruleset;
+use super::underlay::{peer_path, tunnel_source, Ipv4Tunnel, PeerPath, IPV4_TUNNEL};
+use super::{
+    host_net, vrf_name, vrf_table, Family, NetInfo, Networks, Nexthop, NodeBase, PlanError,
+    PodNetwork, RouteKey, Rule, RuleAction, Vrf, MAIN_TABLE, PROBE_MARK, PROBE_MARK_MASK,
+    PROBE_TABLE, RULE_PRIORITY_L3MDEV, RULE_PRIORITY_PROBE,
+};
+use crate::alloc::node_blocks;
+use crate::api::NodeAllocationSpec;
+use crate::routing::{allowed_pairs, service_grants, BackendLocation, ServiceGrant};
+use crate::sid::sid;
+use crate::state::ClusterState;
+
+fn default_net(v6: bool) -> IpNet {
+    if v6 {
+        IpNet::V6(Ipv6Net::default())
+    } else {
+        IpNet::V4(Ipv4Net::default())
+    }
+}
+
+/// Routes collected with a precedence; the highest precedence wins per key.
+struct RouteBuilder {
+    routes: Vec<(RouteKey, u8, Nexthop)>,
+}
+
+/// Precedence of route kinds when two want the same key.
+const PREC_FALLBACK: u8 = 0; // unreachable default / unreachable cluster subnets
+const PREC_EGRESS: u8 = 1; // default via host
+const PREC_REACH: u8 = 2; // blocks, leaks, underlay, SIDs, backends
+
+impl RouteBuilder {
+    fn add(&mut self, table: u32, dst: IpNet, prec: u8, nh: Nexthop) {
+        self.routes.push((RouteKey { table, dst }, prec, nh));
+    }
+
+    fn finish(mut self) -> BTreeMap<RouteKey, Nexthop> {
+        // Sort by key, then precedence descending, and keep the first of each key.
+        self.routes
+            .sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)).then(a.2.cmp(&b.2)));
+        self.routes.dedup_by(|later, first| later.0 == first.0);
+        self.routes.into_iter().map(|(k, _, nh)| (k, nh)).collect()
+    }
+}
+
+/// What the routing policies ask of this node's routes, by Network name.
+struct Reach<'a> {
+    /// (src, dst): src's table routes all of dst's blocks. Both directions of an allowed pair
+    /// (replies), plus backend Network → client Network for Service grants (replies).
+    pairs: BTreeSet<(&'a str, &'a str)>,
+    /// Networks allowed to open connections to external destinations, with the policies.
+    egress: BTreeMap<&'a str, Vec<&'a str>>,
+    /// Networks that need their local blocks routed from the main table (replies from hosts).
+    host_reply: BTreeSet<&'a str>,
+}
+
+/// The pod-independent part of node `node`'s plan.
+pub(super) fn build_base(node: &str, state: &ClusterState) -> Result<NodeBase, PlanError> {
+    let me: &NodeAllocationSpec =
+        state
+            .node_allocations
+            .get(node)
+            .ok_or_else(|| PlanError::NodeNotAllocated {
+                node: node.to_string(),
+            })?;
+    let (peers, ipv4_tunnel) = underlay_paths(node, state, me);
+    let (nets, vrfs) = networks(state, me)?;
+    let pairs = allowed_pairs(state);
+    let grants = service_grants(state);
+    let reach = reach(state, &nets, &pairs, &grants);
+
+    let mut rb = RouteBuilder { routes: Vec::new() };
+    fallback_and_egress_routes(&mut rb, &nets, &reach.egress);
+    host_reply_routes(&mut rb, me, &nets, &reach.host_reply);
+    local_sid_routes(&mut rb, me, &nets);
+    block_routes(&mut rb, state, &peers, &nets, &reach.pairs);
+    backend_routes(&mut rb, node, state, &peers, &nets, &grants);
+
+    let rules = rules();
+    let sysctls = sysctls(&vrfs, ipv4_tunnel.is_some());
+    let internal_ips: &[IpAddr] = state
+        .nodes
+        .get(node)
+        .map(|n| n.internal_ips.as_slice())
+        .unwrap_or_default();
+    let ruleset = build_ruleset(node, state, me, &nets, &pairs, &reach.egress, &grants);
+    let pod_networks = nets
+        .values()
+        .map(|n| {
+            let blocks = node_blocks(me.index, n.spec_subnets);
+            (
+                n.name.to_string(),
+                PodNetwork {
+                    table: n.table,
+                    blocks,
+                },
+            )
+        })
+        .collect();
+    Ok(NodeBase {
+        locator: me.locator.trunc(),
+        underlay: me.underlay,
+        seg6_tunsrc: tunnel_source(me),
+        peers,
+        ipv4_tunnel,
+        vrfs,
+        routes: rb.finish(),
+        rules,
+        sysctls,
+        nft: ruleset,
+        probe_src_v4: internal_ips.iter().find(|ip| ip.is_ipv4()).copied(),
+        pod_networks,
+    })
+}
+
+/// Per peer, the family both nodes have (IPv6 first), and Lace's SRv6-over-IPv4 device when
+/// some peer is reached over IPv4.
+fn underlay_paths(
+    node: &str,
+    state: &ClusterState,
+    me: &NodeAllocationSpec,
+) -> (BTreeMap<String, PeerPath>, Option<Ipv4Tunnel>) {
+    let peers: BTreeMap<String, PeerPath> = state
+        .node_allocations
+        .iter()
+        .filter(|(n, _)| n.as_str() != node)
+        .map(|(n, a)| (n.clone(), peer_path(&me.underlay, &a.underlay)))
+        .collect();
+    let ipv4_tunnel = match me.underlay.ipv4 {
+        Some(local) if peers.values().any(|p| matches!(p, PeerPath::Ipv4(_))) => Some(Ipv4Tunnel {
+            local,
+            address: me.underlay.ipv6.is_none().then(|| tunnel_source(me)),
+        }),
+        _ => None,
+    };
+    (peers, ipv4_tunnel)
+}
+
+/// The internal Networks by name and their VRFs by device name. Fails on a Network without
+/// a SID function, and on two Networks sharing a function or a VRF name.
+fn networks<'a>(
+    state: &'a ClusterState,
+    me: &NodeAllocationSpec,
+) -> Result<(Networks<'a>, BTreeMap<String, Vrf>), PlanError> {
+    let mut nets: Networks<'_> = BTreeMap::new();
+    let mut by_function: BTreeMap<u16, &str> = BTreeMap::new();
+    let mut vrfs = BTreeMap::new();
+    for (name, spec) in state.networks.iter().filter(|(_, n)| !n.external) {
+        let function = state
+            .network_allocations
+            .get(name)
+            .ok_or_else(|| PlanError::NetworkNotAllocated {
+                network: name.clone(),
+            })?
+            .function;
+        if let Some(first) = by_function.insert(function, name) {
+            return Err(PlanError::DuplicateFunction {
+                first: first.into(),
+                second: name.clone(),
+                function,
+            });
+        }
+        let vrf = vrf_name(name, function);
+        let table = vrf_table(function);
+        if let Some(prev) = vrfs.insert(
+            vrf.clone(),
+            Vrf {
+                network: name.clone(),
+                table,
+                function,
+                sid: sid(me.locator, function),
+            },
+        ) {
+            return Err(PlanError::VrfNameCollision {
+                name: vrf,
+                first: prev.network,
+                second: name.clone(),
+            });
+        }
+        let subnets: Vec<IpNet> = spec.subnets.iter().map(|s| s.cidr.trunc()).collect();
+        nets.insert(
+            name,
+            NetInfo {
+                name,
+                vrf,
+                table,
+                function,
+                has_v4: subnets.iter().any(|s| matches!(s, IpNet::V4(_))),
+                has_v6: subnets.iter().any(|s| matches!(s, IpNet::V6(_))),
+                subnets,
+                spec_subnets: &spec.subnets,
+            },
+        );
+    }
+    Ok((nets, vrfs))
+}
+
+/// What the allowed pairs and the Service grants ask the routes to reach.
+fn reach<'a>(
+    state: &'a ClusterState,
+    nets: &Networks<'_>,
+    pairs: &BTreeMap<(&'a str, &'a str), Vec<&'a str>>,
+    grants: &[ServiceGrant<'a>],
+) -> Reach<'a> {
+    let external: BTreeSet<&str> = state
+        .networks
+        .iter()
+        .filter(|(_, n)| n.external)
+        .map(|(k, _)| k.as_str())
+        .collect();
+    let mut reach: BTreeSet<(&str, &str)> = BTreeSet::new();
+    let mut egress: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for (&(from, to), policies) in pairs {
+        match (
+            nets.contains_key(from),
+            nets.contains_key(to),
+            external.contains(to),
+        ) {
+            (true, true, _) => {
+                reach.insert((from, to));
+                reach.insert((to, from));
+            }
+            (true, false, true) => egress
+                .entry(from)
+                .or_default()
+                .extend(policies.iter().copied()),
+            // From an external Network: inbound from outside is not a routing concept Lace
+            // offers (validation reports it); nothing to install.
+            _ => {}
+        }
+    }
+    let mut host_reply: BTreeSet<&str> = egress.keys().copied().collect();
+    for g in grants {
+        if !nets.contains_key(g.from) {
+            continue;
+        }
+        for b in &g.backends {
+            match b.location {
+                BackendLocation::Pod { network, .. }
+                    if nets.contains_key(network) && network != g.from =>
+                {
+                    reach.insert((network, g.from));
+                }
+                BackendLocation::Outside => {
+                    host_reply.insert(g.from);
+                }
+                _ => {}
+            }
+        }
+    }
+    Reach {
+        pairs: reach,
+        egress,
+        host_reply,
+    }
+}
+
+/// Each VRF's default: via the host for a Network with egress (which must not become a path
+/// into the other Networks), unreachable otherwise.
+fn fallback_and_egress_routes(
+    rb: &mut RouteBuilder,
+    nets: &Networks<'_>,
+    egress: &BTreeMap<&str, Vec<&str>>,
+) {
+    for n in nets.values() {
+        for v6 in [false, true] {
+            let has = if v6 { n.has_v6 } else { n.has_v4 };
+            if egress.contains_key(n.name) && has {
+                rb.add(n.table, default_net(v6), PREC_EGRESS, Nexthop::Host);
+                // Egress must not become a path into the other Networks via the main table.
+                for other in nets.values() {
+                    for s in &other.subnets {
+                        rb.add(n.table, *s, PREC_FALLBACK, Nexthop::Unreachable);
+                    }
+                }
+            } else {
+                rb.add(
+                    n.table,
+                    default_net(v6),
+                    PREC_FALLBACK,
+                    Nexthop::Unreachable,
+                );
+            }
+        }
+    }
+}
+
+/// This node's blocks of the Networks hosts answer, from the main table into their VRF.
+fn host_reply_routes(
+    rb: &mut RouteBuilder,
+    me: &NodeAllocationSpec,
+    nets: &Networks<'_>,
+    host_reply: &BTreeSet<&str>,
+) {
+    for n in host_reply {
+        if let Some(info) = nets.get(n) {
+            for b in node_blocks(me.index, info.spec_subnets) {
+                rb.add(MAIN_TABLE, b, PREC_REACH, Nexthop::Dev(info.vrf.clone()));
+            }
+        }
+    }
+}
+
+/// This node's SIDs, one per Network, decapsulating into its VRF.
+fn local_sid_routes(rb: &mut RouteBuilder, me: &NodeAllocationSpec, nets: &Networks<'_>) {
+    for n in nets.values() {
+        let s = Ipv6Net::from(sid(me.locator, n.function));
+        rb.add(
+            MAIN_TABLE,
+            IpNet::V6(s),
+            PREC_REACH,
+            Nexthop::Seg6LocalDt46 {
+                vrf_table: n.table,
+                vrf: n.vrf.clone(),
+            },
+        );
+    }
+}
+
+/// The blocks of reachable Networks on every node: local ones leaked into the destination's
+/// VRF, remote ones seg6-encapsulated towards the node's SID, plus the routes to the peers'
+/// locators.
+fn block_routes(
+    rb: &mut RouteBuilder,
+    state: &ClusterState,
+    peers: &BTreeMap<String, PeerPath>,
+    nets: &Networks<'_>,
+    reach: &BTreeSet<(&str, &str)>,
+) {
+    let mut srcs_by_dst: HashMap<&str, Vec<&NetInfo<'_>>> = HashMap::new();
+    for &(src, dst) in reach {
+        if let Some(info) = nets.get(src) {
+            srcs_by_dst.entry(dst).or_default().push(info);
+        }
+    }
+    // Deterministic order of the reachable destination Networks (the routes are sorted at
+    // the end anyway; this keeps the work itself in a stable order).
+    let mut dsts: Vec<(&NetInfo<'_>, &Vec<&NetInfo<'_>>)> = srcs_by_dst
+        .iter()
+        .filter_map(|(dst, srcs)| Some((nets.get(dst)?, srcs)))
+        .collect();
+    dsts.sort_by_key(|(d, _)| d.name);
+    for (other, alloc) in &state.node_allocations {
+        let to_locator = match peers.get(other) {
+            None => None,
+            Some(path) => match locator_route(path) {
+                Some(r) => Some(r),
+                None => continue, // no common family: unreachable, said in the plan
+            },
+        };
+        if let Some((nh, _)) = &to_locator {
+            rb.add(
+                MAIN_TABLE,
+                IpNet::V6(alloc.locator.trunc()),
+                PREC_REACH,
+                nh.clone(),
+            );
+        }
+        for &(dst_info, srcs) in &dsts {
+            let blocks = node_blocks(alloc.index, dst_info.spec_subnets);
+            if blocks.is_empty() {
+                continue;
+            }
+            for src in srcs {
+                match &to_locator {
+                    None => {
+                        if src.name == dst_info.name {
+                            continue; // local pods of the same Network: their own host routes
+                        }
+                        for b in &blocks {
+                            rb.add(
+                                src.table,
+                                *b,
+                                PREC_REACH,
+                                Nexthop::Dev(dst_info.vrf.clone()),
+                            );
+                        }
+                    }
+                    Some((nh, underlay)) => {
+                        let segs = sid(alloc.locator, dst_info.function);
+                        for b in &blocks {
+                            rb.add(
+                                src.table,
+                                *b,
+                                PREC_REACH,
+                                Nexthop::Seg6Encap {
+                                    segs,
+                                    underlay: *underlay,
+                                },
+                            );
+                        }
+                        // The outer lookup after encap happens in the VRF's own IPv6 table.
+                        rb.add(
+                            src.table,
+                            IpNet::V6(alloc.locator.trunc()),
+                            PREC_REACH,
+                            nh.clone(),
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Service grants: host routes to each backend, from the client Network's table.
+fn backend_routes(
+    rb: &mut RouteBuilder,
+    node: &str,
+    state: &ClusterState,
+    peers: &BTreeMap<String, PeerPath>,
+    nets: &Networks<'_>,
+    grants: &[ServiceGrant<'_>],
+) {
+    for g in grants {
+        let Some(src) = nets.get(g.from) else {
+            continue;
+        };
+        for b in &g.backends {
+            let dst = host_net(b.address);
+            match b.location {
+                BackendLocation::Pod {
+                    network,
+                    node: bnode,
+                    ..
+                } => {
+                    let Some(dst_info) = nets.get(network) else {
+                        continue;
+                    };
+                    if bnode == node {
+                        if network != g.from {
+                            rb.add(
+                                src.table,
+                                dst,
+                                PREC_REACH,
+                                Nexthop::Dev(dst_info.vrf.clone()),
+                            );
+                        }
+                    } else if let Some((alloc, (nh, underlay))) = state
+                        .node_allocations
+                        .get(bnode)
+                        .and_then(|a| Some((a, locator_route(peers.get(bnode)?)?)))
+                    {
+                        let segs = sid(alloc.locator, dst_info.function);
+                        rb.add(
+                            src.table,
+                            dst,
+                            PREC_REACH,
+                            Nexthop::Seg6Encap { segs, underlay },
+                        );
+                        rb.add(src.table, IpNet::V6(alloc.locator.trunc()), PREC_REACH, nh);
+                    }
+                }
+                BackendLocation::Outside => rb.add(src.table, dst, PREC_REACH, Nexthop::Host),
+                BackendLocation::Unallocated { .. } => {}
+            }
+        }
+    }
+}
+
+/// The route to a peer's locator along `path` and the family it uses, `None` when the peer
+/// cannot be reached.
+fn locator_route(path: &PeerPath) -> Option<(Nexthop, Family)> {
+    match *path {
+        PeerPath::Ipv6(via) => Some((Nexthop::Underlay { via }, Family::V6)),
+        PeerPath::Ipv4(via) => Some((Nexthop::Ipv4Tunnel { via }, Family::V4)),
+        PeerPath::NoCommonFamily => None,
+    }
+}
+
+/// The l3mdev and kubelet-probe rules, for both families.
+fn rules() -> BTreeSet<Rule> {
+    let mut rules = BTreeSet::new();
+    for family in [Family::V4, Family::V6] {
+        rules.insert(Rule {
+            priority: RULE_PRIORITY_L3MDEV,
+            family,
+            action: RuleAction::L3mdev,
+        });
+        rules.insert(Rule {
+            priority: RULE_PRIORITY_PROBE,
+            family,
+            action: RuleAction::Fwmark {
+                mark: PROBE_MARK,
+                mask: PROBE_MARK_MASK,
+                table: PROBE_TABLE,
+            },
+        });
+    }
+    rules
+}
+
+/// The sysctls the datapath needs, with one per VRF and one for the IPv4 tunnel if any.
+fn sysctls(vrfs: &BTreeMap<String, Vrf>, ipv4_tunnel: bool) -> BTreeMap<String, String> {
+    let mut sysctls = BTreeMap::new();
+    for (k, v) in [
+        ("net.vrf.strict_mode", "1"),
+        ("net.ipv4.ip_forward", "1"),
+        ("net.ipv6.conf.all.forwarding", "1"),
+        ("net.ipv4.conf.all.rp_filter", "0"),
+        // Decapsulated packets then traverse prerouting and conntrack on the receiving node,
+        // so its forward policy sees connection state.
+        ("net.netfilter.nf_hooks_lwtunnel", "1"),
+        // Replies to the kubelet's (unbound) probe sockets arrive through a pod's VRF; without
+        // these an established TCP/UDP socket outside the VRF does not match them. New
+        // connections from pods to the host are still dropped by the ruleset (from_pods).
+        ("net.ipv4.tcp_l3mdev_accept", "1"),
+        ("net.ipv4.udp_l3mdev_accept", "1"),
+    ] {
+        sysctls.insert(k.to_string(), v.to_string());
+    }
+    for vrf in vrfs.keys() {
+        // Decapsulated packets enter through the VRF device; the kernel uses max(all, dev).
+        sysctls.insert(format!("net.ipv4.conf.{vrf}.rp_filter"), "0".to_string());
+    }
+    if ipv4_tunnel {
+        // The tunnel carries IPv6 even where the host disables it by default.
+        sysctls.insert(
+            format!("net.ipv6.conf.{IPV4_TUNNEL}.disable_ipv6"),
+            "0".to_string(),
+        );
+    }
+    sysctls
+}

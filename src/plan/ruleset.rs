@@ -1,0 +1,520 @@
+//! Lace's nftables ruleset for one node, built from the routing policies (the types and their
+//! rendering are in [`super::nft`]).
+//!
+//! The sending node polices in `prerouting` (seg6 encapsulation happens at route input, before
+//! forward), the receiving node in `forward`, host processes in `output` (only kubelet probes
+//! open connections to pods) and pods towards the host's link-local addresses in `input`;
+//! `postrouting` masquerades what leaves to external Networks. The SRv6 guard and the
+//! untracked underlay chains come from [`super::underlay`].
+
+use std::collections::BTreeMap;
+
+use ipnet::IpNet;
+
+use super::nft::{self, Chain, Hook, Set};
+use super::{underlay, Networks, PROBE_MARK, PROBE_MARK_MASK};
+use crate::api::NodeAllocationSpec;
+use crate::routing::{BackendLocation, ServiceGrant};
+use crate::state::ClusterState;
+
+/// Joins policy names into an element/rule comment.
+fn by_policies(kind: &str, policies: &[&str]) -> String {
+    format!("{kind} {}", policies.join(", "))
+}
+
+/// The ruleset of node `node` (allocation `me`): the sets hold what the Networks, pairs,
+/// egress and Service grants name, the chains are fixed.
+pub(super) fn build_ruleset(
+    node: &str,
+    state: &ClusterState,
+    me: &NodeAllocationSpec,
+    nets: &Networks<'_>,
+    pairs: &BTreeMap<(&str, &str), Vec<&str>>,
+    egress: &BTreeMap<&str, Vec<&str>>,
+    grants: &[ServiceGrant<'_>],
+) -> nft::Ruleset {
+    let [underlays, underlays_v4] = underlay::node_sets(state);
+    let sids = local_sids(node, me);
+    let link_scope = link_scope();
+    let (vrfs, [c4, c6]) = vrf_and_cluster_sets(nets);
+    let [p4, p6] = pair_maps(nets, pairs);
+    let [e4, e6] = egress_sets(nets, egress);
+    let [[s4, s6], [x4, x6], [b4, b6]] = service_sets(node, nets, grants);
+
+    let [raw_prerouting, raw_output] = underlay::untracked();
+    let [from_pods, to_pods, forward] = policy_chains();
+    let [output, from_host] = host_to_pods_chains();
+    let [input, pods_to_host] = pods_to_host_chains();
+    nft::Ruleset {
+        sets: vec![
+            underlays,
+            underlays_v4,
+            sids,
+            vrfs,
+            link_scope,
+            c4,
+            c6,
+            p4,
+            p6,
+            e4,
+            e6,
+            s4,
+            s6,
+            x4,
+            x6,
+            b4,
+            b6,
+        ],
+        // Jump targets first, so every chain a rule jumps to is already declared.
+        chains: vec![
+            from_pods,
+            to_pods,
+            from_host,
+            pods_to_host,
+            raw_prerouting,
+            raw_output,
+            prerouting(),
+            input,
+            forward,
+            output,
+            masquerade(),
+        ],
+    }
+}
+
+/// This node's locator, which holds every local SID.
+fn local_sids(node: &str, me: &NodeAllocationSpec) -> Set {
+    let mut sids = Set::new(
+        "local_sids",
+        "ipv6_addr",
+        true,
+        "this node's SRv6 locator (every local SID)",
+    );
+    sids.add(
+        me.locator.trunc().to_string(),
+        None,
+        &format!("locator of node {node}"),
+    );
+    sids
+}
+
+/// The IPv6 destinations that never leave a pod's veth.
+fn link_scope() -> Set {
+    let mut link_scope = Set::new(
+        "link_scope_v6",
+        "ipv6_addr",
+        true,
+        "IPv6 destinations a pod's packet never leaves its veth for",
+    );
+    link_scope.add("fe80::/10".into(), None, "link-local unicast");
+    link_scope.add("ff00::/8".into(), None, "multicast");
+    link_scope
+}
+
+/// The VRF devices, and the subnets of all internal Networks per family.
+fn vrf_and_cluster_sets(nets: &Networks<'_>) -> (Set, [Set; 2]) {
+    let mut vrfs = Set::new(
+        "vrfs",
+        "ifname",
+        false,
+        "Lace VRF devices: traffic from local pods enters through them",
+    );
+    let mut cluster = [
+        Set::new(
+            "cluster_v4",
+            "ipv4_addr",
+            true,
+            "subnets of all internal Networks",
+        ),
+        Set::new(
+            "cluster_v6",
+            "ipv6_addr",
+            true,
+            "subnets of all internal Networks",
+        ),
+    ];
+    for n in nets.values() {
+        vrfs.add(
+            format!("\"{}\"", n.vrf),
+            None,
+            &format!("Network {}", n.name),
+        );
+        for s in &n.subnets {
+            cluster[usize::from(matches!(s, IpNet::V6(_)))].add(
+                s.to_string(),
+                None,
+                &format!("Network {}", n.name),
+            );
+        }
+    }
+    (vrfs, cluster)
+}
+
+/// The allowed pairs of internal Networks, per family: source subnet . destination subnet.
+fn pair_maps(nets: &Networks<'_>, pairs: &BTreeMap<(&str, &str), Vec<&str>>) -> [Set; 2] {
+    let mut pair_maps = [
+        Set::new_vmap(
+            "pairs_v4",
+            "ipv4_addr . ipv4_addr",
+            true,
+            "NetworkRoutingPolicy: source subnet . destination subnet",
+        ),
+        Set::new_vmap(
+            "pairs_v6",
+            "ipv6_addr . ipv6_addr",
+            true,
+            "NetworkRoutingPolicy: source subnet . destination subnet",
+        ),
+    ];
+    for (&(from, to), policies) in pairs {
+        let (Some(f), Some(t)) = (nets.get(from), nets.get(to)) else {
+            continue;
+        };
+        let reason = by_policies("NetworkRoutingPolicy", policies);
+        for fs in &f.subnets {
+            for ts in t
+                .subnets
+                .iter()
+                .filter(|ts| matches!(ts, IpNet::V6(_)) == matches!(fs, IpNet::V6(_)))
+            {
+                pair_maps[usize::from(matches!(fs, IpNet::V6(_)))].add(
+                    format!("{fs} . {ts}"),
+                    Some("accept"),
+                    &reason,
+                );
+            }
+        }
+    }
+    pair_maps
+}
+
+/// The subnets of Networks allowed to an external Network, per family.
+fn egress_sets(nets: &Networks<'_>, egress: &BTreeMap<&str, Vec<&str>>) -> [Set; 2] {
+    let mut egress_sets = [
+        Set::new(
+            "egress_v4",
+            "ipv4_addr",
+            true,
+            "NetworkRoutingPolicy to an external Network: source subnets",
+        ),
+        Set::new(
+            "egress_v6",
+            "ipv6_addr",
+            true,
+            "NetworkRoutingPolicy to an external Network: source subnets",
+        ),
+    ];
+    for (from, policies) in egress {
+        let Some(f) = nets.get(from) else { continue };
+        let reason = by_policies("NetworkRoutingPolicy", policies);
+        for s in &f.subnets {
+            egress_sets[usize::from(matches!(s, IpNet::V6(_)))].add(s.to_string(), None, &reason);
+        }
+    }
+    egress_sets
+}
+
+/// The Service grants, each per family: by Service address, by Service address for Services
+/// on external Networks (masqueraded), and by backend on this node.
+fn service_sets(node: &str, nets: &Networks<'_>, grants: &[ServiceGrant<'_>]) -> [[Set; 2]; 3] {
+    let mut svc_sets = [
+        Set::new(
+            "services_v4",
+            "ipv4_addr . ipv4_addr",
+            true,
+            "ServiceRoutingPolicy: source subnet . Service address",
+        ),
+        Set::new(
+            "services_v6",
+            "ipv6_addr . ipv6_addr",
+            true,
+            "ServiceRoutingPolicy: source subnet . Service address",
+        ),
+    ];
+    let mut svc_ext_sets = [
+        Set::new(
+            "services_external_v4",
+            "ipv4_addr . ipv4_addr",
+            true,
+            "ServiceRoutingPolicy to external Services (masqueraded)",
+        ),
+        Set::new(
+            "services_external_v6",
+            "ipv6_addr . ipv6_addr",
+            true,
+            "ServiceRoutingPolicy to external Services (masqueraded)",
+        ),
+    ];
+    let mut backend_sets = [
+        Set::new(
+            "backends_v4",
+            "ipv4_addr . ipv4_addr . inet_proto . inet_service",
+            true,
+            "ServiceRoutingPolicy: source subnet . backend on this node . protocol . target port",
+        ),
+        Set::new(
+            "backends_v6",
+            "ipv6_addr . ipv6_addr . inet_proto . inet_service",
+            true,
+            "ServiceRoutingPolicy: source subnet . backend on this node . protocol . target port",
+        ),
+    ];
+    for g in grants {
+        let Some(f) = nets.get(g.from) else { continue };
+        let reason = format!("ServiceRoutingPolicy {}: {}", g.policy, g.service);
+        let ext = !nets.contains_key(g.to);
+        for fs in &f.subnets {
+            let fam6 = matches!(fs, IpNet::V6(_));
+            let i = usize::from(fam6);
+            for ip in g.spec.cluster_ips.iter().filter(|ip| ip.is_ipv6() == fam6) {
+                svc_sets[i].add(format!("{fs} . {ip}"), None, &reason);
+                if ext {
+                    svc_ext_sets[i].add(format!("{fs} . {ip}"), None, &reason);
+                }
+            }
+            for b in &g.backends {
+                let BackendLocation::Pod { node: bnode, .. } = b.location else {
+                    continue;
+                };
+                if bnode != node || b.address.is_ipv6() != fam6 {
+                    continue;
+                }
+                for p in g.target_ports {
+                    let proto = p.protocol.to_ascii_lowercase();
+                    backend_sets[i].add(
+                        format!("{fs} . {} . {proto} . {}", b.address, p.port),
+                        None,
+                        &reason,
+                    );
+                }
+            }
+        }
+    }
+    [svc_sets, svc_ext_sets, backend_sets]
+}
+
+/// The sending node's policy, behind the SRv6 guard: new connections from local pods.
+fn prerouting() -> Chain {
+    let mut prerouting = Chain {
+        name: "prerouting".into(),
+        hook: Some(Hook { kind: "filter", hook: "prerouting", priority: "dstnat + 10" }),
+        comment: "after kube-proxy's DNAT; the sending node's policy lives here because seg6 encap happens at route input, before forward".into(),
+        rules: Vec::new(),
+    };
+    underlay::guard(&mut prerouting);
+    // The VRF driver runs a pod's neighbour discovery frames through prerouting a second time
+    // with the VRF as input device, untracked (vrf_ip6_rcv): from_pods would drop the
+    // advertisements answering the host, which then cannot resolve IPv6 pods (seen in a VM).
+    // Link-local and multicast destinations are never forwarded; the input chain polices what
+    // of them reaches the host.
+    prerouting.rule(
+        "iifname @vrfs ip6 daddr @link_scope_v6 accept",
+        "link-local and multicast from pods: never forwarded, policed in input (pods_to_host)",
+    );
+    prerouting.rule(
+        "iifname @vrfs jump from_pods",
+        "connections opened by local pods",
+    );
+    prerouting
+}
+
+/// `from_pods` and `to_pods`: what the routing policies allow, then drop; and `forward`, the
+/// receiving node's policy, which sends what goes to pods through `to_pods`.
+fn policy_chains() -> [Chain; 3] {
+    let mut from_pods = Chain {
+        name: "from_pods".into(),
+        hook: None,
+        comment: "new connections from local pods: only what a routing policy allows".into(),
+        rules: Vec::new(),
+    };
+    let mut to_pods = Chain {
+        name: "to_pods".into(),
+        hook: None,
+        comment: "forwarded traffic towards pods (decapsulated or leaked between VRFs)".into(),
+        rules: Vec::new(),
+    };
+    for c in [&mut from_pods, &mut to_pods] {
+        c.rule(
+            "ct state established,related accept",
+            "replies and related flows of allowed connections",
+        );
+        c.rule(
+            "ip saddr . ip daddr vmap @pairs_v4",
+            "NetworkRoutingPolicy pairs",
+        );
+        c.rule(
+            "ip6 saddr . ip6 daddr vmap @pairs_v6",
+            "NetworkRoutingPolicy pairs",
+        );
+        c.rule(
+            "ct status dnat ip saddr . ct original ip daddr @services_v4 accept",
+            "ServiceRoutingPolicy grants, by the Service address before DNAT",
+        );
+        c.rule(
+            "ct status dnat ip6 saddr . ct original ip6 daddr @services_v6 accept",
+            "ServiceRoutingPolicy grants, by the Service address before DNAT",
+        );
+    }
+    for c in [&mut from_pods, &mut to_pods] {
+        // In from_pods too: with nf_hooks_lwtunnel=1 a decapsulated packet may traverse
+        // prerouting with its VRF as input device.
+        // The protocol is `ct protocol`, not `meta l4proto`: in a concatenation looked up in
+        // an interval set, nft (1.0.6) converts the host-endian one-byte `meta l4proto` with
+        // a `byteorder` expression of size 2 and length 1, which kernels carrying
+        // "netfilter: nft_byteorder: remove multi-register support" (Debian 6.12.115+) reject
+        // with EOPNOTSUPP. `ct protocol` needs no conversion and is the packet's transport
+        // protocol whenever the packet has a conntrack entry, as every new connection does; a
+        // packet without one (invalid, untracked) cannot open a connection and meets the drop.
+        c.rule(
+            "ip saddr . ip daddr . ct protocol . th dport @backends_v4 accept",
+            "ServiceRoutingPolicy grants: backends on this node (DNAT happened on the client's node)",
+        );
+        c.rule(
+            "ip6 saddr . ip6 daddr . ct protocol . th dport @backends_v6 accept",
+            "ServiceRoutingPolicy grants: backends on this node (DNAT happened on the client's node)",
+        );
+    }
+    from_pods.rule(
+        "ip saddr @egress_v4 ip daddr != @cluster_v4 accept",
+        "NetworkRoutingPolicy to an external Network",
+    );
+    from_pods.rule(
+        "ip6 saddr @egress_v6 ip6 daddr != @cluster_v6 accept",
+        "NetworkRoutingPolicy to an external Network",
+    );
+    from_pods.rule(
+        "counter drop",
+        "no Lace routing policy allows this new connection",
+    );
+    to_pods.rule(
+        "counter drop",
+        "no Lace routing policy allows this new connection",
+    );
+
+    let mut forward = Chain {
+        name: "forward".into(),
+        hook: Some(Hook {
+            kind: "filter",
+            hook: "forward",
+            priority: "filter",
+        }),
+        comment: "the receiving node's policy: decapsulated packets traverse forward".into(),
+        rules: Vec::new(),
+    };
+    forward.rule("ip daddr @cluster_v4 jump to_pods", "towards pods");
+    forward.rule("ip6 daddr @cluster_v6 jump to_pods", "towards pods");
+    [from_pods, to_pods, forward]
+}
+
+/// `output` and `from_host`: only the kubelet's probes open connections from the host to pods.
+fn host_to_pods_chains() -> [Chain; 2] {
+    let mark = format!("meta mark & {PROBE_MARK_MASK:#010x} == {PROBE_MARK:#010x}");
+    let mut output = Chain {
+        name: "output".into(),
+        hook: Some(Hook {
+            kind: "filter",
+            hook: "output",
+            priority: "filter",
+        }),
+        comment: "host processes towards pods".into(),
+        rules: Vec::new(),
+    };
+    // A pod source means a packet leaked between VRFs re-entering through the VRF device's
+    // transmit path (which runs the output hook); it was policed in prerouting and forward.
+    output.rule(
+        "ip daddr @cluster_v4 ip saddr != @cluster_v4 jump from_host",
+        "host processes towards pods",
+    );
+    output.rule(
+        "ip6 daddr @cluster_v6 ip6 saddr != @cluster_v6 jump from_host",
+        "host processes towards pods",
+    );
+    let mut from_host = Chain {
+        name: "from_host".into(),
+        hook: None,
+        comment: "only the kubelet (probes) opens connections from the host to pods".into(),
+        rules: Vec::new(),
+    };
+    from_host.rule(
+        "ct state established,related accept",
+        "replies of connections pods opened",
+    );
+    from_host.rule(
+        format!("{mark} accept"),
+        "kubelet probes: socket mark set by Lace's cgroup program",
+    );
+    from_host.rule(
+        "counter drop",
+        "host processes other than the kubelet do not open connections to pods",
+    );
+    [output, from_host]
+}
+
+/// `input` and `pods_to_host`: pods towards the host's link-local and multicast addresses.
+fn pods_to_host_chains() -> [Chain; 2] {
+    let mut input = Chain {
+        name: "input".into(),
+        hook: Some(Hook {
+            kind: "filter",
+            hook: "input",
+            priority: "filter",
+        }),
+        comment: "local pods towards the host's link-local and multicast addresses".into(),
+        rules: Vec::new(),
+    };
+    // Other packets from pods to link-local or multicast addresses get no second prerouting
+    // pass; they arrive here with the VRF as input device and reach even the host's unbound
+    // sockets through the l3mdev_accept sysctls. Neighbour discovery keeps the veth as input
+    // device, so it never comes here.
+    input.rule(
+        "iifname @vrfs ip6 daddr @link_scope_v6 jump pods_to_host",
+        "pods towards the host over their veth",
+    );
+    let mut pods_to_host = Chain {
+        name: "pods_to_host".into(),
+        hook: None,
+        comment: "pods do not open connections to the host; replies to the kubelet do come back"
+            .into(),
+        rules: Vec::new(),
+    };
+    pods_to_host.rule(
+        "ct state established,related accept",
+        "replies to IPv6 kubelet probes (sent from fe80::1)",
+    );
+    pods_to_host.rule(
+        "counter drop",
+        "pods reach no host service through their gateway fe80::1 or the veth's link-local address",
+    );
+    [input, pods_to_host]
+}
+
+/// Masquerade of what leaves to external Networks (and external Services) behind the node.
+fn masquerade() -> Chain {
+    let mut postrouting = Chain {
+        name: "postrouting".into(),
+        hook: Some(Hook {
+            kind: "nat",
+            hook: "postrouting",
+            priority: "srcnat + 10",
+        }),
+        comment: "masquerade traffic leaving to external Networks behind the node".into(),
+        rules: Vec::new(),
+    };
+    postrouting.rule(
+        "ip saddr @egress_v4 ip daddr != @cluster_v4 masquerade",
+        "NetworkRoutingPolicy to an external Network",
+    );
+    postrouting.rule(
+        "ip6 saddr @egress_v6 ip6 daddr != @cluster_v6 masquerade",
+        "NetworkRoutingPolicy to an external Network",
+    );
+    postrouting.rule(
+        "ct status dnat ip saddr . ct original ip daddr @services_external_v4 masquerade",
+        "ServiceRoutingPolicy to a Service on an external Network uses host routing",
+    );
+    postrouting.rule(
+        "ct status dnat ip6 saddr . ct original ip6 daddr @services_external_v6 masquerade",
+        "ServiceRoutingPolicy to a Service on an external Network uses host routing",
+    );
+    postrouting
+}
