@@ -30,6 +30,7 @@
 //! **Node readiness** ([`node_status`]): after the first successful apply, the Node's
 //! `NetworkUnavailable` condition is set to `False` (`LaceIsUp`).
 
+mod address;
 mod connect;
 mod feed;
 mod metrics;
@@ -56,7 +57,8 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-pub use connect::{parse_address, ApiServer, ConnectError, SERVICE_ACCOUNT_DIR};
+pub use address::{parse_address, AddressError};
+pub use connect::{ApiServer, ConnectError, SERVICE_ACCOUNT_DIR};
 
 use self::feed::Feeder;
 use self::metrics::SourceMetrics;
