@@ -132,7 +132,7 @@ pub enum AgentError {
     #[error("cannot start the runtime: {0}")]
     Runtime(#[source] std::io::Error),
     #[error("verifying IPAM against the kernel: {0}")]
-    Verify(String),
+    Verify(#[source] cni::KernelError),
 }
 
 /// The cluster state the agent serves from, with this node's planner.
