@@ -114,11 +114,13 @@ impl Config {
     }
 }
 
-/// Why the agent could not start or stopped.
+/// Why the agent could not start, stopped, or cannot plan this node.
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
     #[error(transparent)]
     Ipam(#[from] ipam::IpamError),
+    #[error(transparent)]
+    Plan(#[from] PlanError),
     #[error(transparent)]
     Server(#[from] server::ServerError),
     #[error("cannot listen for metrics on {addr}: {source}")]
@@ -386,16 +388,12 @@ impl Agent {
     }
 
     /// The node's full plan for the current state and attachments; `None` if not ready.
-    pub fn plan(&self) -> Result<Option<DesiredNode>, String> {
+    pub fn plan(&self) -> Result<Option<DesiredNode>, AgentError> {
         let Ok(loaded) = self.loaded() else {
             return Ok(None);
         };
-        let attachments = self.ipam.pod_attachments().map_err(|e| e.to_string())?;
-        loaded
-            .planner
-            .plan(&attachments)
-            .map(Some)
-            .map_err(|e| e.to_string())
+        let attachments = self.ipam.pod_attachments()?;
+        Ok(Some(loaded.planner.plan(&attachments)?))
     }
 }
 
