@@ -247,7 +247,8 @@ impl Probes for super::Agent {
     }
 
     fn healthz(&self) -> Result<(), String> {
-        self.not_ready_reason().map_or(Ok(()), Err)
+        self.not_ready_reason()
+            .map_or(Ok(()), |why| Err(why.to_string()))
     }
 
     fn readyz(&self) -> Result<(), String> {

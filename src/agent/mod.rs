@@ -65,8 +65,9 @@ use crate::plan::{underlay, DesiredNode, PlanError, Planner};
 use crate::state::ClusterState;
 use crate::wire::{LogLevel, PluginSettings, DEFAULT_TIMEOUT_SECONDS};
 
+pub use lifecycle::NotReady;
 pub use reconcile::{Dataplane, DataplaneError, PlanSink};
-pub use source::StateSource;
+pub use source::{StateSource, StateUnavailable};
 
 pub use underlay::{DEFAULT_UNDERLAY_MTU, SRV6_OVERHEAD};
 /// Directory (under the state dir) where the plugin queues DELs while the agent is away.
@@ -156,7 +157,7 @@ pub struct Agent {
     /// network available after the first).
     pub(crate) applied: tokio::sync::watch::Sender<u64>,
     /// The state, or why there is none usable.
-    cluster: RwLock<Result<Arc<Loaded>, String>>,
+    cluster: RwLock<Result<Arc<Loaded>, NotReady>>,
     /// Bumped by every [`Agent::set_state`].
     generation: AtomicU64,
     /// The objects the last admission left out, with why (logged when the set changes).
@@ -213,7 +214,7 @@ impl Agent {
             source,
             reconcile_wanted: Notify::new(),
             applied: tokio::sync::watch::Sender::new(0),
-            cluster: RwLock::new(Err("cluster state not loaded yet".into())),
+            cluster: RwLock::new(Err(NotReady::NotLoaded)),
             generation: AtomicU64::new(0),
             rejected: Default::default(),
             pod_mtu: AtomicU32::new(0),
@@ -249,18 +250,17 @@ impl Agent {
     /// `lace_rejected_objects`), so one bad object never takes the node down. A state whose
     /// plan fails for this node (e.g. no allocation yet) makes the agent not ready, with the
     /// planner's message as the reason.
-    pub fn set_state(&self, state: Result<ClusterState, String>) {
+    pub fn set_state(&self, state: Result<ClusterState, StateUnavailable>) {
         let state = state.map(|state| self.admit(state));
-        let loaded = state.and_then(|state| match Planner::new(&self.node, &state) {
-            Ok(planner) => Ok(Arc::new(Loaded {
-                state: Arc::new(state),
-                planner,
-            })),
-            Err(e @ PlanError::NodeNotAllocated { .. }) => Err(format!(
-                "{e}; lace-controller allocates it in a cluster (`lace-agent allocate` on the \
-                 manifests directory in standalone mode)"
-            )),
-            Err(e) => Err(e.to_string()),
+        let loaded = state.map_err(NotReady::Source).and_then(|state| {
+            match Planner::new(&self.node, &state) {
+                Ok(planner) => Ok(Arc::new(Loaded {
+                    state: Arc::new(state),
+                    planner,
+                })),
+                Err(e @ PlanError::NodeNotAllocated { .. }) => Err(NotReady::Unallocated(e)),
+                Err(e) => Err(NotReady::Plan(e)),
+            }
         });
         if let Err(why) = &loaded {
             tracing::warn!(node = %self.node, reason = %why, "not ready");
@@ -301,7 +301,7 @@ impl Agent {
     }
 
     /// The current state, or why the agent is not ready.
-    pub fn loaded(&self) -> Result<Arc<Loaded>, String> {
+    pub fn loaded(&self) -> Result<Arc<Loaded>, NotReady> {
         self.cluster
             .read()
             .unwrap_or_else(|e| e.into_inner())
@@ -309,9 +309,9 @@ impl Agent {
     }
 
     /// `None` when ADD can be served, else why not.
-    pub fn not_ready_reason(&self) -> Option<String> {
+    pub fn not_ready_reason(&self) -> Option<NotReady> {
         if !self.serving.load(Ordering::Acquire) {
-            return Some("CNI socket not served yet".into());
+            return Some(NotReady::NotServing);
         }
         self.loaded().err()
     }
