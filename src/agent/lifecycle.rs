@@ -32,10 +32,10 @@ pub enum NotReady {
         "{0}; lace-controller allocates it in a cluster (`lace-agent allocate` on the \
          manifests directory in standalone mode)"
     )]
-    Unallocated(PlanError),
+    Unallocated(Box<PlanError>),
     /// The state does not plan for this node.
     #[error(transparent)]
-    Plan(PlanError),
+    Plan(Box<PlanError>),
 }
 
 /// Runs the agent until SIGINT or SIGTERM, fed by `source`.

@@ -121,7 +121,7 @@ pub enum AgentError {
     #[error(transparent)]
     Ipam(#[from] ipam::IpamError),
     #[error(transparent)]
-    Plan(#[from] PlanError),
+    Plan(Box<PlanError>),
     #[error(transparent)]
     Server(#[from] server::ServerError),
     #[error("cannot listen for metrics on {addr}: {source}")]
@@ -258,8 +258,10 @@ impl Agent {
                     state: Arc::new(state),
                     planner,
                 })),
-                Err(e @ PlanError::NodeNotAllocated { .. }) => Err(NotReady::Unallocated(e)),
-                Err(e) => Err(NotReady::Plan(e)),
+                Err(e @ PlanError::NodeNotAllocated { .. }) => {
+                    Err(NotReady::Unallocated(Box::new(e)))
+                }
+                Err(e) => Err(NotReady::Plan(Box::new(e))),
             }
         });
         if let Err(why) = &loaded {
@@ -393,7 +395,11 @@ impl Agent {
             return Ok(None);
         };
         let attachments = self.ipam.pod_attachments()?;
-        Ok(Some(loaded.planner.plan(&attachments)?))
+        loaded
+            .planner
+            .plan(&attachments)
+            .map(Some)
+            .map_err(|e| AgentError::Plan(Box::new(e)))
     }
 }
 
