@@ -23,7 +23,7 @@ pub struct PodLookupError {
 }
 
 /// Why a source has no cluster state to give now, in the source's own terms (its typed
-/// error): what it hands [`Agent::set_state`] instead of a state, so the agent's not-ready
+/// error): what it hands [`Agent::set_state`] instead of a state, and so the agent's not-ready
 /// reason until the next one.
 #[derive(Clone, Debug, thiserror::Error)]
 #[error(transparent)]
