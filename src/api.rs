@@ -34,12 +34,24 @@ pub struct Subnet {
     pub block_prefix: u8,
 }
 
+/// A subnet's `cidr` that [`parse_cidr`] rejects. The message starts with the field's name
+/// (serde's error path stops at the subnet).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("cidr {cidr:?} is not a CIDR: {why}")]
+pub struct InvalidCidr {
+    pub cidr: String,
+    /// What is wrong with it, and what to write instead.
+    pub why: &'static str,
+}
+
 /// Parses a subnet's CIDR as strictly as the Kubernetes CEL library the admission policy uses
 /// (Go's `netip.ParsePrefix`): no IPv4 octets or prefix lengths with leading zeros, no IPv6
-/// zones, no IPv4-mapped IPv6 addresses. The message starts with the field's name (serde's
-/// error path stops at the subnet).
-pub fn parse_cidr(text: &str) -> Result<IpNet, String> {
-    let bad = |why: &str| format!("cidr {text:?} is not a CIDR: {why}");
+/// zones, no IPv4-mapped IPv6 addresses.
+pub fn parse_cidr(text: &str) -> Result<IpNet, InvalidCidr> {
+    let bad = |why| InvalidCidr {
+        cidr: text.to_string(),
+        why,
+    };
     let (addr, bits) = text
         .rsplit_once('/')
         .ok_or_else(|| bad("no prefix length (like 10.244.0.0/16)"))?;

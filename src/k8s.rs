@@ -9,7 +9,7 @@ use kube::core::DynamicResourceScope;
 use kube::Resource;
 use serde::Deserialize;
 
-use crate::objects::{Body, Meta, Object};
+use crate::objects::{Body, Meta, Object, ObjectError};
 
 /// An object of body `B` as the API server sends it: `metadata` and the body's fields.
 #[derive(Clone, Debug, Deserialize)]
@@ -32,7 +32,7 @@ pub fn meta_of(m: &ObjectMeta) -> Meta {
 impl<B: Body> Slim<B> {
     /// The object for the cluster state; `Ok(None)` for one Lace ignores. The error names the
     /// field (see [`Body::into_object`]).
-    pub fn into_object(self) -> Result<Option<Object>, String> {
+    pub fn into_object(self) -> Result<Option<Object>, ObjectError> {
         let meta = meta_of(&self.metadata);
         self.body.into_object(meta)
     }

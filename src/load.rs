@@ -199,7 +199,7 @@ impl BodyVisitor for ApplyDoc<'_> {
         let object = doc
             .parse::<B>()?
             .into_object(self.meta)
-            .map_err(|m| doc.invalid(m))?;
+            .map_err(|e| doc.invalid(e.to_string()))?;
         match object {
             Some(object) => _ = self.index.apply(object),
             None => {

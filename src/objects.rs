@@ -253,6 +253,21 @@ impl Object {
     }
 }
 
+/// Why an object cannot be used: names the field that is wrong.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ObjectError {
+    #[error("{field}: invalid IP address {value:?}")]
+    InvalidIp { field: String, value: String },
+    #[error("spec.ports[{index}]: missing field `port`")]
+    MissingPort { index: usize },
+    #[error("data.srv6LocatorPrefix: invalid IPv6 prefix {value:?}")]
+    InvalidLocatorPrefix { value: String },
+    /// The object is not of its kind's shape: what the decoder said (a source that decodes
+    /// each object on its own, so one of them cannot fail a whole list).
+    #[error("unexpected shape: {0}")]
+    Shape(String),
+}
+
 /// Something done with the body type of a [`Kind`] ([`Kind::visit`]).
 pub trait BodyVisitor {
     type Output;
@@ -266,7 +281,7 @@ pub trait Body: DeserializeOwned + Clone + std::fmt::Debug + Send + Sync + 'stat
     /// Converts an object with metadata `meta`; `Ok(None)` for an object Lace ignores (a
     /// ConfigMap other than Lace's, an EndpointSlice of no Service). The error says which
     /// field is wrong (`spec.clusterIPs: invalid IP address "…"`).
-    fn into_object(self, meta: Meta) -> Result<Option<Object>, String>;
+    fn into_object(self, meta: Meta) -> Result<Option<Object>, ObjectError>;
 }
 
 /// A Lace object: only its spec matters (status is the controller's output).
@@ -279,7 +294,7 @@ macro_rules! lace_body {
     ($spec:ty, $kind:ident) => {
         impl Body for Lace<$spec> {
             const KIND: Kind = Kind::$kind;
-            fn into_object(self, meta: Meta) -> Result<Option<Object>, String> {
+            fn into_object(self, meta: Meta) -> Result<Option<Object>, ObjectError> {
                 Ok(Some(Object::$kind(meta.name, self.spec)))
             }
         }
@@ -299,7 +314,7 @@ pub struct NamespaceBody {}
 
 impl Body for NamespaceBody {
     const KIND: Kind = Kind::Namespace;
-    fn into_object(self, meta: Meta) -> Result<Option<Object>, String> {
+    fn into_object(self, meta: Meta) -> Result<Option<Object>, ObjectError> {
         let mut labels = meta.labels;
         labels
             .entry(NAMESPACE_NAME_LABEL.to_string())
@@ -341,7 +356,7 @@ pub struct PodIp {
 
 impl Body for PodBody {
     const KIND: Kind = Kind::Pod;
-    fn into_object(self, meta: Meta) -> Result<Option<Object>, String> {
+    fn into_object(self, meta: Meta) -> Result<Option<Object>, ObjectError> {
         let (field, ips): (_, Vec<String>) = if self.status.pod_ips.is_empty() {
             ("status.podIP", self.status.pod_ip.into_iter().collect())
         } else {
@@ -393,7 +408,7 @@ fn tcp() -> String {
 
 impl Body for ServiceBody {
     const KIND: Kind = Kind::Service;
-    fn into_object(self, meta: Meta) -> Result<Option<Object>, String> {
+    fn into_object(self, meta: Meta) -> Result<Option<Object>, ObjectError> {
         let spec = self.spec;
         let (field, ips): (_, Vec<String>) = if spec.cluster_ips.is_empty() {
             ("spec.clusterIP", spec.cluster_ip.into_iter().collect())
@@ -414,7 +429,7 @@ impl Body for ServiceBody {
                     protocol: p.protocol,
                     port,
                 }),
-                None => Err(format!("spec.ports[{i}]: missing field `port`")),
+                None => Err(ObjectError::MissingPort { index: i }),
             })
             .collect::<Result<_, _>>()?;
         let service = Service {
@@ -455,7 +470,7 @@ pub struct EndpointConditions {
 
 impl Body for EndpointSliceBody {
     const KIND: Kind = Kind::EndpointSlice;
-    fn into_object(self, meta: Meta) -> Result<Option<Object>, String> {
+    fn into_object(self, meta: Meta) -> Result<Option<Object>, ObjectError> {
         let Some(service) = meta.labels.get(SERVICE_NAME_LABEL) else {
             return Ok(None);
         };
@@ -515,7 +530,7 @@ pub struct NodeAddress {
 
 impl Body for NodeBody {
     const KIND: Kind = Kind::Node;
-    fn into_object(self, meta: Meta) -> Result<Option<Object>, String> {
+    fn into_object(self, meta: Meta) -> Result<Option<Object>, ObjectError> {
         let internal_ips = self
             .status
             .addresses
@@ -541,7 +556,7 @@ pub struct ConfigMapBody {
 
 impl Body for ConfigMapBody {
     const KIND: Kind = Kind::ConfigMap;
-    fn into_object(self, meta: Meta) -> Result<Option<Object>, String> {
+    fn into_object(self, meta: Meta) -> Result<Option<Object>, ObjectError> {
         if !is_lace_config(&meta) {
             return Ok(None);
         }
@@ -550,14 +565,17 @@ impl Body for ConfigMapBody {
             .get("srv6LocatorPrefix")
             .map(String::as_str)
             .unwrap_or_default();
-        let srv6_locator_prefix =
-            if prefix.is_empty() {
-                None
-            } else {
-                Some(prefix.parse().map_err(|_| {
-                    format!("data.srv6LocatorPrefix: invalid IPv6 prefix {prefix:?}")
-                })?)
-            };
+        let srv6_locator_prefix = if prefix.is_empty() {
+            None
+        } else {
+            Some(
+                prefix
+                    .parse()
+                    .map_err(|_| ObjectError::InvalidLocatorPrefix {
+                        value: prefix.to_string(),
+                    })?,
+            )
+        };
         Ok(Some(Object::Config(ClusterConfig {
             srv6_locator_prefix,
         })))
@@ -569,12 +587,14 @@ pub fn is_lace_config(meta: &Meta) -> bool {
     (meta.namespace.as_str(), meta.name.as_str()) == (CONFIG_NAMESPACE, CONFIG_NAME)
 }
 
-fn parse_ip(field: &str, s: &str) -> Result<IpAddr, String> {
-    s.parse()
-        .map_err(|_| format!("{field}: invalid IP address {s:?}"))
+fn parse_ip(field: &str, s: &str) -> Result<IpAddr, ObjectError> {
+    s.parse().map_err(|_| ObjectError::InvalidIp {
+        field: field.to_string(),
+        value: s.to_string(),
+    })
 }
 
-fn parse_ips(field: &str, list: &[String]) -> Result<Vec<IpAddr>, String> {
+fn parse_ips(field: &str, list: &[String]) -> Result<Vec<IpAddr>, ObjectError> {
     list.iter().map(|s| parse_ip(field, s)).collect()
 }
 
@@ -650,7 +670,7 @@ mod tests {
         let err = body::<PodBody>(serde_json::json!({"status": {"podIPs": [{"ip": "x"}]}}))
             .into_object(meta("ns", "p", &[]))
             .unwrap_err();
-        assert_eq!(err, "status.podIPs: invalid IP address \"x\"");
+        assert_eq!(err.to_string(), "status.podIPs: invalid IP address \"x\"");
 
         let ns = body::<NamespaceBody>(serde_json::json!({"spec": {"finalizers": ["kubernetes"]}}))
             .into_object(meta("", "team", &[]))

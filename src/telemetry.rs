@@ -25,32 +25,34 @@ const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=
 
 /// What the endpoint serves for one component.
 pub trait Probes: Send + Sync + 'static {
+    /// Why the component is not healthy or not ready, in its own terms (the 503's body).
+    type NotReady: std::fmt::Display;
     /// The metrics `/metrics` encodes.
     fn registry(&self) -> &Registry;
     /// `/healthz`: `Ok` when healthy, else why not (served as 503).
-    fn healthz(&self) -> Result<(), String>;
+    fn healthz(&self) -> Result<(), Self::NotReady>;
     /// `/readyz`: `Ok` when ready for work, else why not (served as 503).
-    fn readyz(&self) -> Result<(), String>;
+    fn readyz(&self) -> Result<(), Self::NotReady>;
     /// Brings the gauges computed at scrape time up to date (called before encoding).
     fn refresh(&self) {}
 }
 
 /// The routes: `/metrics`, `/healthz`, `/readyz`.
-pub fn router(probes: Arc<dyn Probes>) -> Router {
+pub fn router<P: Probes>(probes: Arc<P>) -> Router {
     Router::new()
-        .route("/metrics", get(metrics))
+        .route("/metrics", get(metrics::<P>))
         .route(
             "/healthz",
-            get(|State(p): State<Arc<dyn Probes>>| async move { probe(p.healthz()) }),
+            get(|State(p): State<Arc<P>>| async move { probe(p.healthz()) }),
         )
         .route(
             "/readyz",
-            get(|State(p): State<Arc<dyn Probes>>| async move { probe(p.readyz()) }),
+            get(|State(p): State<Arc<P>>| async move { probe(p.readyz()) }),
         )
         .with_state(probes)
 }
 
-async fn metrics(State(probes): State<Arc<dyn Probes>>) -> Response {
+async fn metrics<P: Probes>(State(probes): State<Arc<P>>) -> Response {
     probes.refresh();
     let mut text = String::new();
     match prometheus_client::encoding::text::encode(&mut text, probes.registry()) {
@@ -63,7 +65,7 @@ async fn metrics(State(probes): State<Arc<dyn Probes>>) -> Response {
     }
 }
 
-fn probe(result: Result<(), String>) -> Response {
+fn probe(result: Result<(), impl std::fmt::Display>) -> Response {
     match result {
         Ok(()) => "ok\n".into_response(),
         Err(why) => (
@@ -81,7 +83,7 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> 
 }
 
 /// Serves `probes` on `listener` until the task is dropped.
-pub async fn serve(listener: tokio::net::TcpListener, probes: Arc<dyn Probes>) {
+pub async fn serve<P: Probes>(listener: tokio::net::TcpListener, probes: Arc<P>) {
     if let Err(e) = axum::serve(listener, router(probes)).await {
         tracing::error!(error = %e, "metrics endpoint stopped");
     }
@@ -118,19 +120,20 @@ mod tests {
 
     struct Fixed {
         registry: Registry,
-        ready: Result<(), String>,
+        ready: Result<(), &'static str>,
         counter: Counter,
     }
 
     impl Probes for Fixed {
+        type NotReady = &'static str;
         fn registry(&self) -> &Registry {
             &self.registry
         }
-        fn healthz(&self) -> Result<(), String> {
+        fn healthz(&self) -> Result<(), &'static str> {
             Ok(())
         }
-        fn readyz(&self) -> Result<(), String> {
-            self.ready.clone()
+        fn readyz(&self) -> Result<(), &'static str> {
+            self.ready
         }
         fn refresh(&self) {
             self.counter.inc();
@@ -161,7 +164,7 @@ mod tests {
         registry.register("lace_scrapes", "Scrapes seen.", counter.clone());
         let probes = Arc::new(Fixed {
             registry,
-            ready: Err("caches not synced".into()),
+            ready: Err("caches not synced"),
             counter,
         });
         let listener = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();

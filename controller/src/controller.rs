@@ -252,7 +252,7 @@ pub async fn run(
         w.abort();
     }
     if let Err(e) = &result {
-        metrics.stop(e.to_string());
+        metrics.stop(e.clone());
     }
     result
 }

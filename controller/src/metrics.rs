@@ -26,6 +26,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use crate::desired::Summary;
+use crate::error::FatalError;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct WriteLabels {
@@ -72,6 +73,21 @@ pub struct Progress {
     pub last_error: Option<String>,
 }
 
+/// Why the controller is not healthy (stopped) or not ready: the probes' 503 body.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NotReady {
+    /// It stopped on an error it cannot work around.
+    #[error(transparent)]
+    Stopped(FatalError),
+    #[error("the watches have not listed every kind yet")]
+    Unsynced,
+    #[error("the first pass has not completed")]
+    NoPass,
+    /// The first pass failed with this error and is being retried.
+    #[error("the first pass has not completed: {0}")]
+    PassFailing(String),
+}
+
 /// The controller's metrics and progress. Cheap to update from any task.
 #[derive(Debug)]
 pub struct Metrics {
@@ -88,7 +104,7 @@ pub struct Metrics {
     locators_free: Gauge,
     synced: Gauge,
     progress: tokio::sync::watch::Sender<Progress>,
-    stopped: Mutex<Option<String>>,
+    stopped: Mutex<Option<FatalError>>,
 }
 
 impl Default for Metrics {
@@ -237,7 +253,7 @@ impl Metrics {
         });
     }
 
-    pub(crate) fn stop(&self, why: String) {
+    pub(crate) fn stop(&self, why: FatalError) {
         *self.stopped.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
     }
 
@@ -253,27 +269,29 @@ impl Metrics {
 }
 
 impl Probes for Metrics {
+    type NotReady = NotReady;
+
     fn registry(&self) -> &Registry {
         &self.registry
     }
 
-    fn healthz(&self) -> Result<(), String> {
+    fn healthz(&self) -> Result<(), NotReady> {
         match &*self.stopped.lock().unwrap_or_else(|e| e.into_inner()) {
-            Some(why) => Err(why.clone()),
+            Some(why) => Err(NotReady::Stopped(why.clone())),
             None => Ok(()),
         }
     }
 
-    fn readyz(&self) -> Result<(), String> {
+    fn readyz(&self) -> Result<(), NotReady> {
         self.healthz()?;
         let p = self.progress.borrow();
         if !p.synced {
-            return Err("the watches have not listed every kind yet".into());
+            return Err(NotReady::Unsynced);
         }
         if !p.reconciled {
             return Err(match &p.last_error {
-                Some(e) => format!("the first pass has not completed: {e}"),
-                None => "the first pass has not completed".into(),
+                Some(e) => NotReady::PassFailing(e.clone()),
+                None => NotReady::NoPass,
             });
         }
         Ok(())

@@ -55,7 +55,7 @@ impl BodyVisitor for Parse {
                 format!("{path}: {}", e.inner())
             }
         })?;
-        body.into_object(self.meta)
+        body.into_object(self.meta).map_err(|e| e.to_string())
     }
 }
 

@@ -834,7 +834,11 @@ async fn crds_missing() -> FakeApi {
     let h = Harness::start(&fake, PREFIX);
     let metrics = h.metrics.clone();
     let err = h.ended().await.unwrap_err();
-    assert_eq!(metrics.healthz(), Err(err.to_string()), "/healthz says why");
+    assert_eq!(
+        metrics.healthz().map_err(|why| why.to_string()),
+        Err(err.to_string()),
+        "/healthz says why"
+    );
     assert!(metrics.readyz().is_err());
     assert_eq!(
         err.to_string(),

@@ -80,6 +80,18 @@ fn attachment_hash(container_id: &str, ifname: &str) -> u64 {
     h
 }
 
+/// A dataplane call that failed, or the IPAM records the kernel was checked against: what a
+/// CNI request fails with code 101 ([`KERNEL`]) for, and what stops the start-up check.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    #[error(transparent)]
+    Dataplane(#[from] DataplaneError),
+    #[error("kernel task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+    #[error(transparent)]
+    Ipam(#[from] IpamError),
+}
+
 fn kernel(e: impl std::fmt::Display) -> CniError {
     CniError::new(KERNEL, e.to_string())
 }
@@ -117,15 +129,20 @@ fn format_mac(mac: &[u8]) -> String {
 }
 
 /// Runs a dataplane call off the async workers (it waits for netlink round trips).
+async fn dataplane_call<T: Send + 'static>(
+    agent: &Agent,
+    f: impl FnOnce(&dyn Dataplane) -> Result<T, DataplaneError> + Send + 'static,
+) -> Result<T, KernelError> {
+    let dataplane = Arc::clone(&agent.dataplane);
+    Ok(tokio::task::spawn_blocking(move || f(dataplane.as_ref())).await??)
+}
+
+/// [`dataplane_call`] for a CNI request: a failure answers code 101.
 async fn kernel_op<T: Send + 'static>(
     agent: &Agent,
     f: impl FnOnce(&dyn Dataplane) -> Result<T, DataplaneError> + Send + 'static,
 ) -> Result<T, CniError> {
-    let dataplane = Arc::clone(&agent.dataplane);
-    tokio::task::spawn_blocking(move || f(dataplane.as_ref()))
-        .await
-        .map_err(|e| kernel(format!("kernel task failed: {e}")))?
-        .map_err(kernel)
+    dataplane_call(agent, f).await.map_err(kernel)
 }
 
 /// Runs a blocking IPAM operation off the async workers (it fsyncs).
@@ -652,10 +669,8 @@ async fn gc(agent: &Arc<Agent>, req: &Request) -> Result<(), CniError> {
 }
 
 /// The names of the node's `lp-*` links.
-async fn pod_links(agent: &Agent) -> Result<BTreeSet<String>, String> {
-    let node = kernel_op(agent, |dp| dp.snapshot())
-        .await
-        .map_err(|e| e.msg)?;
+async fn pod_links(agent: &Agent) -> Result<BTreeSet<String>, KernelError> {
+    let node = dataplane_call(agent, |dp| dp.snapshot()).await?;
     Ok(node
         .links
         .into_keys()
@@ -664,11 +679,10 @@ async fn pod_links(agent: &Agent) -> Result<BTreeSet<String>, String> {
 }
 
 /// Deletes every `lp-*` link in the node namespace that no record owns; returns their names.
-async fn remove_unowned_veths(agent: &Agent) -> Result<Vec<String>, String> {
+async fn remove_unowned_veths(agent: &Agent) -> Result<Vec<String>, KernelError> {
     let owned: BTreeSet<String> = agent
         .ipam
-        .records()
-        .map_err(|e| e.to_string())?
+        .records()?
         .into_iter()
         .map(|(_, r)| r.host_ifname)
         .collect();
@@ -680,19 +694,14 @@ async fn remove_unowned_veths(agent: &Agent) -> Result<Vec<String>, String> {
     if unowned.is_empty() {
         return Ok(unowned);
     }
-    kernel_op(agent, move |dp| dp.delete_links(unowned))
-        .await
-        .map_err(|e| e.msg)
+    dataplane_call(agent, move |dp| dp.delete_links(unowned)).await
 }
 
 /// Start-up check: releases records whose host veth is gone (a crash between allocation and
 /// veth creation, a reboot) and deletes `lp-*` veths without a record.
-pub async fn verify_against_kernel(agent: &Arc<Agent>) -> Result<(), String> {
+pub async fn verify_against_kernel(agent: &Arc<Agent>) -> Result<(), KernelError> {
     let present = pod_links(agent).await?;
-    let released = agent
-        .ipam
-        .retain(|_, r| present.contains(&r.host_ifname))
-        .map_err(|e| e.to_string())?;
+    let released = agent.ipam.retain(|_, r| present.contains(&r.host_ifname))?;
     for (key, rec) in &released {
         tracing::info!(pod = %rec.pod, container = %key.container_id, ips = ?rec.ips, "released: host veth is gone");
     }

@@ -5,8 +5,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::source::StateSource;
+use super::source::{StateSource, StateUnavailable};
 use super::{cni, install, ipam::IpamStore, server, Agent, AgentError, Config, Dataplane};
+use crate::plan::PlanError;
 use crate::wire::{del_queue, Command};
 
 /// How often the lifecycle checks whether the plugin can be installed and the underlay MTU
@@ -14,6 +15,28 @@ use crate::wire::{del_queue, Command};
 const TICK: Duration = Duration::from_secs(1);
 /// How long shutdown waits for CNI requests being handled.
 const DRAIN: Duration = Duration::from_secs(10);
+
+/// Why the agent cannot serve CNI ADD yet (or any more): the start-up step it waits for.
+/// CNI STATUS, `/healthz`, `/readyz` and the log say it.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum NotReady {
+    #[error("CNI socket not served yet")]
+    NotServing,
+    /// The source has not delivered anything yet.
+    #[error("cluster state not loaded yet")]
+    NotLoaded,
+    #[error(transparent)]
+    Source(StateUnavailable),
+    /// The state has no allocation for this node; the hint says who makes one.
+    #[error(
+        "{0}; lace-controller allocates it in a cluster (`lace-agent allocate` on the \
+         manifests directory in standalone mode)"
+    )]
+    Unallocated(Box<PlanError>),
+    /// The state does not plan for this node.
+    #[error(transparent)]
+    Plan(Box<PlanError>),
+}
 
 /// Runs the agent until SIGINT or SIGTERM, fed by `source`.
 pub async fn run(

@@ -242,15 +242,17 @@ impl Metrics {
 }
 
 impl Probes for super::Agent {
+    type NotReady = super::NotReady;
+
     fn registry(&self) -> &Registry {
         &self.metrics.registry
     }
 
-    fn healthz(&self) -> Result<(), String> {
+    fn healthz(&self) -> Result<(), super::NotReady> {
         self.not_ready_reason().map_or(Ok(()), Err)
     }
 
-    fn readyz(&self) -> Result<(), String> {
+    fn readyz(&self) -> Result<(), super::NotReady> {
         self.healthz()
     }
 

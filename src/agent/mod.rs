@@ -65,8 +65,9 @@ use crate::plan::{underlay, DesiredNode, PlanError, Planner};
 use crate::state::ClusterState;
 use crate::wire::{LogLevel, PluginSettings, DEFAULT_TIMEOUT_SECONDS};
 
+pub use lifecycle::NotReady;
 pub use reconcile::{Dataplane, DataplaneError, PlanSink};
-pub use source::StateSource;
+pub use source::{StateSource, StateUnavailable};
 
 pub use underlay::{DEFAULT_UNDERLAY_MTU, SRV6_OVERHEAD};
 /// Directory (under the state dir) where the plugin queues DELs while the agent is away.
@@ -114,11 +115,13 @@ impl Config {
     }
 }
 
-/// Why the agent could not start or stopped.
+/// Why the agent could not start, stopped, or cannot plan this node.
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
     #[error(transparent)]
     Ipam(#[from] ipam::IpamError),
+    #[error(transparent)]
+    Plan(Box<PlanError>),
     #[error(transparent)]
     Server(#[from] server::ServerError),
     #[error("cannot listen for metrics on {addr}: {source}")]
@@ -132,7 +135,7 @@ pub enum AgentError {
     #[error("cannot start the runtime: {0}")]
     Runtime(#[source] std::io::Error),
     #[error("verifying IPAM against the kernel: {0}")]
-    Verify(String),
+    Verify(#[source] cni::KernelError),
 }
 
 /// The cluster state the agent serves from, with this node's planner.
@@ -154,7 +157,7 @@ pub struct Agent {
     /// network available after the first).
     pub(crate) applied: tokio::sync::watch::Sender<u64>,
     /// The state, or why there is none usable.
-    cluster: RwLock<Result<Arc<Loaded>, String>>,
+    cluster: RwLock<Result<Arc<Loaded>, NotReady>>,
     /// Bumped by every [`Agent::set_state`].
     generation: AtomicU64,
     /// The objects the last admission left out, with why (logged when the set changes).
@@ -211,7 +214,7 @@ impl Agent {
             source,
             reconcile_wanted: Notify::new(),
             applied: tokio::sync::watch::Sender::new(0),
-            cluster: RwLock::new(Err("cluster state not loaded yet".into())),
+            cluster: RwLock::new(Err(NotReady::NotLoaded)),
             generation: AtomicU64::new(0),
             rejected: Default::default(),
             pod_mtu: AtomicU32::new(0),
@@ -247,18 +250,19 @@ impl Agent {
     /// `lace_rejected_objects`), so one bad object never takes the node down. A state whose
     /// plan fails for this node (e.g. no allocation yet) makes the agent not ready, with the
     /// planner's message as the reason.
-    pub fn set_state(&self, state: Result<ClusterState, String>) {
+    pub fn set_state(&self, state: Result<ClusterState, StateUnavailable>) {
         let state = state.map(|state| self.admit(state));
-        let loaded = state.and_then(|state| match Planner::new(&self.node, &state) {
-            Ok(planner) => Ok(Arc::new(Loaded {
-                state: Arc::new(state),
-                planner,
-            })),
-            Err(e @ PlanError::NodeNotAllocated { .. }) => Err(format!(
-                "{e}; lace-controller allocates it in a cluster (`lace-agent allocate` on the \
-                 manifests directory in standalone mode)"
-            )),
-            Err(e) => Err(e.to_string()),
+        let loaded = state.map_err(NotReady::Source).and_then(|state| {
+            match Planner::new(&self.node, &state) {
+                Ok(planner) => Ok(Arc::new(Loaded {
+                    state: Arc::new(state),
+                    planner,
+                })),
+                Err(e @ PlanError::NodeNotAllocated { .. }) => {
+                    Err(NotReady::Unallocated(Box::new(e)))
+                }
+                Err(e) => Err(NotReady::Plan(Box::new(e))),
+            }
         });
         if let Err(why) = &loaded {
             tracing::warn!(node = %self.node, reason = %why, "not ready");
@@ -299,7 +303,7 @@ impl Agent {
     }
 
     /// The current state, or why the agent is not ready.
-    pub fn loaded(&self) -> Result<Arc<Loaded>, String> {
+    pub fn loaded(&self) -> Result<Arc<Loaded>, NotReady> {
         self.cluster
             .read()
             .unwrap_or_else(|e| e.into_inner())
@@ -307,9 +311,9 @@ impl Agent {
     }
 
     /// `None` when ADD can be served, else why not.
-    pub fn not_ready_reason(&self) -> Option<String> {
+    pub fn not_ready_reason(&self) -> Option<NotReady> {
         if !self.serving.load(Ordering::Acquire) {
-            return Some("CNI socket not served yet".into());
+            return Some(NotReady::NotServing);
         }
         self.loaded().err()
     }
@@ -386,16 +390,16 @@ impl Agent {
     }
 
     /// The node's full plan for the current state and attachments; `None` if not ready.
-    pub fn plan(&self) -> Result<Option<DesiredNode>, String> {
+    pub fn plan(&self) -> Result<Option<DesiredNode>, AgentError> {
         let Ok(loaded) = self.loaded() else {
             return Ok(None);
         };
-        let attachments = self.ipam.pod_attachments().map_err(|e| e.to_string())?;
+        let attachments = self.ipam.pod_attachments()?;
         loaded
             .planner
             .plan(&attachments)
             .map(Some)
-            .map_err(|e| e.to_string())
+            .map_err(|e| AgentError::Plan(Box::new(e)))
     }
 }
 

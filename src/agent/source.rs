@@ -22,6 +22,19 @@ pub struct PodLookupError {
     pub reason: String,
 }
 
+/// Why a source has no cluster state to give now, in the source's own terms (its typed
+/// error): what it hands [`Agent::set_state`] instead of a state, and so the agent's not-ready
+/// reason until the next one.
+#[derive(Clone, Debug, thiserror::Error)]
+#[error(transparent)]
+pub struct StateUnavailable(Arc<dyn std::error::Error + Send + Sync>);
+
+impl StateUnavailable {
+    pub fn new(reason: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self(Arc::new(reason))
+    }
+}
+
 /// A source of cluster state. See the module docs.
 pub trait StateSource: Send + Sync + 'static {
     /// What the source reads, for the start-up log line (`manifests /etc/lace`, `the

@@ -18,8 +18,9 @@ use std::time::{Duration, SystemTime};
 use futures::future::BoxFuture;
 use futures::FutureExt;
 
-use super::source::{PodLookupError, StateSource};
+use super::source::{PodLookupError, StateSource, StateUnavailable};
 use super::Agent;
+use crate::load::LoadError;
 use crate::state::{ClusterState, ObjectKey, Pod};
 
 /// How often the manifests directory is checked.
@@ -28,8 +29,18 @@ const POLL: Duration = Duration::from_secs(1);
 /// What identifies a version of the directory: each file's path, length and mtime.
 type Fingerprint = Vec<(PathBuf, u64, Option<SystemTime>)>;
 
-fn fingerprint(dir: &Path) -> Result<Fingerprint, String> {
-    let files = crate::load::manifest_files(dir).map_err(|e| e.to_string())?;
+/// Why the manifests give no state now.
+#[derive(Debug, thiserror::Error)]
+pub enum StandaloneError {
+    /// The directory, a file or a document in it (each named) cannot be used.
+    #[error(transparent)]
+    Load(LoadError),
+    #[error("loading task failed: {0}")]
+    Task(#[source] tokio::task::JoinError),
+}
+
+fn fingerprint(dir: &Path) -> Result<Fingerprint, LoadError> {
+    let files = crate::load::manifest_files(dir)?;
     Ok(files
         .into_iter()
         .map(|f| {
@@ -53,8 +64,8 @@ impl DirectorySource {
     }
 
     /// Loads the directory (blocking).
-    fn load(&self) -> Result<ClusterState, String> {
-        crate::load::load_dir(&self.dir).map_err(|e| e.to_string())
+    fn load(&self) -> Result<ClusterState, LoadError> {
+        crate::load::load_dir(&self.dir)
     }
 
     async fn feed(self: Arc<Self>, agent: Arc<Agent>) {
@@ -74,7 +85,8 @@ impl DirectorySource {
             let this = Arc::clone(&self);
             let state = tokio::task::spawn_blocking(move || this.load())
                 .await
-                .unwrap_or_else(|e| Err(format!("loading task failed: {e}")));
+                .map_err(StandaloneError::Task)
+                .and_then(|loaded| loaded.map_err(StandaloneError::Load));
             match state {
                 Ok(state) => agent.set_state(Ok(state)),
                 // Keep serving from the last good state: a half-saved edit must not take
@@ -82,7 +94,7 @@ impl DirectorySource {
                 Err(why) if agent.loaded().is_ok() => {
                     tracing::error!(reason = %why, "manifests unreadable; keeping the previous state");
                 }
-                Err(why) => agent.set_state(Err(why)),
+                Err(why) => agent.set_state(Err(StateUnavailable::new(why))),
             }
         }
     }
@@ -140,7 +152,8 @@ mod tests {
         std::fs::write(dir.path().join("n.yaml"), "kind: [").unwrap();
         let err = DirectorySource::new(dir.path().to_path_buf())
             .load()
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(
             err.contains(&dir.path().join("n.yaml").display().to_string()),
             "{err}"

@@ -121,10 +121,11 @@ pub fn apply(
                     }
                 }
                 _ => match message(&op, &index) {
-                    Ok(m) => {
+                    Ok(Some(m)) => {
                         requests.push(m);
                         sent.push(op);
                     }
+                    Ok(None) => failures.push(fail(&op, "not a netlink operation")),
                     Err(e) => failures.push(fail(&op, e)),
                 },
             }
@@ -182,15 +183,14 @@ fn idempotent(op: &Op, errno: i32) -> bool {
     }
 }
 
-/// The netlink request (and its extra flags) for a netlink operation.
-fn message(op: &Op, index: &HashMap<String, u32>) -> Result<(RouteNetlinkMessage, u16), String> {
-    let idx = |name: &str| {
-        index
-            .get(name)
-            .copied()
-            .ok_or_else(|| format!("no link named {name}"))
-    };
-    Ok(match op {
+/// The netlink request (and its extra flags) for a netlink operation; `None` for the others.
+fn message(
+    op: &Op,
+    index: &HashMap<String, u32>,
+) -> Result<Option<(RouteNetlinkMessage, u16)>, msg::MsgError> {
+    let lookup = |name: &str| index.get(name).copied();
+    let idx = |name: &str| lookup(name).ok_or_else(|| msg::MsgError::NoLink(name.to_string()));
+    Ok(Some(match op {
         Op::AddVrf { name, table } => (
             RouteNetlinkMessage::NewLink(msg::vrf(name, *table)),
             NLM_F_CREATE | NLM_F_EXCL,
@@ -220,7 +220,7 @@ fn message(op: &Op, index: &HashMap<String, u32>) -> Result<(RouteNetlinkMessage
         ),
         Op::DelRule(r) => (RouteNetlinkMessage::DelRule(r.raw.clone()), 0),
         Op::PutRoute { key, nh } => (
-            RouteNetlinkMessage::NewRoute(msg::route(key, Some(nh), &idx)?),
+            RouteNetlinkMessage::NewRoute(msg::route(key, Some(nh), &lookup)?),
             NLM_F_CREATE | NLM_F_REPLACE,
         ),
         Op::DelRoute { key, nh } => (RouteNetlinkMessage::DelRoute(msg::route_delete(key, nh)), 0),
@@ -230,8 +230,8 @@ fn message(op: &Op, index: &HashMap<String, u32>) -> Result<(RouteNetlinkMessage
         | Op::NftElements { .. }
         | Op::NftDelete
         | Op::AddFou { .. }
-        | Op::DelFou { .. } => return Err("not a netlink operation".into()),
-    })
+        | Op::DelFou { .. } => return Ok(None),
+    }))
 }
 
 #[cfg(test)]
@@ -254,7 +254,7 @@ mod tests {
             sit,
             mtu: 1472,
         };
-        let (RouteNetlinkMessage::NewLink(m), flags) = message(&op, &HashMap::new()).unwrap()
+        let Some((RouteNetlinkMessage::NewLink(m), flags)) = message(&op, &HashMap::new()).unwrap()
         else {
             panic!("not a NewLink");
         };

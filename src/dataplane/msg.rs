@@ -29,6 +29,20 @@ use netlink_packet_route::AddressFamily;
 use super::{KernelNexthop, SitLink, ROUTE_PROTOCOL};
 use crate::plan::{Family, RouteKey, Rule, RuleAction as PlanRuleAction};
 
+/// Why a request cannot be built.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MsgError {
+    /// The request names a device the caller knows no index of.
+    #[error("no link named {0}")]
+    NoLink(String),
+    /// A route's gateway is not of its destination's address family.
+    #[error("gateway {via} of another family than {dst}")]
+    GatewayFamily { via: IpAddr, dst: IpNet },
+    /// A next hop Lace reads but never writes ([`KernelNexthop::Unknown`]).
+    #[error("cannot write route form {0}")]
+    Unwritable(String),
+}
+
 fn family(ip: IpAddr) -> AddressFamily {
     match ip {
         IpAddr::V4(_) => AddressFamily::Inet,
@@ -170,13 +184,14 @@ pub fn permanent_neighbour(index: u32, ip: IpAddr, mac: &[u8]) -> NeighbourMessa
 }
 
 /// A route of Lace's: protocol [`ROUTE_PROTOCOL`], the key's table, and (when adding) the
-/// next hop, devices resolved by `idx`; e.g. `ip route replace <dst> table <table> dev <dev>
+/// next hop, devices resolved by `idx` (`None`: no such link); e.g. `ip route replace <dst> table <table> dev <dev>
 /// proto 76`. Deletions carry the protocol, so the kernel never removes a foreign route.
 pub fn route(
     key: &RouteKey,
     nh: Option<&KernelNexthop>,
-    idx: &dyn Fn(&str) -> Result<u32, String>,
-) -> Result<RouteMessage, String> {
+    idx: &dyn Fn(&str) -> Option<u32>,
+) -> Result<RouteMessage, MsgError> {
+    let index = |dev: &str| idx(dev).ok_or_else(|| MsgError::NoLink(dev.to_string()));
     let mut m = RouteMessage::default();
     let h = &mut m.header;
     h.address_family = match key.dst {
@@ -202,7 +217,7 @@ pub fn route(
                 // What `ip route add <v4> dev X` does: a directly connected destination.
                 m.header.scope = RouteScope::Link;
             }
-            m.attributes.push(RouteAttribute::Oif(idx(dev)?));
+            m.attributes.push(RouteAttribute::Oif(index(dev)?));
         }
         KernelNexthop::DevSrc { dev, src } => {
             if matches!((src, key.dst), (IpAddr::V4(_), IpNet::V4(_))) {
@@ -210,18 +225,21 @@ pub fn route(
             }
             m.attributes
                 .push(RouteAttribute::PrefSource(RouteAddress::from(*src)));
-            m.attributes.push(RouteAttribute::Oif(idx(dev)?));
+            m.attributes.push(RouteAttribute::Oif(index(dev)?));
         }
         KernelNexthop::Via { via, dev } => {
             if matches!(
                 (via, key.dst),
                 (IpAddr::V4(_), IpNet::V6(_)) | (IpAddr::V6(_), IpNet::V4(_))
             ) {
-                return Err(format!("gateway {via} of another family than {}", key.dst));
+                return Err(MsgError::GatewayFamily {
+                    via: *via,
+                    dst: key.dst,
+                });
             }
             m.attributes
                 .push(RouteAttribute::Gateway(RouteAddress::from(*via)));
-            m.attributes.push(RouteAttribute::Oif(idx(dev)?));
+            m.attributes.push(RouteAttribute::Oif(index(dev)?));
         }
         KernelNexthop::Seg6Encap { segs, dev } => {
             let mut header = Seg6Header::default();
@@ -233,7 +251,7 @@ pub fn route(
                 .push(RouteAttribute::Encap(vec![RouteLwTunnelEncap::Seg6(
                     RouteSeg6IpTunnel::Seg6(header),
                 )]));
-            m.attributes.push(RouteAttribute::Oif(idx(dev)?));
+            m.attributes.push(RouteAttribute::Oif(index(dev)?));
         }
         KernelNexthop::Seg6LocalDt46 { vrf_table, dev } => {
             m.attributes
@@ -244,10 +262,10 @@ pub fn route(
                 )),
                 RouteLwTunnelEncap::Seg6Local(RouteSeg6LocalTunnel::VrfTable(*vrf_table)),
             ]));
-            m.attributes.push(RouteAttribute::Oif(idx(dev)?));
+            m.attributes.push(RouteAttribute::Oif(index(dev)?));
         }
         KernelNexthop::Unreachable => m.header.kind = RouteType::Unreachable,
-        KernelNexthop::Unknown(s) => return Err(format!("cannot write route form {s}")),
+        KernelNexthop::Unknown(s) => return Err(MsgError::Unwritable(s.clone())),
     }
     Ok(m)
 }
@@ -256,7 +274,7 @@ pub fn route(
 /// link-scope device routes match too.
 pub fn route_delete(key: &RouteKey, nh: &KernelNexthop) -> RouteMessage {
     // Without a next hop the builder never fails.
-    let mut m = route(key, None, &|_| Ok(0)).unwrap_or_default();
+    let mut m = route(key, None, &|_| Some(0)).unwrap_or_default();
     // IPv4 matches the scope on delete unless it is "nowhere" (any): Lace's device routes
     // have scope link, the others universe.
     m.header.scope = RouteScope::NoWhere;

@@ -205,18 +205,12 @@ pub fn create(
             format!("neigh replace {gw} dev {} nud permanent", pod.ifname),
         ));
     }
-    let idx = |name: &str| {
-        if name == pod.ifname {
-            Ok(index)
-        } else {
-            Err(format!("no link named {name}"))
-        }
-    };
+    let idx = |name: &str| (name == pod.ifname).then_some(index);
     for (key, nh) in routes(&pod.ifname, &pod.ips) {
         let m = msg::route(&key, Some(&nh), &idx).map_err(|error| {
             PodFailure::Refused(vec![OpFailure {
                 op: format!("route replace {} {nh}", key.dst),
-                error,
+                error: error.to_string(),
             }])
         })?;
         requests.push((

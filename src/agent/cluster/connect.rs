@@ -16,6 +16,8 @@ use std::path::{Path, PathBuf};
 
 use kube::Client;
 
+use super::address::{parse_address, AddressError};
+
 /// Where the pod's service-account credentials are mounted.
 pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 /// The name an API server certificate is verified as when it does not name the address' IP.
@@ -33,7 +35,8 @@ pub enum ConnectError {
     Address {
         origin: String,
         value: String,
-        reason: String,
+        #[source]
+        reason: AddressError,
     },
     #[error(
         "no API server address: set {ADDRESS_ENV} (the chart's node.apiserverAddress) or run in \
@@ -97,53 +100,6 @@ pub struct ApiServer {
     may_verify_in_cluster_name: bool,
     token: PathBuf,
     ca: Option<PathBuf>,
-}
-
-/// Parses an API server address: `host:port`, `[v6]:port`, a bare host or IP (port 443), or
-/// an `https://` (`http://`, for a local proxy) URL without a path.
-pub fn parse_address(value: &str) -> Result<http::Uri, String> {
-    let value = value.trim();
-    if value.is_empty() {
-        return Err("empty".into());
-    }
-    let url = if value.contains("://") {
-        value.to_string()
-    } else if let Ok(ip) = value.parse::<IpAddr>() {
-        // A bare IPv6 address has colons but no port.
-        match ip {
-            IpAddr::V4(v4) => format!("https://{v4}"),
-            IpAddr::V6(v6) => format!("https://[{v6}]"),
-        }
-    } else {
-        format!("https://{value}")
-    };
-    let uri: http::Uri = url.parse().map_err(|e| format!("{e}"))?;
-    match uri.scheme_str() {
-        Some("https" | "http") => {}
-        other => return Err(format!("scheme {other:?} is neither https nor http")),
-    }
-    let Some(authority) = uri.authority() else {
-        return Err("no host".into());
-    };
-    if authority.host().is_empty() {
-        return Err("no host".into());
-    }
-    let after_host = authority
-        .as_str()
-        .rsplit_once(']')
-        .map_or(authority.as_str(), |(_, rest)| rest);
-    if let Some((_, port)) = after_host.rsplit_once(':') {
-        if port.parse::<u16>().is_err() {
-            return Err(format!("port {port:?} is not a number"));
-        }
-    }
-    if uri.path() != "/" && !uri.path().is_empty() {
-        return Err(format!("a path ({}) is not supported", uri.path()));
-    }
-    if authority.as_str().contains('@') {
-        return Err("credentials in the address are not supported".into());
-    }
-    Ok(uri)
 }
 
 impl ApiServer {
@@ -414,32 +370,6 @@ pub fn explain(err: &kube::Error, what: &str, api: &ApiServer) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn addresses_take_every_form_the_chart_and_operators_write() {
-        let ok = |a: &str| parse_address(a).unwrap().to_string();
-        assert_eq!(ok("192.0.2.10:6443"), "https://192.0.2.10:6443/");
-        assert_eq!(ok("192.0.2.10"), "https://192.0.2.10/");
-        assert_eq!(ok("[2001:db8::1]:6443"), "https://[2001:db8::1]:6443/");
-        assert_eq!(ok("2001:db8::1"), "https://[2001:db8::1]/");
-        assert_eq!(ok("api.example.com:443"), "https://api.example.com:443/");
-        assert_eq!(ok("api.example.com"), "https://api.example.com/");
-        assert_eq!(
-            ok("https://api.example.com:6443"),
-            "https://api.example.com:6443/"
-        );
-        assert_eq!(ok(" http://127.0.0.1:8001/ "), "http://127.0.0.1:8001/");
-        for bad in [
-            "",
-            "ftp://x",
-            "https://x/api",
-            "a b:1",
-            "https://u:p@x",
-            "host:port",
-        ] {
-            assert!(parse_address(bad).is_err(), "{bad:?}");
-        }
-    }
 
     #[test]
     fn a_bad_address_or_missing_credentials_name_what_to_fix() {

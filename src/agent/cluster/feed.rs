@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::watch::Change;
 use crate::index::ClusterIndex;
-use crate::objects::Kind;
+use crate::objects::{Kind, ObjectError};
 use crate::state::{ClusterState, ObjectKey};
 
 /// See the module docs.
@@ -22,7 +22,7 @@ pub(super) struct Feeder {
     /// Kinds whose first list is complete.
     synced: BTreeSet<Kind>,
     /// Objects left out, with why.
-    undecodable: BTreeMap<(Kind, ObjectKey), String>,
+    undecodable: BTreeMap<(Kind, ObjectKey), ObjectError>,
 }
 
 /// `name` for cluster-scoped objects, `namespace/name` otherwise.
@@ -207,7 +207,7 @@ mod tests {
         let bad = |reason: &str| Change::Apply {
             kind: Kind::Namespace,
             key: ObjectKey::new("", "a"),
-            object: Err(reason.to_string()),
+            object: Err(ObjectError::Shape(reason.to_string())),
             listing: false,
         };
         // Its previous version goes too: the state never holds an object's stale version.

@@ -30,6 +30,7 @@
 //! **Node readiness** ([`node_status`]): after the first successful apply, the Node's
 //! `NetworkUnavailable` condition is set to `False` (`LaceIsUp`).
 
+mod address;
 mod connect;
 mod feed;
 mod metrics;
@@ -56,12 +57,13 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-pub use connect::{parse_address, ApiServer, ConnectError, SERVICE_ACCOUNT_DIR};
+pub use address::{parse_address, AddressError};
+pub use connect::{ApiServer, ConnectError, SERVICE_ACCOUNT_DIR};
 
 use self::feed::Feeder;
 use self::metrics::SourceMetrics;
 use self::watch::{Backoff, Change, Lenient, OwnNode};
-use super::source::{PodLookupError, StateSource};
+use super::source::{PodLookupError, StateSource, StateUnavailable};
 use super::Agent;
 use crate::k8s::Slim;
 use crate::objects::{Body, BodyVisitor, Kind, NodeBody, Object, PodBody, SERVICE_NAME_LABEL};
@@ -117,6 +119,23 @@ impl Default for Timings {
             pod_lookup: Duration::from_secs(5),
         }
     }
+}
+
+/// Why the Kubernetes API gives the agent no state now.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeUnavailable {
+    /// The API server cannot even be tried (its address, the credentials).
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    /// The first request failed: what it means and what to check ([`connect::explain`]).
+    #[error("{0}")]
+    FirstRequest(String),
+    /// Connected; not every watch has listed yet.
+    #[error("waiting for the initial lists from the Kubernetes API at {apiserver}")]
+    Listing { apiserver: String },
+    /// A watch failed before every watch had listed (`pending`: the resources not listed).
+    #[error("{why} (still waiting for the initial lists of {})", .pending.join(", "))]
+    ListFailed { why: String, pending: Vec<String> },
 }
 
 /// The cluster state from the Kubernetes API. See the module docs.
@@ -233,17 +252,20 @@ impl KubeSource {
                         in_cluster_name = true;
                         continue;
                     }
-                    Err(e) => {
-                        connect::explain(&e, &format!("list {}", resource(Kind::Node)), &self.api)
-                    }
+                    Err(e) => KubeUnavailable::FirstRequest(connect::explain(
+                        &e,
+                        &format!("list {}", resource(Kind::Node)),
+                        &self.api,
+                    )),
                 },
-                Err(e) => e.to_string(),
+                Err(e) => e.into(),
             };
             let delay = backoff.next_delay();
             tracing::warn!(error = %attempt, retry_in = ?delay, "cannot use the Kubernetes API; the node is not ready until it can, retrying");
-            if attempt != last {
-                agent.set_state(Err(attempt.clone()));
-                last = attempt;
+            let text = attempt.to_string();
+            if text != last {
+                agent.set_state(Err(StateUnavailable::new(attempt)));
+                last = text;
             }
             self.metrics.set_up(false);
             tokio::time::sleep(delay).await;
@@ -255,10 +277,9 @@ impl KubeSource {
         self.metrics.set_up(true);
         // Only this task sets it, once.
         let _ = self.client.set(client.clone());
-        agent.set_state(Err(format!(
-            "waiting for the initial lists from the Kubernetes API at {}",
-            self.api.describe()
-        )));
+        agent.set_state(Err(StateUnavailable::new(KubeUnavailable::Listing {
+            apiserver: self.api.describe().to_string(),
+        })));
 
         let (tx, mut rx) = mpsc::channel(CHANNEL);
         let (node_tx, node_rx) = tokio::sync::watch::channel(None);
@@ -421,14 +442,14 @@ impl KubeSource {
         };
         self.metrics.error(kind);
         if !s.handed_over {
-            let pending: Vec<String> = feeder.unsynced().into_iter().map(resource).collect();
-            let reason = format!(
-                "{why} (still waiting for the initial lists of {})",
-                pending.join(", ")
-            );
-            if reason != s.not_ready {
-                agent.set_state(Err(reason.clone()));
-                s.not_ready = reason;
+            let reason = KubeUnavailable::ListFailed {
+                why: why.clone(),
+                pending: feeder.unsynced().into_iter().map(resource).collect(),
+            };
+            let text = reason.to_string();
+            if text != s.not_ready {
+                agent.set_state(Err(StateUnavailable::new(reason)));
+                s.not_ready = text;
             }
         }
         if transport {

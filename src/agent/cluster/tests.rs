@@ -603,7 +603,7 @@ async fn not_ready_until_every_watch_has_listed() {
     })
     .await;
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let why = h.agent.not_ready_reason().unwrap();
+    let why = h.agent.not_ready_reason().unwrap().to_string();
     assert!(
         why.contains("nodeallocations.lace.io") && why.contains("CRDs"),
         "{why}"
@@ -627,17 +627,22 @@ async fn an_api_server_that_refuses_the_token_keeps_the_agent_not_ready() {
     fake.set_mode(Mode::Status(401));
     let h = Harness::start("node-1", &fake, timings());
     until("a few attempts", || fake.count("list nodes") >= 3).await;
-    let why = h.agent.not_ready_reason().unwrap();
+    let why = h.agent.not_ready_reason().unwrap().to_string();
     assert!(why.contains("401") && why.contains("token"), "{why}");
     assert!(h.metrics().contains("lace_apiserver_up 0\n"));
     fake.set_mode(Mode::Status(403));
     until("the 403 is reported", || {
         h.agent
             .not_ready_reason()
-            .is_some_and(|w| w.contains("403"))
+            .is_some_and(|w| w.to_string().contains("403"))
     })
     .await;
-    assert!(h.agent.not_ready_reason().unwrap().contains("ClusterRole"));
+    assert!(h
+        .agent
+        .not_ready_reason()
+        .unwrap()
+        .to_string()
+        .contains("ClusterRole"));
     fake.set_mode(Mode::Up);
     until("ready", || h.agent.is_ready()).await;
     h.stop().await;
@@ -701,7 +706,11 @@ mod tls {
         let agent = agent_for(&source, state.path());
         match tokio::time::timeout(Duration::from_secs(1), source.connect(&agent)).await {
             Ok(_) => Ok(()),
-            Err(_) => Err(agent.loaded().err().unwrap_or_default()),
+            Err(_) => Err(agent
+                .loaded()
+                .err()
+                .map(|why| why.to_string())
+                .unwrap_or_default()),
         }
     }
 

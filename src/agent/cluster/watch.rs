@@ -17,11 +17,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::Api;
 use kube::runtime::watcher::{self, watcher, Event};
 use kube::Client;
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer};
 use tokio::sync::mpsc;
 
 use crate::k8s::Slim;
-use crate::objects::{Body, Kind, Meta, NodeBody, Object};
+use crate::objects::{Body, Kind, Meta, NodeBody, Object, ObjectError};
 use crate::state::ObjectKey;
 
 /// What a watch saw, for the feeder.
@@ -32,7 +33,7 @@ pub(super) enum Change {
     Apply {
         kind: Kind,
         key: ObjectKey,
-        object: Result<Option<Object>, String>,
+        object: Result<Option<Object>, ObjectError>,
         listing: bool,
     },
     Delete {
@@ -55,22 +56,25 @@ pub(super) enum Change {
 /// A body that decodes whatever the API server sends: the object's error if it is not of
 /// the shape `B` expects.
 #[derive(Clone, Debug)]
-pub(super) struct Lenient<B>(Result<B, String>);
+pub(super) struct Lenient<B>(Result<B, ObjectError>);
 
 impl<'de, B: Body> Deserialize<'de> for Lenient<B> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let value = serde_json::Value::deserialize(d)?;
-        Ok(Lenient(B::deserialize(value).map_err(|e| e.to_string())))
+        Ok(Lenient::decode(value))
+    }
+}
+
+impl<B: DeserializeOwned> Lenient<B> {
+    fn decode(value: serde_json::Value) -> Self {
+        Lenient(B::deserialize(value).map_err(|e| ObjectError::Shape(e.to_string())))
     }
 }
 
 impl<B: Body> Body for Lenient<B> {
     const KIND: Kind = B::KIND;
-    fn into_object(self, meta: Meta) -> Result<Option<Object>, String> {
-        match self.0 {
-            Ok(body) => body.into_object(meta),
-            Err(e) => Err(format!("unexpected shape: {e}")),
-        }
+    fn into_object(self, meta: Meta) -> Result<Option<Object>, ObjectError> {
+        self.0.and_then(|body| body.into_object(meta))
     }
 }
 
@@ -102,7 +106,7 @@ impl<'de> Deserialize<'de> for OwnNode {
                     .find(|c| c.get("type").and_then(|t| t.as_str()) == Some(NETWORK_UNAVAILABLE))
             })
             .and_then(|c| Condition::deserialize(c).ok());
-        let node = Lenient(NodeBody::deserialize(value).map_err(|e| e.to_string()));
+        let node = Lenient::decode(value);
         Ok(OwnNode {
             node,
             network_unavailable,
@@ -112,7 +116,7 @@ impl<'de> Deserialize<'de> for OwnNode {
 
 impl Body for OwnNode {
     const KIND: Kind = Kind::Node;
-    fn into_object(self, meta: Meta) -> Result<Option<Object>, String> {
+    fn into_object(self, meta: Meta) -> Result<Option<Object>, ObjectError> {
         self.node.into_object(meta)
     }
 }
