@@ -92,7 +92,7 @@ struct RunArgs {
     /// the Kubernetes API).
     #[arg(long)]
     manifests: Option<PathBuf>,
-    /// The API server: host:port, [IPv6]:port or an https:// URL. Unset: the in-cluster
+    /// The API server: host:port, `[IPv6]:port` or an https:// URL. Unset: the in-cluster
     /// KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT.
     #[arg(long, env = "LACE_APISERVER_ADDRESS")]
     apiserver_address: Option<String>,

@@ -4,7 +4,7 @@
 //! owned by their Node and Network), and reports on the Networks, policies and Nodes.
 //!
 //! The core is pure ([`model`], [`desired`], [`diff`]): state in, writes out, unit-tested
-//! without an API. The kube layer is thin: [`watch`] reads, [`write`] writes, [`controller`]
+//! without an API. The kube layer is thin: [`watch`] reads, [`write`](mod@write) writes, [`controller`]
 //! runs the loop between them.
 #![forbid(unsafe_code)]
 

@@ -6,7 +6,7 @@
 //! share one stack, one notion of what Lace owns and one memory of the kernel.
 //!
 //! ## When the node is reconciled
-//! - **On a change**: cluster state, a pod attached or detached ([`Agent::reconcile_wanted`]).
+//! - **On a change**: cluster state, a pod attached or detached (`Agent::reconcile_wanted`).
 //!   A burst of changes (an ADD storm) makes one reconcile, once [`DEBOUNCE`] passed without
 //!   another or [`MAX_DELAY`] after the first: ADD and DEL do their pod's kernel work
 //!   themselves, so this reconcile is the safety net that finds nothing to do, and it shares
@@ -22,12 +22,10 @@
 //! - **Periodically** (`--resync-interval`), reading the kernel with full dumps: the backstop
 //!   for what no rtnetlink notification reports (sysctls, the nft table, `ip sr tunsrc`) and
 //!   for the memory itself.
-//! - **After a failure**, [`RETRY`] later.
+//! - **After a failure**, `RETRY` later.
 //!
 //! The plan is made on the dataplane's thread, right before it is applied, so it includes
 //! every pod whose ADD wrote to the kernel before (their writes run on that thread too).
-//!
-//! [`Agent::reconcile_wanted`]: super::Agent::reconcile_wanted
 
 use std::path::Path;
 use std::sync::Arc;

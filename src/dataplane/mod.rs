@@ -1,4 +1,4 @@
-//! The dataplane reconciler: observe what Lace owns in a network namespace, [`diff`] it
+//! The dataplane reconciler: observe what Lace owns in a network namespace, [`diff`](mod@diff) it
 //! against the planner's [`DesiredNode`], apply the difference — and tear it down.
 //!
 //! The seam is **state → plan → diff → apply**. [`diff::diff`] is pure (no kernel, unit-tested);
@@ -7,7 +7,7 @@
 //! atomic transaction per change), `/proc/sys` and generic netlink for `ip sr tunsrc`.
 //!
 //! ## The CNI's kernel work
-//! CNI ADD, DEL, CHECK and GC use the same stack (messages of [`msg`], the blocking socket of
+//! CNI ADD, DEL, CHECK and GC use the same stack (messages of `msg`, the blocking socket of
 //! [`nl`]) and the same notion of what Lace owns. In the pod's namespace a thread made for the
 //! request creates the veth pair (its host end straight into the node's namespace) and
 //! configures the pod end in one batch ([`Reconciler::create_pod_interface`]). On the node,
@@ -591,7 +591,7 @@ impl Reconciler {
     }
 
     /// In the pod's namespace `pod_ns`: creates the veth pair, its host end straight into
-    /// this namespace, and configures the pod end ([`pod::create`]); returns the pod end's
+    /// this namespace, and configures the pod end (`pod::create`); returns the pod end's
     /// MAC, or `None` if a link of either name exists already (nothing was created).
     pub fn create_pod_interface(
         &self,
@@ -616,7 +616,7 @@ impl Reconciler {
             .map_err(|e| e.into_error(target.to_string()))
     }
 
-    /// What CHECK reads of interface `ifname` in the pod's namespace `pod_ns` ([`pod::inspect`]).
+    /// What CHECK reads of interface `ifname` in the pod's namespace `pod_ns` (`pod::inspect`).
     pub fn inspect_pod_link(
         &self,
         pod_ns: &Path,

@@ -2,7 +2,7 @@
 //!
 //! A runtime retries a failed DEL, but a pod stays `Terminating` until one succeeds, and
 //! an agent that is down for good (uninstall, crash loop) would wedge every pod on the node.
-//! So when the agent cannot be reached the plugin writes the [`Request`](super::Request)
+//! So when the agent cannot be reached the plugin writes the [`Request`]
 //! here and reports success. Nothing leaks: the pod's veth dies with its network namespace,
 //! and the agent replays every queued DEL (which is idempotent) before it serves requests
 //! again, releasing the address, then removes the file.

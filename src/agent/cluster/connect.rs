@@ -193,13 +193,13 @@ impl ApiServer {
     }
 
     /// Whether a certificate that does not name the address may be verified as
-    /// [`IN_CLUSTER_NAME`] (see the module docs).
+    /// `IN_CLUSTER_NAME` (see the module docs).
     pub fn may_verify_in_cluster_name(&self) -> bool {
         self.may_verify_in_cluster_name
     }
 
     /// A client; with `in_cluster_name`, one that verifies the certificate as
-    /// [`IN_CLUSTER_NAME`].
+    /// `IN_CLUSTER_NAME`.
     pub fn client(&self, in_cluster_name: bool) -> Result<Client, ConnectError> {
         let config = match &self.how {
             How::Fixed(client) => return Ok(client.clone()),

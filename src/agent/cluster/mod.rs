@@ -1,18 +1,18 @@
 //! In-cluster mode's state source: the Kubernetes API ([`KubeSource`]).
 //!
-//! **Connecting** ([`connect`]): the API server at `LACE_APISERVER_ADDRESS` (the chart bakes
+//! **Connecting** (`connect`): the API server at `LACE_APISERVER_ADDRESS` (the chart bakes
 //! the default/kubernetes EndpointSlice's address into it, so it works before any Service
 //! routing exists), else the in-cluster `KUBERNETES_SERVICE_HOST`/`PORT`; the pod's
 //! service-account token and CA. The first request (a list of the own Node) is retried with
 //! backoff until it succeeds; until then the agent is not ready and says why (address, what
 //! to check) in its log, on `/healthz` and in CNI STATUS.
 //!
-//! **Watches** ([`watch`]), cheap by selector, slim types, lists from the watch cache:
+//! **Watches** (`watch`), cheap by selector, slim types, lists from the watch cache:
 //! the own Node (`metadata.name`), the Pods on this node (`spec.nodeName`), every
 //! NodeAllocation, NetworkAllocation, Network and policy, Namespaces, Services and
 //! EndpointSlices (those labelled with their Service: ServiceRoutingPolicy backends).
 //!
-//! **Feeding** ([`feed`]): the watches' changes go into one [`crate::index::ClusterIndex`],
+//! **Feeding** (`feed`): the watches' changes go into one [`crate::index::ClusterIndex`],
 //! the only copy of the objects. The agent gets no state (stays not ready) until every watch
 //! has delivered its first list; after that the state is handed to
 //! [`Agent::set_state`] after changes settle ([`Timings::debounce`], at most
@@ -27,7 +27,7 @@
 //! **Unknown pods**: a CNI ADD for a pod the cache does not hold yet fetches it (the kubelet
 //! created it before the runtime called the plugin; the watch may lag).
 //!
-//! **Node readiness** ([`node_status`]): after the first successful apply, the Node's
+//! **Node readiness** (`node_status`): after the first successful apply, the Node's
 //! `NetworkUnavailable` condition is set to `False` (`LaceIsUp`).
 
 mod address;
@@ -127,7 +127,7 @@ pub enum KubeUnavailable {
     /// The API server cannot even be tried (its address, the credentials).
     #[error(transparent)]
     Connect(#[from] ConnectError),
-    /// The first request failed: what it means and what to check ([`connect::explain`]).
+    /// The first request failed: what it means and what to check (`connect::explain`).
     #[error("{0}")]
     FirstRequest(String),
     /// Connected; not every watch has listed yet.
