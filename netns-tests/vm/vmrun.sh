@@ -7,12 +7,15 @@
 # command's output (stdout and stderr, merged) comes back on stdout; the exit status is the
 # command's.
 #
-# usage: vmrun.sh [--kernel K] [-t SECS] [-m MEM] [-c CPUS] [-w DIR]... [--times F] [--accel A] -- CMD [ARG...]
+# usage: vmrun.sh [--kernel K] [-t SECS] [-m MEM] [-c CPUS] [-w DIR]... [--tap IF] [--times F] [--accel A] -- CMD [ARG...]
 #   --kernel K  6.1 | 6.12 | a full version string such as 6.12.117+deb12-amd64
 #               (default: $LACE_VM_KERNEL, else 6.1)
 #   -t SECS     hard timeout for the whole VM run (default: $LACE_VM_TIMEOUT, else 600)
 #   -m MEM      guest memory (default 2G);  -c CPUS  guest CPUs (default 2)
 #   -w DIR      host dir shared read-write at the same path (repeatable; default $PWD)
+#   --tap IF    give the VM a NIC (eth0, virtio) on the existing tap device IF of qemu's network
+#               namespace (run vmrun.sh in the namespace that holds IF); without it the VM has
+#               no network at all
 #   --times F   append "SECONDS NAME" to F for each libtest test that finished on the console
 #   --accel A   auto | kvm | tcg (default: $LACE_VM_ACCEL, else auto). auto uses KVM only if a
 #               probe boot under KVM finishes within 10 s; the verdict is cached per kernel in
@@ -32,7 +35,7 @@ die() { say "ERROR: $*"; exit 125; }
 usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2; exit 2; }
 
 KERNEL=${LACE_VM_KERNEL:-6.1} TIMEOUT=${LACE_VM_TIMEOUT:-600} MEM=2G CPUS=2
-ACCEL=${LACE_VM_ACCEL:-auto} RWDIRS=() QUIET_ACCEL=0 TIMES_FILE=
+ACCEL=${LACE_VM_ACCEL:-auto} RWDIRS=() QUIET_ACCEL=0 TIMES_FILE= NET=()
 while [ $# -gt 0 ]; do
   case $1 in
     --kernel) KERNEL=${2:?--kernel needs a value}; shift 2;;
@@ -42,6 +45,8 @@ while [ $# -gt 0 ]; do
     -w) [ -d "${2:?-w needs a dir}" ] || die "-w $2: not a directory"; RWDIRS+=("$(realpath "$2")"); shift 2;;
     --accel) ACCEL=${2:?--accel needs auto|kvm|tcg}; shift 2;;
     --times) TIMES_FILE=${2:?--times needs a file}; shift 2;;
+    --tap) [ -e "/sys/class/net/${2:?--tap needs a device}/tun_flags" ] || die "--tap $2: no tap device $2 in this network namespace (ip tuntap add dev $2 mode tap)"
+           NET=(-netdev "tap,id=n0,ifname=$2,script=no,downscript=no" -device virtio-net-pci,netdev=n0); shift 2;;
     --quiet-accel) QUIET_ACCEL=1; shift;;   # internal: used by the KVM probe
     --) shift; break;;
     -h|--help) usage;;
@@ -223,7 +228,7 @@ set +e
   -nodefaults -no-user-config -display none -no-reboot -serial stdio -monitor none \
   -kernel "$KIMAGE" -initrd "$INITRD" \
   -append "console=ttyS0 $LOG panic=-1 rdinit=/init mitigations=off tsc=reliable" \
-  "${FS[@]}" </dev/null
+  "${FS[@]}" "${NET[@]}" </dev/null
 QRC=$?
 set -e
 [ $QRC -ne 124 ] || exit 124

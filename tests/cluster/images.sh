@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# images.sh - the container images the test cluster's nodes run besides Lace's own, built
+# locally from the binaries scripts/k8s-components.sh made (no registry is reachable or
+# needed), as OCI archives that `ctr images import` takes. Cached beside the binaries, keyed by
+# version and this script (uncompressed: the VM unpacks them under emulation): ${LACE_K8S_CACHE:-~/.cache/lace-k8s}/images/NAME-VERSION-HASH.oci.tar. Each is tagged with
+# the upstream name, as an air-gapped mirror would, so manifests (kubeadm's CoreDNS, the e2e
+# suites) use them unchanged:
+#   pause    registry.k8s.io/pause:3.10.1           Kubernetes' own pause.c (the sandbox image)
+#   coredns  registry.k8s.io/coredns/coredns:VER    CoreDNS, as the upstream image: binary only
+#   agnhost  registry.k8s.io/e2e-test-images/agnhost:2.66.1   agnhost + a static busybox (sh)
+#
+# usage: tests/cluster/images.sh    prints "NAME REF ARCHIVE" per image
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+CACHE=${LACE_K8S_CACHE:-${XDG_CACHE_HOME:-${HOME:-/root}/.cache}/lace-k8s}
+say() { echo "images: $*" >&2; }
+die() { say "ERROR: $*"; exit 1; }
+for c in buildah; do command -v $c >/dev/null || die "$c not found (apt-get install $c)"; done
+case "$(ldd /bin/busybox 2>&1 || true)" in
+  *"not a dynamic"*) ;;
+  *) die "/bin/busybox is missing or not the static one (apt-get install busybox-static)";;
+esac
+
+version_of() { awk -v k="$1" '$1 == k { print $2; exit }' "$ROOT/scripts/k8s-versions"; }
+K8S=$(version_of kubernetes) COREDNS=$(version_of coredns)
+PATH=$("$ROOT/scripts/k8s-components.sh" --path kubernetes coredns pause):$PATH
+mkdir -p "$CACHE/images"
+# A change to this script makes new archives.
+H=$(md5sum < "${BASH_SOURCE[0]}" | cut -c1-8)
+export BUILDAH_ISOLATION=chroot STORAGE_DRIVER=vfs
+
+# image NAME REF ARCHIVE ENTRYPOINT-JSON FILE:DEST...
+image() {
+  local name=$1 ref=$2 out=$3 entry=$4 c f; shift 4
+  if [ ! -s "$out" ]; then
+    say "building $ref"
+    c=$(buildah from scratch)
+    for f in "$@"; do buildah copy --quiet "$c" "${f%%:*}" "${f#*:}" >/dev/null; done
+    buildah config --entrypoint "$entry" --cmd '[]' --os linux --arch amd64 "$c"
+    rm -f "$out.tmp"
+    buildah commit --quiet --rm --disable-compression "$c" "oci-archive:$out.tmp:$ref" >/dev/null
+    mv "$out.tmp" "$out"
+  fi
+  echo "$name $ref $out"
+}
+image pause registry.k8s.io/pause:3.10.1 "$CACHE/images/pause-$K8S-$H.oci.tar" '["/pause"]' \
+  "$(command -v pause):/pause"
+image coredns "registry.k8s.io/coredns/coredns:$COREDNS" "$CACHE/images/coredns-$COREDNS-$H.oci.tar" \
+  '["/coredns"]' "$(command -v coredns):/coredns"
+# agnhost's tests exec `sh -c ...` in it: a static busybox with its applets as /bin/*.
+ROOTFS=$(mktemp -d); trap 'rm -rf "$ROOTFS"' EXIT
+mkdir -p "$ROOTFS/bin"; cp /bin/busybox "$ROOTFS/bin/"
+for a in $(/bin/busybox --list); do [ -e "$ROOTFS/bin/$a" ] || ln -s busybox "$ROOTFS/bin/$a"; done
+cp "$(command -v agnhost)" "$ROOTFS/agnhost"
+image agnhost registry.k8s.io/e2e-test-images/agnhost:2.66.1 "$CACHE/images/agnhost-$K8S-$H.oci.tar" \
+  '["/agnhost"]' "$ROOTFS:/"
