@@ -133,8 +133,8 @@ impl Drop for World {
         }
         if std::thread::panicking() {
             for i in NODES {
-                let log = std::fs::read_to_string(self.node_dir(i).join("agent.log"))
-                    .unwrap_or_default();
+                let log =
+                    std::fs::read_to_string(self.node_dir(i).join("agent.log")).unwrap_or_default();
                 let tail: Vec<&str> = log.lines().rev().take(40).collect();
                 eprintln!(
                     "--- node-{i} agent log (last 40 lines) ---\n{}",
@@ -259,7 +259,10 @@ impl World {
             kept.push(lines[i]);
             i += 1;
         }
-        assert!(kept.len() < lines.len(), "nodes.yaml had no IPv6 InternalIP");
+        assert!(
+            kept.len() < lines.len(),
+            "nodes.yaml had no IPv6 InternalIP"
+        );
         std::fs::write(m.join("nodes.yaml"), kept.join("\n") + "\n").unwrap();
         agent_tool(&["allocate", "--manifests", m.to_str().unwrap()]);
         let alloc = std::fs::read_to_string(m.join("lace-allocations.yaml")).unwrap();
@@ -771,7 +774,10 @@ fn hosts_with_ipv6_disabled_by_default_run_every_pod_over_fou() {
         checks.len(),
         started.elapsed()
     );
-    assert!(allowed >= 20, "the matrix allows too little to mean anything");
+    assert!(
+        allowed >= 20,
+        "the matrix allows too little to mean anything"
+    );
     for (k, &i) in NODES.iter().enumerate() {
         assert!(
             w.fou_rx(i) > rx_before[k],
@@ -798,9 +804,11 @@ fn hosts_with_ipv6_disabled_by_default_run_every_pod_over_fou() {
             w.metric(1, "lace_dataplane_drift_total") > drift,
             "{dev}: repaired, but not as drift"
         );
-        w.within(1, &format!("IPv6 from {} to {} after {dev}", a.key, b.key), || {
-            w.ping(&a.label, b.v6, TIMEOUT)
-        });
+        w.within(
+            1,
+            &format!("IPv6 from {} to {} after {dev}", a.key, b.key),
+            || w.ping(&a.label, b.v6, TIMEOUT),
+        );
         eprintln!("{dev}: IPv6 switched off by hand, on again after {took:.1?}");
     }
     let sids = w.node(1).ip("-6 route show").unwrap();
