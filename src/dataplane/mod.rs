@@ -620,6 +620,12 @@ impl Reconciler {
             .map_err(|e| e.into_error(target.to_string()))
     }
 
+    /// Brings `lo` up in the pod's namespace `pod_ns` and reads it (`pod::loopback_up`).
+    pub fn loopback_up(&self, pod_ns: &Path) -> Result<PodLinkState, DataplaneError> {
+        let target = NetnsTarget::Path(pod_ns.to_owned());
+        netns::run_in(&target, pod::loopback_up)?.map_err(|e| e.into_error(target.to_string()))
+    }
+
     /// What CHECK reads of interface `ifname` in the pod's namespace `pod_ns` (`pod::inspect`).
     pub fn inspect_pod_link(
         &self,

@@ -324,6 +324,24 @@ pub fn delete_links(nl: &mut Nl, names: &[String]) -> Result<Vec<String>, PodFai
     }
 }
 
+/// The `loopback` plugin's ADD in a pod's namespace: `ip link set lo up` (the kernel then
+/// gives it 127.0.0.1/8, and ::1/128 where IPv6 is on), then what [`inspect`] reads of it.
+pub fn loopback_up(nl: &mut Nl) -> Result<PodLinkState, PodFailure> {
+    let acks = nl.batch(vec![(RouteNetlinkMessage::SetLink(msg::link_up("lo")), 0)])?;
+    if let Some(Err(errno)) = acks.first() {
+        return Err(PodFailure::Refused(vec![failure(
+            "link set lo up".to_owned(),
+            *errno,
+        )]));
+    }
+    inspect(nl, "lo")?.ok_or_else(|| {
+        PodFailure::Refused(vec![OpFailure {
+            op: "link show lo".to_owned(),
+            error: "set up, but the kernel does not know it".into(),
+        }])
+    })
+}
+
 /// `ip addr show dev <ifname>` and `ip route show dev <ifname>` (main table), or `None` if
 /// there is no such link.
 pub fn inspect(nl: &mut Nl, ifname: &str) -> Result<Option<PodLinkState>, NlError> {
