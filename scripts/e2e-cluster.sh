@@ -121,7 +121,7 @@ check "the CRDs are gone" bash -c '! kubectl get crd networks.lace.io'
 
 step "what stays behind on ${nodes[0]} (until reboot or manual cleanup)"
 kubectl debug "node/${nodes[0]}" --profile=sysadmin --image=busybox:1.36 --attach --quiet -- \
-  chroot /host sh -c 'ls -l /opt/cni/bin/lace /etc/cni/net.d/10-lace.conflist; ls -R /sys/fs/bpf/lace; ip -br link | grep -E "^(lv-|lp-)" || true'
+  chroot /host sh -c 'ls -l /opt/cni/bin/lace /etc/cni/net.d/10-lace.conflist; [ ! -e /opt/cni/bin/lace-loopback.json ] || ls -l /opt/cni/bin/loopback /opt/cni/bin/lace-loopback.json; ls -R /sys/fs/bpf/lace; ip -br link | grep -E "^(lv-|lp-)" || true'
 
 echo
 echo "e2e-cluster: $FAILED check(s) failed"

@@ -10,7 +10,8 @@
 #           installed, else cargo test); builds every test executable of the workspace, the
 #           netns ones and the lace / lace-agent binaries included, so later tiers build nothing
 #   doc     doc tests
-#   netns-6.1  netns-tests/run --kernel 6.1: every netns test executable, one VM each
+#   netns-6.1  netns-tests/run --kernel 6.1: every netns test executable, one VM each (the
+#              containerd one with crictl and a pause image built on the host first)
 #   netns-6.12 netns-tests/run --kernel 6.12 with the tests that apply Lace's real ruleset
 #              (three-node dataplane, nft element updates) besides smoke: newer kernels refuse
 #              bytecode 6.1 accepts (nft_byteorder since 6.12.115)
@@ -161,6 +162,8 @@ for c in fmt clippy; do
   cargo "$c" --version >/dev/null 2>&1 || { echo "test.sh: 'cargo $c' missing: rustup component add $( [ $c = fmt ] && echo rustfmt || echo clippy )" >&2; exit 1; }
 done
 command -v python3 >/dev/null || { echo "test.sh: python3 missing (apt-get install python3)" >&2; exit 1; }
+command -v go >/dev/null || [ -x /usr/local/go/bin/go ] ||
+  { echo "test.sh: Go not found (go in PATH or /usr/local/go/bin): install Go 1.26 or newer; the netns tier builds crictl from its Go module (scripts/k8s-components.sh)" >&2; exit 1; }
 for name in $(sed -n 's/^ *tier \([A-Za-z0-9._-]*\) .*/\1/p' "${BASH_SOURCE[0]}"); do
   limit_of "tier:$name" >/dev/null || { echo "test.sh: tier '$name' has no time limit (see above)" >&2; exit 1; }
 done

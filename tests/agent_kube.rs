@@ -180,6 +180,7 @@ impl Agent {
             "conflist written"
         );
         assert!(!self.path("bin/lace").exists(), "plugin installed");
+        assert!(!self.path("bin/loopback").exists(), "loopback installed");
     }
 
     fn path(&self, p: &str) -> PathBuf {

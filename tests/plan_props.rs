@@ -12,7 +12,7 @@ use common::*;
 use ipnet::IpNet;
 use lace::api::NetworkAllocationSpec;
 use lace::plan::underlay::{PeerPath, IPV4_TUNNEL};
-use lace::plan::{plan, Family, Nexthop, RouteKey, IFNAME_MAX};
+use lace::plan::{plan, sysctl_device, Family, Nexthop, RouteKey, IFNAME_MAX};
 use lace::state::{ClusterState, PodAttachment};
 use proptest::prelude::*;
 
@@ -254,6 +254,28 @@ proptest! {
         for n in names {
             prop_assert!(n.len() <= IFNAME_MAX && n.starts_with("lv-"), "bad VRF name {:?}", n);
         }
+    }
+
+    /// IPv6 is switched on exactly on Lace's own devices that carry it (every VRF, the IPv4
+    /// tunnel when there is one), whatever the host's default, and on nothing of the host's.
+    #[test]
+    fn ipv6_is_enabled_on_lace_s_devices_only(c in case()) {
+        let d = plan("n0", &c.state, &c.local).expect("plans");
+        let enabled: BTreeSet<&str> = d
+            .base
+            .sysctls
+            .iter()
+            .filter(|(k, _)| k.starts_with("net.ipv6.conf.") && k.ends_with(".disable_ipv6"))
+            .map(|(k, v)| {
+                assert_eq!(v, "0", "{k}");
+                sysctl_device(k).unwrap()
+            })
+            .collect();
+        let mut want: BTreeSet<&str> = d.base.vrfs.keys().map(String::as_str).collect();
+        if d.base.ipv4_tunnel.is_some() {
+            want.insert(IPV4_TUNNEL);
+        }
+        prop_assert_eq!(enabled, want);
     }
 
     #[test]

@@ -258,6 +258,9 @@ fn vrfs_rules_and_sysctls() {
         ("net.ipv4.conf.lv-system.rp_filter", "0"),
         ("net.ipv4.conf.lv-default.rp_filter", "0"),
         ("net.ipv4.tcp_l3mdev_accept", "1"),
+        // Each VRF carries IPv6 (its SIDs), also where the host disables it by default.
+        ("net.ipv6.conf.lv-system.disable_ipv6", "0"),
+        ("net.ipv6.conf.lv-default.disable_ipv6", "0"),
     ] {
         assert_eq!(
             d.base.sysctls.get(k).map(String::as_str),

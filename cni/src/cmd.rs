@@ -1,5 +1,6 @@
 //! One function per CNI verb, in the style of the reference plugins: each gathers and
-//! validates exactly the inputs its verb needs, then asks the agent.
+//! validates exactly the inputs its verb needs, then asks the agent. A configuration of
+//! `"type": "loopback"` goes to [`crate::loopback`] instead.
 //!
 //! What happens when the agent cannot be reached (socket missing, connection refused, no
 //! answer in time):
@@ -18,13 +19,14 @@ use std::io::{IsTerminal, Read};
 use std::time::{Duration, Instant};
 
 use lace::wire::{
-    del_queue, CniError, CniResult, Command, ErrorCode, LogLevel, NetConf, Request, Response,
-    VersionInfo, MAX_MESSAGE_BYTES,
+    del_queue, CniError, CniResult, Command, ErrorCode, LogLevel, NetConf, PluginConf, Request,
+    Response, VersionInfo, MAX_MESSAGE_BYTES,
 };
 
 use crate::agent::{self, AgentError};
 use crate::env::{self, EnvError, Verb};
 use crate::log::Logger;
+use crate::loopback;
 use crate::netns;
 
 /// Upper bound for the STATUS round trip.
@@ -58,7 +60,10 @@ pub fn run() -> Result<Output, CniError> {
         Verb::Agent(command) => command,
     };
     let stdin = read_stdin()?;
-    let conf = NetConf::parse(&stdin)?;
+    let conf = match PluginConf::parse(&stdin)? {
+        PluginConf::Lace(conf) => conf,
+        PluginConf::Loopback(conf) => return loopback::run(command, conf),
+    };
     let version = conf.cni_version;
     let (log, open_error) =
         Logger::open(conf.settings.log_level, conf.settings.log_file.as_deref());
@@ -84,6 +89,11 @@ pub fn run() -> Result<Output, CniError> {
             Command::Check => cmd_check(&ctx),
             Command::Status => cmd_status(&ctx),
             Command::Gc => cmd_gc(&ctx),
+            // Not CNI_COMMAND values (`Command::parse` never gives them).
+            Command::LoopbackAdd | Command::LoopbackCheck => Err(CniError::new(
+                ErrorCode::INVALID_ENVIRONMENT,
+                format!("CNI_COMMAND={command} is not a CNI verb"),
+            )),
         }
     };
     let elapsed = started.elapsed();

@@ -2,7 +2,9 @@
 //!
 //! It validates what the runtime passed (environment and the configuration on stdin),
 //! forwards ADD, DEL, CHECK, STATUS and GC to the node agent over its unix socket, and prints
-//! the agent's answer in the runtime's CNI version. stdout carries exactly one JSON document
+//! the agent's answer in the runtime's CNI version. A configuration of `"type": "loopback"`
+//! makes it the `loopback` plugin instead (the agent installs a copy under that name where
+//! the node has none): `lo` up in the sandbox, through the agent. stdout carries exactly one JSON document
 //! (the result, `VERSION`'s answer or an error) or nothing; logs go to stderr or the
 //! configured log file. No panic escapes: a panic becomes CNI error 999.
 #![forbid(unsafe_code)]
@@ -11,6 +13,7 @@ mod agent;
 mod cmd;
 mod env;
 mod log;
+mod loopback;
 mod netns;
 
 use std::io::Write;

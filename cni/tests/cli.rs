@@ -64,7 +64,8 @@ fn version_answers_whatever_stdin_holds() {
         assert_eq!(out.code, Some(0), "{out:?}");
         assert_eq!(
             out.json(),
-            json!({"cniVersion": "1.1.0", "supportedVersions": ["0.4.0", "1.0.0", "1.1.0"]}),
+            json!({"cniVersion": "1.1.0", "supportedVersions":
+                ["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"]}),
             "stdin {stdin:?}"
         );
     }
@@ -790,4 +791,191 @@ fn a_panic_still_yields_a_cni_error() {
     let (code, msg) = run_plugin(&env, "{}").error();
     assert_eq!(code, 999);
     assert!(msg.contains("panic requested"), "{msg}");
+}
+
+/// containerd's loopback network, as libcni hands it to the plugin.
+const CONTAINERD_LOOPBACK: &str =
+    r#"{"cniVersion":"0.3.1","name":"cni-loopback","type":"loopback"}"#;
+
+/// What the agent answers a loopback ADD (see the agent's `loopback_add`).
+fn lo_result(netns: &Path) -> CniResult {
+    serde_json::from_value(json!({
+        "interfaces": [{"name": "lo", "mac": "00:00:00:00:00:00",
+                        "sandbox": netns.to_str().unwrap()}],
+        "ips": [{"address": "127.0.0.1/8", "interface": 0},
+                {"address": "::1/128", "interface": 0}]
+    }))
+    .unwrap()
+}
+
+fn loopback_env(command: &str, id: &str, netns: &str) -> Vec<(String, String)> {
+    env_with(
+        &containerd_env(command, id, netns),
+        &[("CNI_IFNAME", Some("lo"))],
+    )
+}
+
+#[test]
+fn loopback_add_goes_to_the_agent_named_in_the_settings_file_and_answers_like_the_reference_plugin()
+{
+    let dir = TempDir::new();
+    let ns = Netns::new();
+    let agent = FakeAgent::start(dir.path(), ok_with(lo_result(&ns.path)));
+    let copy = install_loopback_copy(dir.path(), Some(&agent.socket));
+    let id = container_id();
+    let out = run_binary(
+        &copy,
+        &loopback_env("ADD", &id, ns.path.to_str().unwrap()),
+        CONTAINERD_LOOPBACK,
+    );
+    assert_eq!(out.code, Some(0), "{out:?}");
+    // The reference plugin's 0.3.1 shape (libcni 1.1 reads it; `dns` may be absent).
+    assert_eq!(
+        out.json(),
+        json!({
+            "cniVersion": "0.3.1",
+            "interfaces": [{"name": "lo", "mac": "00:00:00:00:00:00",
+                            "sandbox": ns.path.to_str().unwrap()}],
+            "ips": [{"version": "4", "address": "127.0.0.1/8", "interface": 0},
+                    {"version": "6", "address": "::1/128", "interface": 0}]
+        })
+    );
+    let req = &agent.requests()[0];
+    assert_eq!(req.command, Command::LoopbackAdd);
+    assert_eq!(req.netns.as_deref(), Some(ns.path.as_path()));
+    assert_eq!(req.container_id.as_deref(), Some(id.as_str()));
+    assert_eq!(req.pod_name.as_deref(), Some("web-0"));
+    assert_eq!(req.cni_version, CniVersion::V0_3_1);
+
+    // Every version the reference plugin speaks, in its own shape.
+    for (version, check) in [
+        ("0.2.0", json!({"ip": "127.0.0.1/8"})),
+        ("1.0.0", json!("lo")),
+        ("1.1.0", json!("lo")),
+    ] {
+        let conf = json!({"cniVersion": version, "name": "cni-loopback", "type": "loopback"});
+        let out = run_binary(
+            &copy,
+            &loopback_env("ADD", &id, ns.path.to_str().unwrap()),
+            &conf.to_string(),
+        );
+        let printed = out.json();
+        assert_eq!(printed["cniVersion"], version, "{out:?}");
+        if version == "0.2.0" {
+            assert_eq!(printed["ip4"], check, "{printed}");
+            assert_eq!(printed["ip6"]["ip"], "::1/128", "{printed}");
+        } else {
+            assert_eq!(printed["interfaces"][0]["name"], check, "{printed}");
+            assert!(printed["ips"][0].get("version").is_none(), "{printed}");
+        }
+    }
+    // A previous result is passed on, as the reference plugin does.
+    let mut chained: Value = serde_json::from_str(CONTAINERD_LOOPBACK).unwrap();
+    chained["prevResult"] = agent_result(&ns.path).to_json(CniVersion::V0_4_0);
+    let out = run_binary(
+        &copy,
+        &loopback_env("ADD", &id, ns.path.to_str().unwrap()),
+        &chained.to_string(),
+    );
+    assert_eq!(out.json()["ips"][0]["address"], "10.244.1.7/32", "{out:?}");
+}
+
+#[test]
+fn loopback_check_goes_to_the_agent_and_del_status_gc_need_no_agent() {
+    let dir = TempDir::new();
+    let ns = Netns::new();
+    let agent = FakeAgent::start(dir.path(), ok_empty);
+    let copy = install_loopback_copy(dir.path(), Some(&agent.socket));
+    let id = container_id();
+    let conf = |v: &str| json!({"cniVersion": v, "name": "cni-loopback", "type": "loopback"});
+    let out = run_binary(
+        &copy,
+        &loopback_env("CHECK", &id, ns.path.to_str().unwrap()),
+        &conf("1.0.0").to_string(),
+    );
+    out.assert_silent_success();
+    assert_eq!(agent.requests()[0].command, Command::LoopbackCheck);
+    // CHECK does not exist before 0.4.0 (as in the reference plugin's library).
+    let out = run_binary(
+        &copy,
+        &loopback_env("CHECK", &id, ns.path.to_str().unwrap()),
+        CONTAINERD_LOOPBACK,
+    );
+    let (code, msg) = out.error();
+    assert_eq!(code, 1);
+    assert!(msg.contains("CHECK") && msg.contains("0.4.0"), "{msg}");
+
+    // DEL: nothing asked of the agent, with or without the namespace, any number of times.
+    drop(agent);
+    for netns in [ns.path.to_str().unwrap(), "", "/run/netns/lace-gone"] {
+        run_binary(&copy, &loopback_env("DEL", &id, netns), CONTAINERD_LOOPBACK)
+            .assert_silent_success();
+    }
+    for command in ["STATUS", "GC"] {
+        let env = env_with(
+            &loopback_env(command, &id, ""),
+            &[
+                ("CNI_CONTAINERID", None),
+                ("CNI_NETNS", None),
+                ("CNI_IFNAME", None),
+            ],
+        );
+        run_binary(&copy, &env, &conf("1.1.0").to_string()).assert_silent_success();
+    }
+}
+
+#[test]
+fn loopback_add_names_the_socket_and_where_it_came_from_when_the_agent_is_away() {
+    let dir = TempDir::new();
+    let ns = Netns::new();
+    let env = loopback_env("ADD", &container_id(), ns.path.to_str().unwrap());
+    // With the settings file: its socket.
+    let socket = dir.path().join("gone.sock");
+    let copy = install_loopback_copy(dir.path(), Some(&socket));
+    let (code, msg) = run_binary(&copy, &env, CONTAINERD_LOOPBACK).error();
+    assert_eq!(code, 11, "{msg}");
+    assert!(
+        msg.contains(socket.to_str().unwrap()) && msg.contains("lace-loopback.json"),
+        "{msg}"
+    );
+    // Without: the default socket, and the file that was looked for.
+    std::fs::remove_file(dir.path().join("bin/lace-loopback.json")).unwrap();
+    let out = run_binary(&copy, &env, CONTAINERD_LOOPBACK);
+    let (code, msg) = out.error();
+    assert_eq!(code, 11, "{msg}");
+    assert!(
+        msg.contains("/run/lace/cni.sock") && msg.contains("there is no"),
+        "{msg}"
+    );
+    // The host's own namespace is refused before anything is asked.
+    let (code, msg) = run_binary(
+        &copy,
+        &loopback_env("ADD", &container_id(), "/proc/self/ns/net"),
+        CONTAINERD_LOOPBACK,
+    )
+    .error();
+    assert_eq!(code, 4, "{msg}");
+}
+
+#[test]
+fn loopback_add_explains_an_agent_older_than_the_plugin() {
+    let dir = TempDir::new();
+    let ns = Netns::new();
+    // What an agent that does not know the loopback verbs answers (its decode error).
+    let agent = FakeAgent::start(dir.path(), |_| {
+        Reply::Respond(Response::Err(CniError::new(
+            ErrorCode::DECODE,
+            "bad request: message is not valid JSON of the expected shape: unknown variant \
+             `LOOPBACK_ADD`, expected one of `ADD`, `DEL`, `CHECK`, `STATUS`, `GC`",
+        )))
+    });
+    let copy = install_loopback_copy(dir.path(), Some(&agent.socket));
+    let (code, msg) = run_binary(
+        &copy,
+        &loopback_env("ADD", &container_id(), ns.path.to_str().unwrap()),
+        CONTAINERD_LOOPBACK,
+    )
+    .error();
+    assert_eq!(code, 999, "{msg}");
+    assert!(msg.contains("upgrade the Lace agent"), "{msg}");
 }

@@ -9,6 +9,9 @@
 //!
 //! The manifests are `examples/cluster` (node-1: Network `default` has function 1, so VRF
 //! `lv-default`, table 1000001, blocks 10.244.64.0/24 and fd00:244:0:100::/64).
+//!
+//! Every pod is set up as containerd sets up a sandbox: the `loopback` network first, then
+//! Lace's, each answer read as the runtime's libcni reads it (`cni_bed::libcni`).
 
 mod cni_bed;
 
@@ -19,7 +22,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cni_bed::{addresses, ip, ip_ok, Bed, Ns, PodNamespaces, DEADLINE, TABLE, VRF};
+use cni_bed::{
+    addresses, ip, ip_ok, plugin_conf, Bed, Libcni, Ns, PodNamespaces, DEADLINE, LOOPBACK_CONFLIST,
+    TABLE, VRF,
+};
 use serde_json::{json, Value};
 #[test]
 fn lifecycle_add_check_del_del() {
@@ -1067,4 +1073,243 @@ fn del_all(bed: &Bed, pods: &PodNamespaces) {
             s.spawn(move || bed.del(&format!("ctr-{i}"), &pod.path()));
         }
     });
+}
+
+// --- What the runtime's libcni reads, and the loopback network ----------------------------
+
+fn conflist(cni_version: &str) -> Value {
+    json!({"cniVersion": cni_version, "cniVersions": ["0.4.0", "1.0.0", "1.1.0"],
+           "name": "lace", "plugins": [{"type": "lace"}]})
+}
+
+/// The harness's libcni emulation itself: it negotiates and refuses as the real ones do, so a
+/// plugin answering in a version the old libcni cannot read fails the tests that use it.
+#[test]
+fn libcni_emulation_negotiates_and_refuses_like_libcni_1_1_and_1_2() {
+    // libcni 1.1.2 reads only cniVersion; 1.2+ the highest it implements of both keys.
+    assert_eq!(Libcni::V1_1.negotiate(&conflist("1.0.0")), "1.0.0");
+    assert_eq!(Libcni::V1_2.negotiate(&conflist("1.0.0")), "1.1.0");
+    let newer = json!({"cniVersion": "1.0.0", "cniVersions": ["1.0.0", "1.1.0", "1.2.0"]});
+    assert_eq!(
+        Libcni::V1_2.negotiate(&newer),
+        "1.1.0",
+        "1.2.0 is newer than libcni 1.2"
+    );
+    let only = json!({"cniVersion": "0.4.0"});
+    assert_eq!(Libcni::V1_2.negotiate(&only), "0.4.0");
+
+    let result = |v: &str| {
+        json!({"cniVersion": v,
+               "interfaces": [{"name": "lp-1"}, {"name": "eth0", "sandbox": "/run/netns/p"}],
+               "ips": [{"address": "10.244.64.1/32", "interface": 1},
+                       {"address": "fd00:244:0:100::1/128", "interface": 1}]})
+        .to_string()
+    };
+    // A 1.1.0 result: containerd 1.6/1.7 refuse it, 2.x read it.
+    let err = Libcni::V1_1
+        .read_add("lace", "1.1.0", result("1.1.0").as_bytes())
+        .unwrap_err();
+    assert_eq!(
+        err,
+        r#"plugin type="lace" failed (add): unsupported CNI result version "1.1.0""#
+    );
+    let read = Libcni::V1_2
+        .read_add("lace", "1.1.0", result("1.1.0").as_bytes())
+        .unwrap();
+    assert_eq!(read.interfaces["eth0"].ips.len(), 2);
+    assert_eq!(read.interfaces["eth0"].sandbox, "/run/netns/p");
+    // 1.0.0 both read.
+    for libcni in [Libcni::V1_1, Libcni::V1_2] {
+        let read = libcni
+            .read_add("lace", "1.0.0", result("1.0.0").as_bytes())
+            .unwrap();
+        assert_eq!(read.version, "1.0.0");
+    }
+    // A result without a version is taken as the configuration's (libcni's fixup).
+    let unversioned = json!({"ips": [{"address": "10.0.0.1/32"}]}).to_string();
+    let read = Libcni::V1_1
+        .read_add("lace", "1.0.0", unversioned.as_bytes())
+        .unwrap();
+    assert_eq!(read.version, "1.0.0");
+    assert_eq!(read.interfaces["eth0"].ips[0].to_string(), "10.0.0.1/32");
+    // An answer in another version than asked: the spec forbids it.
+    let err = Libcni::V1_2
+        .read_add("lace", "1.0.0", result("0.4.0").as_bytes())
+        .unwrap_err();
+    assert!(err.contains("not the configuration's"), "{err}");
+    // An address naming an interface that is not there: go-cni fails the setup.
+    let bad = json!({"cniVersion": "1.0.0", "interfaces": [{"name": "eth0"}],
+                     "ips": [{"address": "10.0.0.1/32", "interface": 1}]})
+    .to_string();
+    let err = Libcni::V1_1
+        .read_add("lace", "1.0.0", bad.as_bytes())
+        .unwrap_err();
+    assert!(err.contains("interface number 1"), "{err}");
+    // 0.2.0: ip4/ip6 on the default interface.
+    let legacy = json!({"cniVersion": "0.2.0", "ip4": {"ip": "127.0.0.1/8"}}).to_string();
+    let read = Libcni::V1_1
+        .read_add("loopback", "0.2.0", legacy.as_bytes())
+        .unwrap();
+    assert_eq!(read.interfaces["eth0"].ips[0].to_string(), "127.0.0.1/8");
+}
+
+/// The loopback ADD of go-cni's fixed configuration (0.3.1), as a runtime reads it.
+fn loopback_add(bed: &Bed, id: &str, pod: &Ns) -> cni_bed::libcni::Read {
+    let lo = plugin_conf(
+        &serde_json::from_str(LOOPBACK_CONFLIST).unwrap(),
+        bed.runtime,
+    );
+    let (ok, out) = bed.exec("loopback", "ADD", id, &pod.path(), &pod.0, "lo", &lo);
+    assert!(ok, "loopback ADD failed: {}", String::from_utf8_lossy(&out));
+    bed.runtime
+        .read_add("loopback", "0.3.1", &out)
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn lo_state(pod: &Ns) -> String {
+    ip(&["-n", &pod.0, "addr", "show", "dev", "lo"])
+}
+
+/// One agent for the runtime compatibility (its start is the expensive part under TCG):
+///
+/// - The agent installs its copy of the plugin as `loopback` (none was there), with the
+///   settings file naming its socket; the copy brings a new sandbox's `lo` up through the agent
+///   and answers what the reference plugin answers; CHECK sees `lo` down; IPv6 off in the
+///   sandbox means no ::1; DEL needs no agent. (A loopback of the host's is never replaced:
+///   `agent::install`'s unit tests.)
+/// - containerd 1.6's libcni (1.1.2) with the agent's conflist: the plugin answers in 1.0.0
+///   and the pod gets its addresses; with the conflist the agent used to write (`"cniVersion":
+///   "1.1.0"`) the same ADD fails as containerd 1.6 failed it, and containerd's DEL after the
+///   failed setup leaves nothing behind; libcni 1.2+ negotiates 1.1.0 from it either way.
+#[test]
+fn loopback_and_both_libcni_generations_as_containerd_sets_pods_up() {
+    let mut bed = Bed::new("lo");
+    let bin = bed.p("bin");
+    assert_eq!(
+        std::fs::read(bin.join("loopback")).unwrap(),
+        std::fs::read(bin.join("lace")).unwrap(),
+        "bin/loopback is not a copy of the plugin"
+    );
+    let settings: Value =
+        serde_json::from_slice(&std::fs::read(bin.join("lace-loopback.json")).unwrap()).unwrap();
+    assert_eq!(
+        settings["agentSocket"],
+        bed.p("run/cni.sock").to_str().unwrap()
+    );
+    assert!(
+        bed.log().contains("installed Lace's"),
+        "the agent did not say it installed loopback:\n{}",
+        bed.log()
+    );
+
+    let pod = Ns::bare(format!("lace-ct-l-{}", bed.tag));
+    assert!(!lo_state(&pod).contains("UP"), "{}", lo_state(&pod));
+    let (lo, eth0) = bed.setup("ctr-l", &pod).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(lo.version, "0.3.1");
+    let l = &lo.interfaces["lo"];
+    assert_eq!(
+        (l.mac.as_str(), l.sandbox.as_str()),
+        ("00:00:00:00:00:00", pod.path().as_str())
+    );
+    assert_eq!(
+        l.ips.iter().map(|ip| ip.to_string()).collect::<Vec<_>>(),
+        ["127.0.0.1/8", "::1/128"],
+        "{}",
+        lo.raw
+    );
+    assert_eq!(eth0.version, "1.1.0", "libcni 1.2+ negotiates 1.1.0");
+    assert_eq!(eth0.interfaces["eth0"].ips.len(), 2);
+    let state = lo_state(&pod);
+    assert!(
+        state.contains(",UP")
+            && state.contains("inet 127.0.0.1/8")
+            && state.contains("inet6 ::1/128"),
+        "{state}"
+    );
+
+    // CHECK (0.4.0 and later have it): up passes, down is named.
+    let check = json!({"cniVersion": "1.0.0", "name": "cni-loopback", "type": "loopback"});
+    let (ok, out) = bed.exec(
+        "loopback",
+        "CHECK",
+        "ctr-l",
+        &pod.path(),
+        &pod.0,
+        "lo",
+        &check,
+    );
+    assert!(ok, "{}", String::from_utf8_lossy(&out));
+    ip(&["-n", &pod.0, "link", "set", "lo", "down"]);
+    let (ok, out) = bed.exec(
+        "loopback",
+        "CHECK",
+        "ctr-l",
+        &pod.path(),
+        &pod.0,
+        "lo",
+        &check,
+    );
+    let out = String::from_utf8_lossy(&out).into_owned();
+    assert!(!ok && out.contains("lo is down"), "{out}");
+    // ADD again (a retried sandbox): up again, same answer.
+    assert_eq!(loopback_add(&bed, "ctr-l", &pod).interfaces["lo"], *l);
+    bed.del("ctr-l", &pod.path());
+
+    // A sandbox with IPv6 off: only 127.0.0.1/8, as the reference plugin reports it.
+    let v4 = Ns::bare(format!("lace-ct-l4-{}", bed.tag));
+    for sysctl in [
+        "net.ipv6.conf.all.disable_ipv6=1",
+        "net.ipv6.conf.lo.disable_ipv6=1",
+    ] {
+        ip(&["netns", "exec", &v4.0, "sysctl", "-qw", sysctl]);
+    }
+    let only4 = loopback_add(&bed, "ctr-l4", &v4);
+    assert_eq!(
+        only4.interfaces["lo"]
+            .ips
+            .iter()
+            .map(|ip| ip.to_string())
+            .collect::<Vec<_>>(),
+        ["127.0.0.1/8"]
+    );
+    // DEL of loopback needs neither the namespace nor the agent.
+    let lo_conf = plugin_conf(
+        &serde_json::from_str(LOOPBACK_CONFLIST).unwrap(),
+        bed.runtime,
+    );
+    for netns in [v4.path(), String::new()] {
+        let (ok, out) = bed.exec("loopback", "DEL", "ctr-l4", &netns, "x", "lo", &lo_conf);
+        assert!(ok && out.is_empty(), "{}", String::from_utf8_lossy(&out));
+    }
+
+    // containerd 1.6/1.7: libcni 1.1.2 uses the conflist's cniVersion, 1.0.0.
+    bed.runtime = Libcni::V1_1;
+    let pod = Ns::bare(format!("lace-ct-v-{}", bed.tag));
+    let (_, eth0) = bed.setup("ctr-v", &pod).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(eth0.version, "1.0.0");
+    assert_eq!(
+        eth0.interfaces["eth0"]
+            .ips
+            .iter()
+            .map(|ip| ip.to_string())
+            .collect::<Vec<_>>(),
+        ["10.244.64.1/32", "fd00:244:0:100::1/128"]
+    );
+    bed.del("ctr-v", &pod.path());
+    // The conflist the agent used to write: the ADD that failed under containerd 1.6.
+    let mut list = bed.conflist();
+    list["cniVersion"] = json!("1.1.0");
+    std::fs::write(bed.p("conf/10-lace.conflist"), list.to_string()).unwrap();
+    let err = bed.setup("ctr-v2", &pod).unwrap_err();
+    assert_eq!(
+        err,
+        r#"plugin type="lace" failed (add): unsupported CNI result version "1.1.0""#
+    );
+    bed.del("ctr-v2", &pod.path());
+    assert!(
+        bed.ipam_addresses().is_empty(),
+        "{:?}",
+        bed.ipam_addresses()
+    );
+    assert!(bed.host_links().is_empty(), "{:?}", bed.host_links());
 }

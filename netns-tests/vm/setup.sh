@@ -24,6 +24,10 @@ PKGS=(
   cpio                     # vmrun.sh: initramfs archive
   kmod                     # vmrun.sh: modprobe --show-depends for the initramfs modules
   containernetworking-plugins  # bench-cni.sh: the reference plugins (ptp, bridge, host-local in /usr/lib/cni)
+  containerd               # netns test containerd: containerd 1.6 (its CRI, ctr), run in the VM
+  runc                     # the OCI runtime containerd runs the pod sandboxes with
+  buildah                  # tests/cluster/images.sh: the test images (pause, CoreDNS, agnhost), built without a registry
+  util-linux               # nsenter (the containerd test looks into a sandbox's namespace)
 )
 
 if [ "$(id -u)" != 0 ]; then

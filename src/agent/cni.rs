@@ -1,4 +1,5 @@
-//! The CNI verbs on the agent side: ADD, DEL, CHECK, STATUS, GC.
+//! The CNI verbs on the agent side: ADD, DEL, CHECK, STATUS, GC, and the `loopback`
+//! plugin's ADD and CHECK (`lo` up in the sandbox; no cluster state needed).
 //!
 //! Error codes the agent answers (the plugin prints them unchanged):
 //! - 3 (unknown container): CHECK of an attachment the agent has no record of;
@@ -43,6 +44,11 @@ pub const CHECK_FAILED: ErrorCode = ErrorCode(100);
 pub const KERNEL: ErrorCode = ErrorCode(101);
 /// IPAM failed.
 pub const IPAM: ErrorCode = ErrorCode(102);
+
+/// The loopback interface (the reference plugin ignores `CNI_IFNAME` for it, and so does Lace).
+pub const LOOPBACK_IFNAME: &str = "lo";
+/// The MAC the reference loopback plugin reports for `lo`.
+pub const LOOPBACK_MAC: &str = "00:00:00:00:00:00";
 
 /// Prefix of the host side of every pod veth ("lace pod").
 pub const HOST_IFNAME_PREFIX: &str = POD_LINK_PREFIX;
@@ -169,6 +175,73 @@ pub async fn handle(agent: &Arc<Agent>, req: Request) -> Result<Option<CniResult
             )),
         },
         Command::Gc => gc(agent, &req).await.map(|()| None),
+        Command::LoopbackAdd => loopback_add(agent, &req).await.map(Some),
+        Command::LoopbackCheck => loopback_check(agent, &req).await.map(|()| None),
+    }
+}
+
+/// The `loopback` plugin's ADD: `lo` up in the sandbox, and the result the reference plugin
+/// gives: interface `lo` (MAC all zeros, the sandbox) with the first IPv4 and the first IPv6
+/// address `lo` holds (127.0.0.1/8, and ::1/128 where IPv6 is on in the namespace). Needs no
+/// cluster state, so it is served before the agent is ready. Like the reference plugin it
+/// refuses a `lo` holding an address outside the loopback ranges.
+async fn loopback_add(agent: &Arc<Agent>, req: &Request) -> Result<CniResult, CniError> {
+    let netns = req
+        .netns
+        .clone()
+        .ok_or_else(|| missing("CNI_NETNS", req.command))?;
+    let ns = netns.clone();
+    let lo = kernel_op(agent, move |dp| dp.loopback_up(&ns)).await?;
+    if let Some(odd) = lo.addresses.iter().find(|a| !a.addr().is_loopback()) {
+        return Err(kernel(format!(
+            "loopback interface lo in {} has the non-loopback address {odd}; remove it \
+             (`ip -n <sandbox> addr del {odd} dev lo`) or the runtime cannot set up loopback",
+            netns.display()
+        )));
+    }
+    let first = |v4: bool| lo.addresses.iter().find(|a| a.addr().is_ipv4() == v4);
+    let ips = [first(true), first(false)]
+        .into_iter()
+        .flatten()
+        .map(|address| IpConfig {
+            address: *address,
+            gateway: None,
+            interface: Some(0),
+        })
+        .collect();
+    tracing::debug!(netns = %netns.display(), addresses = ?lo.addresses, "loopback ADD");
+    Ok(CniResult {
+        cni_version: None,
+        interfaces: vec![Interface {
+            name: LOOPBACK_IFNAME.to_owned(),
+            mac: Some(LOOPBACK_MAC.to_owned()),
+            sandbox: Some(netns.display().to_string()),
+            ..Default::default()
+        }],
+        ips,
+        routes: Vec::new(),
+        dns: Default::default(),
+    })
+}
+
+/// The `loopback` plugin's CHECK: `lo` exists and is up in the sandbox.
+async fn loopback_check(agent: &Arc<Agent>, req: &Request) -> Result<(), CniError> {
+    let netns = req
+        .netns
+        .clone()
+        .ok_or_else(|| missing("CNI_NETNS", req.command))?;
+    let ns = netns.clone();
+    let lo = kernel_op(agent, move |dp| dp.inspect_pod_link(&ns, LOOPBACK_IFNAME)).await?;
+    match lo {
+        Some(lo) if lo.up => Ok(()),
+        Some(_) => Err(CniError::new(
+            CHECK_FAILED,
+            format!("loopback interface lo is down in {}", netns.display()),
+        )),
+        None => Err(CniError::new(
+            CHECK_FAILED,
+            format!("there is no loopback interface lo in {}", netns.display()),
+        )),
     }
 }
 
@@ -898,5 +971,42 @@ mod tests {
         assert_eq!(r.routes[1].dst.to_string(), "::/0");
         assert_eq!(r.interfaces[1].sandbox.as_deref(), Some("/run/netns/p"));
         assert!(r.ips.iter().all(|c| c.interface == Some(1)));
+    }
+
+    #[test]
+    fn loopback_is_served_before_the_agent_is_ready_in_the_reference_plugins_shape() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = agent("node-1", dir.path());
+        assert!(a.not_ready_reason().is_some());
+        let mut req =
+            Request::without_attachment(Command::LoopbackAdd, crate::wire::CniVersion::V0_3_1);
+        req.netns = Some("/var/run/netns/cni-1".into());
+        let r = block_on(handle(&a, req.clone())).unwrap().unwrap();
+        r.validate().unwrap();
+        assert_eq!(
+            serde_json::to_value(r.to_json(crate::wire::CniVersion::V0_3_1)).unwrap(),
+            serde_json::json!({
+                "cniVersion": "0.3.1",
+                "interfaces": [{"name": "lo", "mac": "00:00:00:00:00:00",
+                                "sandbox": "/var/run/netns/cni-1"}],
+                "ips": [{"version": "4", "address": "127.0.0.1/8", "interface": 0},
+                        {"version": "6", "address": "::1/128", "interface": 0}]
+            })
+        );
+        // The plan sink's `lo` has no record to check against, but CHECK asks the kernel:
+        // none here, so it names the missing interface.
+        req.command = Command::LoopbackCheck;
+        let err = block_on(handle(&a, req.clone())).unwrap_err();
+        assert_eq!(err.code, CHECK_FAILED);
+        assert!(
+            err.msg
+                .contains("no loopback interface lo in /var/run/netns/cni-1"),
+            "{}",
+            err.msg
+        );
+        req.netns = None;
+        let err = block_on(handle(&a, req)).unwrap_err();
+        assert_eq!(err.code, ErrorCode::INVALID_ENVIRONMENT);
+        assert!(err.msg.contains("CNI_NETNS"), "{}", err.msg);
     }
 }

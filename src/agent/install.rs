@@ -7,6 +7,13 @@
 //! node's network ready as soon as a conflist exists, so writing it earlier would let the
 //! kubelet schedule pods that then fail.
 //!
+//! The runtime also needs a `loopback` plugin in the bin dir (containerd sets up every
+//! sandbox's `lo` through it and fails without it). The `lace` binary serves that plugin too,
+//! so where the bin dir has no `loopback`, a copy of `lace` is installed under that name,
+//! with [`LOOPBACK_SETTINGS_FILE`] beside it naming the agent's socket. A `loopback` that is
+//! not Lace's (the host's reference plugin) is never replaced; Lace's own copy is updated
+//! with the binary ([`install_loopback`]).
+//!
 //! The conflist is **kept** on shutdown: removing it would turn the node NotReady (and stop
 //! pod creation) during every agent restart or upgrade, while the plugin already handles an
 //! absent agent (ADD: retry later; DEL: queued and replayed at the next start).
@@ -15,7 +22,7 @@ use std::fs::{self, File, OpenOptions};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use crate::wire::{ConfList, PluginSettings, PLUGIN_TYPE};
+use crate::wire::{ConfList, PluginSettings, LOOPBACK_SETTINGS_FILE, LOOPBACK_TYPE, PLUGIN_TYPE};
 
 /// The network name in the conflist (what runtimes log and key their caches by).
 pub const NETWORK_NAME: &str = "lace";
@@ -77,6 +84,139 @@ pub fn install_binary(source: &Path, bin_dir: &Path) -> Result<PathBuf, InstallE
         source: e,
     })?;
     write_atomic(bin_dir, PLUGIN_TYPE, &mut binary, 0o755)
+}
+
+/// What [`install_loopback`] found in the bin dir and did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Loopback {
+    /// There was no `loopback`: Lace's copy is installed here.
+    Installed(PathBuf),
+    /// Lace's copy of an earlier version was here: replaced with this one.
+    Updated(PathBuf),
+    /// Lace's copy of this version is here already.
+    Current(PathBuf),
+    /// A `loopback` that is not Lace's (the host's, e.g. the reference plugin): left alone,
+    /// and the runtime uses it.
+    Host(PathBuf),
+}
+
+/// Makes sure the runtime finds a `loopback` plugin in `bin_dir`: installs a copy of the plugin
+/// binary `source` as `bin_dir/loopback` (0755) when there is none, with the settings file
+/// [`LOOPBACK_SETTINGS_FILE`] (the conflist's `settings`, 0644) beside it, written first.
+///
+/// An existing `loopback` is Lace's own when its bytes are those of `source` or of the
+/// `bin_dir/lace` being replaced (both are always installed together): then it is updated.
+/// Anything else is the host's and is never written to. Call this before
+/// [`install_binary`] replaces `bin_dir/lace`. A `loopback` that appears between the look and
+/// the write is not overwritten either (the copy is linked into place, which fails if the
+/// name exists).
+pub fn install_loopback(
+    source: &Path,
+    bin_dir: &Path,
+    settings: &PluginSettings,
+) -> Result<Loopback, InstallError> {
+    let path = bin_dir.join(LOOPBACK_TYPE);
+    let io = |path: &Path| {
+        let path = path.to_owned();
+        move |source| InstallError::Io { path, source }
+    };
+    let source_error = |e| InstallError::Source {
+        path: source.to_owned(),
+        source: e,
+    };
+    let ours = match fs::symlink_metadata(&path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(io(&path)(e)),
+        Ok(_) => {
+            if same_contents(&path, source).map_err(source_error)? {
+                Some(Loopback::Current(path.clone()))
+            } else if same_contents(&path, &bin_dir.join(PLUGIN_TYPE)).unwrap_or(false) {
+                Some(Loopback::Updated(path.clone()))
+            } else {
+                return Ok(Loopback::Host(path));
+            }
+        }
+    };
+    let mut json = serde_json::to_vec_pretty(settings).map_err(|e| InstallError::Io {
+        path: bin_dir.join(LOOPBACK_SETTINGS_FILE),
+        source: std::io::Error::other(e),
+    })?;
+    json.push(b'\n');
+    write_atomic(bin_dir, LOOPBACK_SETTINGS_FILE, &mut json.as_slice(), 0o644)?;
+    let mut binary = File::open(source).map_err(source_error)?;
+    match ours {
+        Some(Loopback::Current(path)) => Ok(Loopback::Current(path)),
+        Some(_) => {
+            write_atomic(bin_dir, LOOPBACK_TYPE, &mut binary, 0o755)?;
+            Ok(Loopback::Updated(path))
+        }
+        None => match write_new(bin_dir, LOOPBACK_TYPE, &mut binary, 0o755)? {
+            true => Ok(Loopback::Installed(path)),
+            false => Ok(Loopback::Host(path)),
+        },
+    }
+}
+
+/// Whether the files at `a` and `b` hold the same bytes. `a` that cannot be read (a dangling
+/// symlink) holds nothing of Lace's: `false`; an unreadable `b` is the error.
+fn same_contents(a: &Path, b: &Path) -> Result<bool, std::io::Error> {
+    use std::io::Read;
+    let Ok(mut fa) = File::open(a) else {
+        return Ok(false);
+    };
+    let mut fb = File::open(b)?;
+    if fa.metadata()?.len() != fb.metadata()?.len() {
+        return Ok(false);
+    }
+    let (mut ba, mut bb) = (vec![0u8; 64 * 1024], vec![0u8; 64 * 1024]);
+    loop {
+        let n = fa.read(&mut ba)?;
+        if n == 0 {
+            return Ok(fb.read(&mut bb[..1])? == 0);
+        }
+        fb.read_exact(&mut bb[..n])?;
+        if ba[..n] != bb[..n] {
+            return Ok(false);
+        }
+    }
+}
+
+/// Like [`write_atomic`], but never replaces an existing `dir/name`: the file is written aside
+/// and hard-linked into place. `false` (nothing written) if the name exists.
+fn write_new(
+    dir: &Path,
+    name: &str,
+    content: &mut dyn std::io::Read,
+    mode: u32,
+) -> Result<bool, InstallError> {
+    let io = |path: &Path| {
+        let path = path.to_owned();
+        move |source| InstallError::Io { path, source }
+    };
+    let path = dir.join(name);
+    let tmp = dir.join(format!(".{name}.{}.new", std::process::id()));
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(mode)
+        .open(&tmp)
+        .map_err(io(&tmp))?;
+    std::io::copy(content, &mut f)
+        .and_then(|_| f.sync_all())
+        .map_err(io(&tmp))?;
+    drop(f);
+    let linked = fs::hard_link(&tmp, &path);
+    fs::remove_file(&tmp).map_err(io(&tmp))?;
+    match linked {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(false),
+        Err(e) => return Err(io(&path)(e)),
+    }
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io(dir))?;
+    Ok(true)
 }
 
 /// Writes the conflist pointing the plugin at `settings` to `conf_dir/conf_name` (0644).
@@ -145,5 +285,114 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(missing.contains("nope"), "{missing}");
+    }
+
+    #[test]
+    fn conflist_says_1_0_0_and_lists_every_version_up_to_1_1_0() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write_conflist(dir.path(), "10-lace.conflist", Default::default()).unwrap();
+        let json: serde_json::Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+        // libcni 1.1 (containerd 1.6/1.7) uses this and refuses a 1.1.0 result.
+        assert_eq!(json["cniVersion"], "1.0.0");
+        // libcni 1.2+ (containerd 2.x) picks the highest it knows from these.
+        assert_eq!(
+            json["cniVersions"],
+            serde_json::json!(["0.4.0", "1.0.0", "1.1.0"])
+        );
+    }
+
+    fn settings() -> PluginSettings {
+        PluginSettings {
+            agent_socket: "/run/lace/x.sock".into(),
+            ..Default::default()
+        }
+    }
+
+    fn read_settings(bin: &Path) -> PluginSettings {
+        PluginSettings::parse(&fs::read(bin.join(LOOPBACK_SETTINGS_FILE)).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn loopback_is_installed_where_there_is_none_and_kept_current() {
+        let dir = tempfile::tempdir().unwrap();
+        let bin = dir.path().join("bin");
+        let (v1, v2) = (dir.path().join("v1"), dir.path().join("v2"));
+        fs::write(&v1, b"lace v1").unwrap();
+        fs::write(&v2, b"lace v2").unwrap();
+        // First start: nothing there.
+        let lo = bin.join("loopback");
+        assert_eq!(
+            install_loopback(&v1, &bin, &settings()).unwrap(),
+            Loopback::Installed(lo.clone())
+        );
+        install_binary(&v1, &bin).unwrap();
+        assert_eq!(fs::read(&lo).unwrap(), b"lace v1");
+        assert_eq!(
+            fs::metadata(&lo).unwrap().permissions().mode() & 0o777,
+            0o755
+        );
+        assert_eq!(read_settings(&bin), settings());
+        // A restart of the same version: nothing to replace, settings rewritten.
+        fs::remove_file(bin.join(LOOPBACK_SETTINGS_FILE)).unwrap();
+        assert_eq!(
+            install_loopback(&v1, &bin, &settings()).unwrap(),
+            Loopback::Current(lo.clone())
+        );
+        assert_eq!(read_settings(&bin), settings());
+        // An upgrade: the copy is Lace's (the bytes of the `lace` it replaces), so updated.
+        assert_eq!(
+            install_loopback(&v2, &bin, &settings()).unwrap(),
+            Loopback::Updated(lo.clone())
+        );
+        install_binary(&v2, &bin).unwrap();
+        assert_eq!(fs::read(&lo).unwrap(), b"lace v2");
+        // Only the binaries and the settings file; no temporary file left behind.
+        let mut names: Vec<String> = fs::read_dir(&bin)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["lace", "lace-loopback.json", "loopback"]);
+    }
+
+    #[test]
+    fn the_hosts_loopback_is_never_touched() {
+        let dir = tempfile::tempdir().unwrap();
+        let bin = dir.path().join("bin");
+        let lace = dir.path().join("lace-src");
+        fs::write(&lace, b"lace v1").unwrap();
+        fs::create_dir_all(&bin).unwrap();
+        let lo = bin.join("loopback");
+        fs::write(&lo, b"the reference plugin").unwrap();
+        fs::set_permissions(&lo, fs::Permissions::from_mode(0o700)).unwrap();
+        assert_eq!(
+            install_loopback(&lace, &bin, &settings()).unwrap(),
+            Loopback::Host(lo.clone())
+        );
+        install_binary(&lace, &bin).unwrap();
+        // Also when a later start finds it (it differs from `lace` and from the source).
+        assert_eq!(
+            install_loopback(&lace, &bin, &settings()).unwrap(),
+            Loopback::Host(lo.clone())
+        );
+        assert_eq!(fs::read(&lo).unwrap(), b"the reference plugin");
+        assert_eq!(
+            fs::metadata(&lo).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
+        assert!(!bin.join(LOOPBACK_SETTINGS_FILE).exists());
+        // A name taken between the look and the write is not overwritten either.
+        fs::remove_file(&lo).unwrap();
+        fs::write(&lo, b"raced in").unwrap();
+        assert!(!write_new(&bin, "loopback", &mut &b"lace"[..], 0o755).unwrap());
+        assert_eq!(fs::read(&lo).unwrap(), b"raced in");
+        // A dangling symlink is not Lace's either.
+        fs::remove_file(&lo).unwrap();
+        std::os::unix::fs::symlink(dir.path().join("gone"), &lo).unwrap();
+        assert_eq!(
+            install_loopback(&lace, &bin, &settings()).unwrap(),
+            Loopback::Host(lo.clone())
+        );
+        assert!(fs::symlink_metadata(&lo).unwrap().file_type().is_symlink());
     }
 }

@@ -132,19 +132,39 @@ pub async fn run(
     Ok(())
 }
 
-/// Installs the binary and the conflist; `false` (retried next tick) if either failed.
+/// Installs the loopback plugin where the node has none, the binary and the conflist (last:
+/// it makes the node ready); `false` (retried next tick) if any failed.
 fn install_plugin(config: &Config) -> bool {
-    let binary = install::install_binary(&config.cni_bin_source, &config.cni_bin_dir);
-    let conf = binary.and_then(|bin| {
-        install::write_conflist(
-            &config.cni_conf_dir,
-            &config.cni_conf_name,
-            config.plugin_settings(),
-        )
-        .map(|c| (bin, c))
-    });
-    match conf {
-        Ok((bin, conf)) => {
+    let settings = config.plugin_settings();
+    let installed =
+        install::install_loopback(&config.cni_bin_source, &config.cni_bin_dir, &settings).and_then(
+            |lo| {
+                let bin = install::install_binary(&config.cni_bin_source, &config.cni_bin_dir)?;
+                let conf =
+                    install::write_conflist(&config.cni_conf_dir, &config.cni_conf_name, settings)?;
+                Ok((lo, bin, conf))
+            },
+        );
+    match installed {
+        Ok((lo, bin, conf)) => {
+            match lo {
+                install::Loopback::Installed(p) => tracing::info!(
+                    loopback = %p.display(),
+                    "no loopback plugin was in the CNI bin dir: installed Lace's (a copy of the \
+                     plugin); a loopback put there by the host is never replaced"
+                ),
+                install::Loopback::Updated(p) => {
+                    tracing::info!(loopback = %p.display(), "Lace's loopback plugin updated")
+                }
+                install::Loopback::Current(p) => {
+                    tracing::debug!(loopback = %p.display(), "Lace's loopback plugin is current")
+                }
+                install::Loopback::Host(p) => tracing::info!(
+                    loopback = %p.display(),
+                    "the CNI bin dir has a loopback plugin that is not Lace's: the runtime uses \
+                     it, and Lace leaves it alone"
+                ),
+            }
             tracing::info!(binary = %bin.display(), conflist = %conf.display(), "CNI plugin installed");
             true
         }

@@ -84,6 +84,8 @@ pub trait Dataplane: Send + Sync + 'static {
         pod_ns: &Path,
         names: &[String],
     ) -> Result<Vec<String>, DataplaneError>;
+    /// The `loopback` plugin's ADD: brings `lo` up in a pod's namespace and reads it.
+    fn loopback_up(&self, pod_ns: &Path) -> Result<PodLinkState, DataplaneError>;
     /// What CHECK reads of a pod's interface, `None` if it does not exist.
     fn inspect_pod_link(
         &self,
@@ -129,6 +131,10 @@ impl Dataplane for Reconciler {
         names: &[String],
     ) -> Result<Vec<String>, DataplaneError> {
         Reconciler::delete_pod_links(self, pod_ns, names)
+    }
+
+    fn loopback_up(&self, pod_ns: &Path) -> Result<PodLinkState, DataplaneError> {
+        Reconciler::loopback_up(self, pod_ns)
     }
 
     fn inspect_pod_link(
@@ -211,6 +217,19 @@ impl Dataplane for PlanSink {
         _names: &[String],
     ) -> Result<Vec<String>, DataplaneError> {
         Ok(Vec::new())
+    }
+
+    /// What a new namespace's `lo` looks like once up (nothing is changed anywhere).
+    fn loopback_up(&self, _pod_ns: &Path) -> Result<PodLinkState, DataplaneError> {
+        Ok(PodLinkState {
+            up: true,
+            mtu: Some(65536),
+            addresses: vec![
+                "127.0.0.1/8".parse().expect("literal"),
+                "::1/128".parse().expect("literal"),
+            ],
+            routes: Vec::new(),
+        })
     }
 
     fn inspect_pod_link(

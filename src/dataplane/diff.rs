@@ -17,17 +17,26 @@ use super::tunnel::{self, link_holding};
 use super::{FouListener, HostRoute, KernelNexthop, NftState, ObservedNode, ObservedRule, SitLink};
 use crate::plan::underlay::{FOU_IPPROTO, FOU_PORT, IPV4_TUNNEL};
 use crate::plan::{
-    DesiredNode, Family, Nexthop, NodeBase, RouteKey, Rule, RuleAction, Vrf, POD_GATEWAY_V6_PREFIX,
-    PROBE_TABLE,
+    disable_ipv6_key, sysctl_device, DesiredNode, Family, Nexthop, NodeBase, RouteKey, Rule,
+    RuleAction, Vrf, POD_GATEWAY_V6_PREFIX, PROBE_TABLE,
 };
 
 /// Why no operations could be computed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum DiffError {
-    #[error("no link holds the node's underlay address {underlay} (its InternalIP in the NodeAllocation): cannot resolve the uplink")]
+    #[error("no link holds the node's underlay address {underlay} (its InternalIP in the NodeAllocation): cannot resolve the uplink{}", no_uplink_hint(.underlay))]
     NoUplink { underlay: IpAddr },
     #[error("the nft ruleset cannot be tagged: {0}")]
     Nft(#[from] super::nft::UntaggableRuleset),
+}
+
+/// What to check when no link holds an IPv6 underlay address: disabling IPv6 on a link takes
+/// its IPv6 addresses with it.
+fn no_uplink_hint(underlay: &IpAddr) -> &'static str {
+    match underlay {
+        IpAddr::V6(_) => "; if IPv6 is disabled on the link that should hold it (net.ipv6.conf.<link>.disable_ipv6=1), so is the address: enable IPv6 there, or give the Node only its IPv4 InternalIP (kubelet --node-ip) so that its peers reach it over IPv4",
+        IpAddr::V4(_) => "",
+    }
 }
 
 /// One change to the kernel, naming its object.
@@ -290,6 +299,15 @@ pub fn attach(pods: &DesiredNode, observed: &ObservedNode) -> Result<Diff, DiffE
         .collect();
     let mut out = Diff::default();
     let fresh = vrf_ops(&vrfs, observed, &mut out.ops);
+    // A VRF made here gets its sysctls (IPv6 enabled on it) as a reconcile would give it.
+    for (key, value) in &pods.base.sysctls {
+        if sysctl_device(key).is_some_and(|l| fresh.contains(l)) {
+            out.ops.push(Op::Sysctl {
+                key: key.clone(),
+                value: value.clone(),
+            });
+        }
+    }
     pod_link_ops(pods, &vrfs, observed, true, &mut out.ops);
     let uplink = uplink(&pods.base, observed);
     for (key, nh) in &pods.pod_routes {
@@ -371,7 +389,7 @@ fn diff_in(
             known_nft,
         )?);
         for (key, value) in &base.sysctls {
-            let of_fresh = fresh.iter().any(|l| key.contains(&format!(".{l}.")));
+            let of_fresh = sysctl_device(key).is_some_and(|l| fresh.contains(l));
             if of_fresh
                 || observed.sysctls.get(key).and_then(|v| v.as_deref()) != Some(value.as_str())
             {
@@ -465,18 +483,31 @@ fn vrf_ops<'a>(
 
 /// The sysctls of a pod's host veth, written whenever Lace enslaves it: proxy ARP answers
 /// for addresses routed elsewhere, at once (the pod's gateway entries are permanent, so this
-/// only serves a pod that resolves other addresses on its link).
-pub fn pod_link_sysctls(link: &str) -> [(String, &'static str); 2] {
-    [
+/// only serves a pod that resolves other addresses on its link); and, when the pod has an
+/// IPv6 address (`ipv6`), IPv6 enabled on it (the veth inherits `disable_ipv6` from the node's
+/// `default`, and the kernel refuses its link-local probe source and the pod's `/128` routes
+/// while it is disabled).
+pub fn pod_link_sysctls(link: &str, ipv6: bool) -> Vec<(String, &'static str)> {
+    let mut out = vec![
         (format!("net.ipv4.conf.{link}.proxy_arp"), "1"),
         (format!("net.ipv4.neigh.{link}.proxy_delay"), "0"),
-    ]
+    ];
+    if ipv6 {
+        out.push((disable_ipv6_key(link), "0"));
+    }
+    out
 }
 
 /// The pods' host veths of plan `d`: enslaved to their Network's VRF (and up; with their
 /// sysctls when `sysctls`), up if down, and given the link-local source of their IPv6 probe
 /// routes (enslaving drops it). Links that do not exist are left to the routes, which report
 /// them.
+///
+/// A pod veth's sysctls are not read back by reconciles (that would cost a read per pod on
+/// every pass). Its `disable_ipv6` needs no reading: the kernel flushes every IPv6 address of
+/// a link whose IPv6 is switched off and notifies it, so a missing link-local probe source is
+/// what that drift looks like, and IPv6 is enabled again (when `sysctls`) right before the
+/// address is put back.
 fn pod_link_ops(
     d: &DesiredNode,
     vrfs: &BTreeMap<String, Vrf>,
@@ -493,6 +524,19 @@ fn pod_link_ops(
             }
         }
     }
+    // The pod veths that carry IPv6 (a pod's IPv6 address is routed through them).
+    let ipv6_links: BTreeSet<&str> = d
+        .pod_routes
+        .iter()
+        .filter_map(|(k, nh)| match nh {
+            Nexthop::Dev(dev) | Nexthop::DevSrc { dev, .. } if k.dst.addr().is_ipv6() => {
+                Some(dev.as_str())
+            }
+            _ => None,
+        })
+        .collect();
+    // Links whose IPv6 this diff enables.
+    let mut ipv6_enabled: BTreeSet<&str> = BTreeSet::new();
     let mut enslaved: BTreeSet<&str> = BTreeSet::new();
     for (link, vrf) in masters {
         let Some(l) = observed.links.get(link) else {
@@ -506,7 +550,11 @@ fn pod_link_ops(
                 master: vrf.to_string(),
             });
             if sysctls {
-                for (key, value) in pod_link_sysctls(link) {
+                let ipv6 = ipv6_links.contains(link);
+                if ipv6 {
+                    ipv6_enabled.insert(link);
+                }
+                for (key, value) in pod_link_sysctls(link, ipv6) {
                     ops.push(Op::Sysctl {
                         key,
                         value: value.into(),
@@ -531,6 +579,12 @@ fn pod_link_ops(
         if (!observed.addrs.contains(&(*src, l.index)) || enslaved.contains(dev.as_str()))
             && addressed.insert((dev, v6))
         {
+            if sysctls && ipv6_enabled.insert(dev) {
+                ops.push(Op::Sysctl {
+                    key: disable_ipv6_key(dev),
+                    value: "0".into(),
+                });
+            }
             ops.push(Op::AddAddress {
                 link: dev.clone(),
                 addr: IpNet::V6(Ipv6Net::new_assert(v6, POD_GATEWAY_V6_PREFIX)),
@@ -1175,9 +1229,19 @@ pub(crate) mod tests {
         model(&mut o, &ops);
         assert_eq!(diff(Some(&d), &o, None).unwrap().ops, vec![]);
 
-        // Deleted by hand: added again, the route stays as it is.
+        // Deleted by hand: added again, the route stays as it is. IPv6 is switched on first
+        // (a no-op unless that is why it went: see the tests of hosts that disable IPv6).
         o.addrs.retain(|(a, _)| *a != gw);
-        assert_eq!(diff(Some(&d), &o, None).unwrap().ops, vec![add]);
+        assert_eq!(
+            diff(Some(&d), &o, None).unwrap().ops,
+            vec![
+                Op::Sysctl {
+                    key: disable_ipv6_key("lp-pa"),
+                    value: "0".into()
+                },
+                add
+            ]
+        );
     }
 
     #[test]
@@ -1245,7 +1309,7 @@ pub(crate) mod tests {
             link: "lp-pb".into(),
             master: "lv-b".into()
         }));
-        for (key, _) in pod_link_sysctls("lp-pb") {
+        for (key, _) in pod_link_sysctls("lp-pb", false) {
             assert!(
                 ops.iter()
                     .any(|op| matches!(op, Op::Sysctl { key: k, .. } if *k == key)),
@@ -1599,5 +1663,220 @@ pub(crate) mod tests {
                 underlay: IpAddr::V4(V4_UPLINK)
             }
         );
+    }
+
+    // --- Hosts that disable IPv6 by default ------------------------------------------------
+
+    /// `state_v4(v6)` with Network `a` dual-stack (`fd00:1::/56`, blocks of /64).
+    fn state_dual(n1_v6: bool) -> ClusterState {
+        let mut s = state_v4(n1_v6);
+        s.networks.get_mut("a").unwrap().subnets.push(Subnet {
+            cidr: "fd00:1::/56".parse().unwrap(),
+            block_prefix: 64,
+        });
+        s
+    }
+
+    /// n1's plan in `s`: pod `pa` dual-stack on `lp-pa`, pod `pb` IPv4 only on `lp-pb` (both
+    /// in Network `a`).
+    fn desired_dual(s: &ClusterState) -> DesiredNode {
+        let pods = [
+            PodAttachment {
+                pod: ObjectKey::new("ns", "pa"),
+                container_id: "c1".into(),
+                host_ifname: "lp-pa".into(),
+                network: "a".into(),
+                ips: vec![
+                    "10.1.1.10/32".parse().unwrap(),
+                    "fd00:1:0:1::a/128".parse().unwrap(),
+                ],
+            },
+            PodAttachment {
+                pod: ObjectKey::new("ns", "pb"),
+                container_id: "c2".into(),
+                host_ifname: "lp-pb".into(),
+                network: "a".into(),
+                ips: vec!["10.1.1.11/32".parse().unwrap()],
+            },
+        ];
+        plan("n1", s, &pods).unwrap()
+    }
+
+    fn lace_link(name: &str) -> bool {
+        [
+            crate::plan::VRF_PREFIX,
+            crate::plan::underlay::TUNNEL_PREFIX,
+            super::super::POD_LINK_PREFIX,
+        ]
+        .iter()
+        .any(|p| name.starts_with(p))
+    }
+
+    /// Runs `ops` against a kernel whose `default` disables IPv6: links Lace creates, and the
+    /// pod veths (created by the CNI), start with IPv6 off; the host's links have it as
+    /// `host_v6` says. Panics where the kernel would refuse an IPv6 address or route on a link
+    /// with IPv6 off, and where Lace switches IPv6 on for a link that is not its own.
+    fn check_ipv6_order(o: &ObservedNode, ops: &[Op], host_v6: bool) {
+        let mut on: BTreeMap<String, bool> = o
+            .links
+            .keys()
+            .map(|n| (n.clone(), !lace_link(n) && host_v6))
+            .collect();
+        // A link that exists and already holds an IPv6 address has IPv6 on.
+        for (n, l) in &o.links {
+            if o.addrs.iter().any(|(a, i)| *i == l.index && a.is_ipv6()) {
+                on.insert(n.clone(), true);
+            }
+        }
+        for (i, op) in ops.iter().enumerate() {
+            let need = |dev: &str| {
+                assert!(
+                    on.get(dev).copied().unwrap_or(false),
+                    "op {i} ({op}) needs IPv6 on {dev}, which is off then:\n{ops:#?}"
+                )
+            };
+            match op {
+                Op::AddVrf { name, .. } | Op::AddTunnel { name, .. } => {
+                    on.insert(name.clone(), false);
+                }
+                Op::Sysctl { key, value } if key.ends_with(".disable_ipv6") => {
+                    let dev = sysctl_device(key).unwrap();
+                    assert!(
+                        lace_link(dev),
+                        "IPv6 switched on a device that is not Lace's: {key}"
+                    );
+                    assert_eq!(value, "0");
+                    on.insert(dev.to_string(), true);
+                }
+                Op::AddAddress { link, addr } if addr.addr().is_ipv6() => need(link),
+                Op::PutRoute { key, nh } => {
+                    if let (IpNet::V6(_), Some(dev)) = (key.dst, nh.dev()) {
+                        need(dev)
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// What the kernel does when someone switches IPv6 off on `link`: its IPv6 addresses and
+    /// the IPv6 routes through it go (notified); its sysctl reads 1 where it is read.
+    fn switch_ipv6_off(o: &mut ObservedNode, link: &str) {
+        let index = o.links[link].index;
+        o.addrs.retain(|(a, i)| !(*i == index && a.is_ipv6()));
+        o.routes
+            .retain(|k, nh| !(k.dst.addr().is_ipv6() && nh.dev() == Some(link)));
+        if let Some(v) = o.sysctls.get_mut(&disable_ipv6_key(link)) {
+            *v = Some("1".into());
+        }
+    }
+
+    #[test]
+    fn every_device_of_lace_s_that_carries_ipv6_gets_it_before_its_addresses_and_routes() {
+        // A node without IPv6 on its links at all (SRv6 over IPv4), and one whose uplink has
+        // IPv6 (SRv6 over IPv6 and IPv4): only Lace's devices are switched on, each before use.
+        for n1_v6 in [false, true] {
+            let d = desired_dual(&state_dual(n1_v6));
+            let mut o = host_v4(n1_v6);
+            let ops = diff(Some(&d), &o, None).unwrap().ops;
+            check_ipv6_order(&o, &ops, n1_v6);
+            let enabled: BTreeSet<&str> = ops
+                .iter()
+                .filter_map(|op| match op {
+                    Op::Sysctl { key, .. } if key.ends_with(".disable_ipv6") => sysctl_device(key),
+                    _ => None,
+                })
+                .collect();
+            // The VRF, the tunnel, the dual-stack pod's veth; not the IPv4-only pod's.
+            assert_eq!(
+                enabled,
+                BTreeSet::from(["lv-a", IPV4_TUNNEL, "lp-pa"]),
+                "{ops:#?}"
+            );
+            model(&mut o, &ops);
+            assert_eq!(diff(Some(&d), &o, None).unwrap().ops, vec![]);
+        }
+    }
+
+    #[test]
+    fn attach_switches_ipv6_on_for_the_vrf_it_creates_and_the_pod_s_veth() {
+        let s = state_dual(false);
+        let d = desired_dual(&s);
+        for pod in ["lp-pa", "lp-pb"] {
+            let o = host_v4(false);
+            let ops = attach(&just(&d, pod), &o).unwrap().ops;
+            check_ipv6_order(&o, &ops, false);
+            let vrf_on = Op::Sysctl {
+                key: disable_ipv6_key("lv-a"),
+                value: "0".into(),
+            };
+            assert!(ops.contains(&vrf_on), "{ops:#?}");
+            let veth_on = ops.contains(&Op::Sysctl {
+                key: disable_ipv6_key(pod),
+                value: "0".into(),
+            });
+            assert_eq!(veth_on, pod == "lp-pa", "only the pod with IPv6: {ops:#?}");
+        }
+        // The VRF exists already: attach leaves its sysctls to the reconciles.
+        let mut o = host_v4(false);
+        let ops = diff(Some(&just(&d, "lp-pb")), &o, None).unwrap().ops;
+        model(&mut o, &ops);
+        let ops = attach(&just(&d, "lp-pa"), &o).unwrap().ops;
+        assert!(
+            !ops.iter()
+                .any(|op| matches!(op, Op::Sysctl { key, .. } if key.contains("lv-a"))),
+            "{ops:#?}"
+        );
+        check_ipv6_order(&o, &ops, false);
+    }
+
+    #[test]
+    fn ipv6_switched_off_on_a_lace_device_is_seen_and_switched_on_again_first() {
+        let d = desired_dual(&state_dual(false));
+        for link in ["lv-a", IPV4_TUNNEL, "lp-pa"] {
+            let mut o = host_v4(false);
+            let ops = diff(Some(&d), &o, None).unwrap().ops;
+            model(&mut o, &ops);
+            switch_ipv6_off(&mut o, link);
+            // What the kernel notifies (addresses, routes) shows it: the agent repairs at once.
+            assert!(!drift(&d, &o).unwrap().is_empty(), "{link}: no drift seen");
+            let ops = diff(Some(&d), &o, None).unwrap().ops;
+            let on = first(&ops, |op| {
+                *op == Op::Sysctl {
+                    key: disable_ipv6_key(link),
+                    value: "0".into(),
+                }
+            })
+            .unwrap_or_else(|| panic!("{link}: IPv6 not switched on again: {ops:#?}"));
+            // Everything IPv6 through the link comes after.
+            for (i, op) in ops.iter().enumerate() {
+                let through = match op {
+                    Op::AddAddress { link: l, addr } => l == link && addr.addr().is_ipv6(),
+                    Op::PutRoute { key, nh } => key.dst.addr().is_ipv6() && nh.dev() == Some(link),
+                    _ => false,
+                };
+                assert!(
+                    !through || i > on,
+                    "{link}: {op} before IPv6 is on: {ops:#?}"
+                );
+            }
+            model(&mut o, &ops);
+            assert_eq!(diff(Some(&d), &o, None).unwrap().ops, vec![], "{link}");
+        }
+    }
+
+    #[test]
+    fn a_missing_ipv6_underlay_address_names_disable_ipv6() {
+        let d = desired(false);
+        let mut o = bare_host();
+        o.addrs.clear();
+        let e = diff(Some(&d), &o, None).unwrap_err().to_string();
+        assert!(
+            e.contains("disable_ipv6") && e.contains("IPv4 InternalIP"),
+            "{e}"
+        );
+        let d = desired_v4(&state_v4(true));
+        let e = diff(Some(&d), &bare_host(), None).unwrap_err().to_string();
+        assert!(!e.contains("disable_ipv6"), "{e}");
     }
 }

@@ -39,26 +39,13 @@ pub fn sysctl_path(key: &str) -> PathBuf {
 /// last is the interface name, kept whole.
 fn sysctl_path_in(root: &Path, key: &str) -> PathBuf {
     let mut path = root.to_path_buf();
-    for prefix in [
-        "net.ipv4.conf.",
-        "net.ipv6.conf.",
-        "net.ipv4.neigh.",
-        "net.ipv6.neigh.",
-    ] {
-        if let Some(rest) = key.strip_prefix(prefix) {
-            if let Some((ifname, leaf)) = rest.rsplit_once('.') {
-                for part in prefix.trim_end_matches('.').split('.') {
-                    path.push(part);
-                }
-                path.push(ifname);
-                path.push(leaf);
-                return path;
-            }
-        }
+    if let Some((prefix, ifname, leaf)) = crate::plan::split_device_sysctl(key) {
+        path.extend(prefix.split('.'));
+        path.push(ifname);
+        path.push(leaf);
+        return path;
     }
-    for part in key.split('.') {
-        path.push(part);
-    }
+    path.extend(key.split('.'));
     path
 }
 
@@ -201,6 +188,10 @@ mod tests {
         assert_eq!(
             sysctl_path_in(root, "net.vrf.strict_mode"),
             PathBuf::from("/proc/sys/net/vrf/strict_mode")
+        );
+        assert_eq!(
+            sysctl_path_in(root, &crate::plan::disable_ipv6_key("lv-a.b")),
+            PathBuf::from("/proc/sys/net/ipv6/conf/lv-a.b/disable_ipv6")
         );
     }
 

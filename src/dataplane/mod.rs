@@ -48,8 +48,12 @@
 //!   SRv6-over-IPv4 device [`underlay::IPV4_TUNNEL`], with its address and sysctl). Pod veths
 //!   ([`POD_LINK_PREFIX`]`*`, created and deleted by the CNI) are enslaved to their VRF,
 //!   brought up, given the link-local source of their IPv6 probe route
-//!   ([`plan::POD_GATEWAY_V6`]) and, when enslaved, their proxy ARP sysctls
-//!   ([`diff::pod_link_sysctls`]);
+//!   ([`plan::POD_GATEWAY_V6`]) and, when enslaved, their proxy ARP sysctls and (pods with
+//!   IPv6) IPv6 enabled ([`diff::pod_link_sysctls`]). Every one of these devices that carries
+//!   IPv6 gets `net.ipv6.conf.<dev>.disable_ipv6=0` ([`plan::disable_ipv6_key`]) before its
+//!   addresses and routes, so a host whose `default` disables IPv6 works too; the pod's end of
+//!   a veth gets it (and the pod's `lo`) in the pod's namespace when the pod has IPv6
+//!   (`pod::sysctls`). No other device's is ever written;
 //! - the fou receive port [`underlay::FOU_PORT`] (IPv4), looked at only while a Lace tunnel
 //!   device exists (it is added after the device and deleted before it);
 //! - the sysctls the plan lists (set, never reverted: their previous values are unknown);
@@ -614,6 +618,12 @@ impl Reconciler {
         let target = NetnsTarget::Path(pod_ns.to_owned());
         netns::run_in(&target, |nl| pod::delete_links(nl, names))?
             .map_err(|e| e.into_error(target.to_string()))
+    }
+
+    /// Brings `lo` up in the pod's namespace `pod_ns` and reads it (`pod::loopback_up`).
+    pub fn loopback_up(&self, pod_ns: &Path) -> Result<PodLinkState, DataplaneError> {
+        let target = NetnsTarget::Path(pod_ns.to_owned());
+        netns::run_in(&target, pod::loopback_up)?.map_err(|e| e.into_error(target.to_string()))
     }
 
     /// What CHECK reads of interface `ifname` in the pod's namespace `pod_ns` (`pod::inspect`).

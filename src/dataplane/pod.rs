@@ -16,10 +16,11 @@ use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkMessage};
 use netlink_packet_route::route::RouteMessage;
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 
+use super::host;
 use super::nl::{Nl, NlError};
 use super::observe::{classify_route, dump_address_messages, Route};
 use super::{msg, KernelNexthop, OpFailure};
-use crate::plan::{RouteKey, MAIN_TABLE};
+use crate::plan::{disable_ipv6_key, RouteKey, MAIN_TABLE};
 
 /// The pods' IPv4 default gateway: link-local, never in a block, the same in every pod.
 pub const GATEWAY_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
@@ -128,12 +129,54 @@ pub fn routes(ifname: &str, ips: &[IpNet]) -> Vec<(RouteKey, KernelNexthop)> {
     out
 }
 
+/// The sysctls the pod's side needs before its addresses, by key: when the pod gets an IPv6
+/// address, IPv6 enabled on its interface and on its loopback. A pod namespace whose `default`
+/// disables IPv6 (a host with `net.core.devconf_inherit_init_net=1` and IPv6 disabled, or a
+/// runtime that sets it) gives the new interface `disable_ipv6=1`, and the kernel then refuses
+/// the pod's IPv6 address and its route via `fe80::1`. The reference CNI plugins enable the
+/// same two (`ipam.ConfigureIface`). Each is written only where it differs, and the host end of
+/// the veth is the node's business ([`super::diff::pod_link_sysctls`]).
+pub fn sysctls(pod: &PodInterface) -> Vec<(String, &'static str)> {
+    if !pod.ips.iter().any(|ip| ip.addr().is_ipv6()) {
+        return Vec::new();
+    }
+    let mut devices = vec!["lo", pod.ifname.as_str()];
+    devices.dedup();
+    devices
+        .into_iter()
+        .map(|dev| (disable_ipv6_key(dev), "0"))
+        .collect()
+}
+
+/// Writes `sysctls` (on the calling thread, so in its network namespace) where the value
+/// read differs; one failure per sysctl that could not be written. A sysctl that does not
+/// exist is left alone (a kernel without IPv6 has no `net.ipv6`: the address itself fails then,
+/// naming the address).
+fn write_sysctls(sysctls: &[(String, &'static str)]) -> Vec<OpFailure> {
+    let mut failures = Vec::new();
+    for (key, value) in sysctls {
+        match host::read_sysctl(key) {
+            Some(v) if v != *value => {
+                if let Err(e) = host::write_sysctl(key, value) {
+                    failures.push(OpFailure {
+                        op: format!("sysctl {key}={value} (in the pod's namespace: the pod gets IPv6, which the namespace disables on new devices)"),
+                        error: e.to_string(),
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+    failures
+}
+
 /// Creates the pair (its host end straight into the namespace of `node_ns`, an open
 /// namespace file descriptor) and configures the pod end; returns the pod end's MAC, or
 /// `None` if a link of either name exists already (nothing was created).
 ///
 /// `ip link add <ifname> mtu <mtu> type veth peer name <host> mtu <mtu> address <host_mac>
-/// netns <node>`, then in one batch: `ip addr add <ip> dev <ifname>` (IPv6 `nodad`), `ip
+/// netns <node>`, the pod side's [`sysctls`], then in one batch: `ip addr add <ip> dev
+/// <ifname>` (IPv6 `nodad`), `ip
 /// link set <ifname> up`, `ip neigh replace 169.254.1.1 lladdr <host_mac> dev <ifname> nud
 /// permanent` (and `fe80::1`) and the [`routes`]. The gateways' neighbour entries are
 /// permanent so the pod never depends on the host end answering ARP/NDP for an address that
@@ -180,6 +223,10 @@ pub fn create(
         }
     };
     let index = link.header.index;
+    let failures = write_sysctls(&sysctls(pod));
+    if !failures.is_empty() {
+        return Err(PodFailure::Refused(failures));
+    }
     let mut requests: Vec<(RouteNetlinkMessage, u16, String)> = Vec::new();
     for ip in &pod.ips {
         requests.push((
@@ -277,6 +324,24 @@ pub fn delete_links(nl: &mut Nl, names: &[String]) -> Result<Vec<String>, PodFai
     }
 }
 
+/// The `loopback` plugin's ADD in a pod's namespace: `ip link set lo up` (the kernel then
+/// gives it 127.0.0.1/8, and ::1/128 where IPv6 is on), then what [`inspect`] reads of it.
+pub fn loopback_up(nl: &mut Nl) -> Result<PodLinkState, PodFailure> {
+    let acks = nl.batch(vec![(RouteNetlinkMessage::SetLink(msg::link_up("lo")), 0)])?;
+    if let Some(Err(errno)) = acks.first() {
+        return Err(PodFailure::Refused(vec![failure(
+            "link set lo up".to_owned(),
+            *errno,
+        )]));
+    }
+    inspect(nl, "lo")?.ok_or_else(|| {
+        PodFailure::Refused(vec![OpFailure {
+            op: "link show lo".to_owned(),
+            error: "set up, but the kernel does not know it".into(),
+        }])
+    })
+}
+
 /// `ip addr show dev <ifname>` and `ip route show dev <ifname>` (main table), or `None` if
 /// there is no such link.
 pub fn inspect(nl: &mut Nl, ifname: &str) -> Result<Option<PodLinkState>, NlError> {
@@ -347,5 +412,35 @@ fn main_route_via(
         )),
         Route::Host(_, h) => Some((h.dst, h.gateway)),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(ips: &[&str]) -> PodInterface {
+        PodInterface {
+            ifname: "eth0".into(),
+            host_ifname: "lp-0123456789a".into(),
+            mtu: 1408,
+            host_mac: [2, 0, 0, 0, 0, 1],
+            ips: ips.iter().map(|ip| ip.parse().unwrap()).collect(),
+        }
+    }
+
+    #[test]
+    fn only_a_pod_with_ipv6_gets_ipv6_enabled_on_its_interface_and_loopback() {
+        assert_eq!(sysctls(&pod(&["10.244.0.10/32"])), vec![]);
+        let want = vec![
+            ("net.ipv6.conf.lo.disable_ipv6".to_string(), "0"),
+            ("net.ipv6.conf.eth0.disable_ipv6".to_string(), "0"),
+        ];
+        assert_eq!(sysctls(&pod(&["10.244.0.10/32", "fd00:244::a/128"])), want);
+        assert_eq!(sysctls(&pod(&["fd00:244::a/128"])), want);
+        // Never the host end: that one is the node's (the diff's).
+        assert!(sysctls(&pod(&["fd00:244::a/128"]))
+            .iter()
+            .all(|(k, _)| !k.contains("lp-")));
     }
 }

@@ -14,9 +14,9 @@ use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use super::ruleset::build_ruleset;
 use super::underlay::{peer_path, tunnel_source, Ipv4Tunnel, PeerPath, IPV4_TUNNEL};
 use super::{
-    host_net, vrf_name, vrf_table, Family, NetInfo, Networks, Nexthop, NodeBase, PlanError,
-    PodNetwork, RouteKey, Rule, RuleAction, Vrf, MAIN_TABLE, PROBE_MARK, PROBE_MARK_MASK,
-    PROBE_TABLE, RULE_PRIORITY_L3MDEV, RULE_PRIORITY_PROBE,
+    disable_ipv6_key, host_net, vrf_name, vrf_table, Family, NetInfo, Networks, Nexthop, NodeBase,
+    PlanError, PodNetwork, RouteKey, Rule, RuleAction, Vrf, MAIN_TABLE, PROBE_MARK,
+    PROBE_MARK_MASK, PROBE_TABLE, RULE_PRIORITY_L3MDEV, RULE_PRIORITY_PROBE,
 };
 use crate::alloc::node_blocks;
 use crate::api::NodeAllocationSpec;
@@ -503,7 +503,16 @@ fn rules() -> BTreeSet<Rule> {
     rules
 }
 
-/// The sysctls the datapath needs, with one per VRF and one for the IPv4 tunnel if any.
+/// The sysctls the datapath needs: node-wide ones, two per VRF and one for the IPv4 tunnel if
+/// any. The per-device ones are written whenever the diff creates the device (before its
+/// addresses and routes) and read back by every reconcile.
+///
+/// `disable_ipv6 0` on each device of Lace's that carries IPv6: a host that disables IPv6 by
+/// default (`net.ipv6.conf.default.disable_ipv6=1`, common hardening on IPv4-only hosts) has
+/// every device created later inherit it, and the kernel then refuses IPv6 addresses and routes
+/// on it (a VRF's `End.DT46` SID, an IPv6 pod's `/128`). Only Lace's own devices are enabled;
+/// the host's (`all`, `default`, its uplinks) are never touched. Pod veths get theirs from the
+/// diff when they are enslaved (see `dataplane::diff::pod_link_sysctls`).
 fn sysctls(vrfs: &BTreeMap<String, Vrf>, ipv4_tunnel: bool) -> BTreeMap<String, String> {
     let mut sysctls = BTreeMap::new();
     for (k, v) in [
@@ -525,13 +534,12 @@ fn sysctls(vrfs: &BTreeMap<String, Vrf>, ipv4_tunnel: bool) -> BTreeMap<String, 
     for vrf in vrfs.keys() {
         // Decapsulated packets enter through the VRF device; the kernel uses max(all, dev).
         sysctls.insert(format!("net.ipv4.conf.{vrf}.rp_filter"), "0".to_string());
+        // Its SIDs (`End.DT46 ... dev <vrf>`) and IPv6 routes through it need IPv6 on it.
+        sysctls.insert(disable_ipv6_key(vrf), "0".to_string());
     }
     if ipv4_tunnel {
         // The tunnel carries IPv6 even where the host disables it by default.
-        sysctls.insert(
-            format!("net.ipv6.conf.{IPV4_TUNNEL}.disable_ipv6"),
-            "0".to_string(),
-        );
+        sysctls.insert(disable_ipv6_key(IPV4_TUNNEL), "0".to_string());
     }
     sysctls
 }

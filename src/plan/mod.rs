@@ -169,6 +169,38 @@ pub fn vrf_name(network: &str, function: u16) -> String {
     format!("{VRF_PREFIX}{head}_{function:04x}")
 }
 
+/// The sysctl that switches IPv6 off on device `dev`. Lace sets it to `0` on each of its own
+/// devices that carries IPv6 (VRFs, [`underlay::IPV4_TUNNEL`], the veths of pods with an IPv6
+/// address), before their addresses and routes: a host that disables IPv6 by default
+/// (`net.ipv6.conf.default.disable_ipv6=1`) has every device created later inherit it.
+pub fn disable_ipv6_key(dev: &str) -> String {
+    format!("net.ipv6.conf.{dev}.disable_ipv6")
+}
+
+/// Prefixes of the per-device sysctls, each followed by `<device>.<leaf>`.
+const DEVICE_SYSCTL_PREFIXES: [&str; 4] = [
+    "net.ipv4.conf.",
+    "net.ipv6.conf.",
+    "net.ipv4.neigh.",
+    "net.ipv6.neigh.",
+];
+
+/// The per-device sysctl `key` split into its prefix (without the trailing dot), device and
+/// leaf: `net.ipv4.conf.lv-a.b.rp_filter` is device `lv-a.b` (interface names may contain dots;
+/// everything between the prefix and the last component is the name). `None` for other keys.
+/// `all` and `default` come back as devices too.
+pub fn split_device_sysctl(key: &str) -> Option<(&'static str, &str, &str)> {
+    DEVICE_SYSCTL_PREFIXES.iter().find_map(|prefix| {
+        let (dev, leaf) = key.strip_prefix(prefix)?.rsplit_once('.')?;
+        Some((prefix.trim_end_matches('.'), dev, leaf))
+    })
+}
+
+/// The device a per-device sysctl `key` names ([`split_device_sysctl`]).
+pub fn sysctl_device(key: &str) -> Option<&str> {
+    split_device_sysctl(key).map(|(_, dev, _)| dev)
+}
+
 fn host_net(addr: IpAddr) -> IpNet {
     match addr {
         IpAddr::V4(a) => IpNet::V4(Ipv4Net::from(a)),

@@ -25,14 +25,15 @@ pub use environment::{
     MAX_IFNAME_LEN,
 };
 pub use netconf::{
-    Attachment, ConfList, LogLevel, NetConf, NetConfError, PluginEntry, PluginSettings,
-    DEFAULT_AGENT_SOCKET, DEFAULT_DEL_QUEUE_DIR, DEFAULT_TIMEOUT_SECONDS, LEGACY_ATTACHMENTS_KEY,
-    MAX_TIMEOUT_SECONDS, PLUGIN_TYPE, VALID_ATTACHMENTS_KEY,
+    Attachment, ConfList, LogLevel, LoopbackConf, NetConf, NetConfError, PluginConf, PluginEntry,
+    PluginSettings, DEFAULT_AGENT_SOCKET, DEFAULT_DEL_QUEUE_DIR, DEFAULT_TIMEOUT_SECONDS,
+    LEGACY_ATTACHMENTS_KEY, LOOPBACK_SETTINGS_FILE, LOOPBACK_TYPE, MAX_TIMEOUT_SECONDS,
+    PLUGIN_TYPE, VALID_ATTACHMENTS_KEY,
 };
 pub use protocol::{
     decode_line, encode_line, Command, FrameError, Request, Response, MAX_MESSAGE_BYTES,
 };
 pub use spec::{
     CniError, CniResult, CniVersion, Dns, ErrorCode, Interface, IpConfig, ResultError, Route,
-    VersionInfo,
+    UnknownVersion, VersionInfo,
 };

@@ -12,6 +12,15 @@ use super::{CniError, CniResult, CniVersion, ErrorCode};
 
 /// Value of `type` in Lace's conflist entry: the file name of the plugin in the CNI bin dir.
 pub const PLUGIN_TYPE: &str = "lace";
+/// The `type` of the loopback network runtimes set up beside every pod network (containerd:
+/// `{"cniVersion": "0.3.1", "name": "cni-loopback", "plugins": [{"type": "loopback"}]}`). The
+/// `lace` binary serves it too; the agent installs a copy named `loopback` in the CNI bin dir
+/// where none exists.
+pub const LOOPBACK_TYPE: &str = "loopback";
+/// The file beside the installed `loopback` copy that tells it the agent's socket (the
+/// runtime's loopback configuration carries none): Lace's [`PluginSettings`] as JSON, written
+/// by the agent with the conflist's values. Without it the defaults apply.
+pub const LOOPBACK_SETTINGS_FILE: &str = "lace-loopback.json";
 /// Where the agent listens unless the conflist says otherwise (`agentSocket`).
 pub const DEFAULT_AGENT_SOCKET: &str = "/run/lace/cni.sock";
 /// Where the plugin queues DELs it could not deliver (`delQueueDir`). Under `/var/lib`, not
@@ -130,12 +139,19 @@ pub enum NetConfError {
     /// No `cniVersion` (which the spec reads as 0.1.0).
     #[error(
         "network configuration has no cniVersion (that means 0.1.0); lace supports {supported}",
-        supported = CniVersion::supported_list()
+        supported = CniVersion::list(&CniVersion::SUPPORTED)
     )]
     MissingVersion,
-    /// A `cniVersion` we do not speak.
-    #[error("cniVersion {0:?} is not supported; lace supports {supported}", supported = CniVersion::supported_list())]
-    UnsupportedVersion(String),
+    /// A `cniVersion` the plugin does not speak.
+    #[error("cniVersion {version:?} is not supported; {plugin} supports {list}", list = CniVersion::list(supported))]
+    UnsupportedVersion {
+        /// The version asked for.
+        version: String,
+        /// The plugin (`type`) asked.
+        plugin: &'static str,
+        /// What that plugin speaks.
+        supported: &'static [CniVersion],
+    },
     /// A required key is absent.
     #[error("network configuration has no {0:?}")]
     Missing(&'static str),
@@ -149,7 +165,10 @@ pub enum NetConfError {
         source: serde_json::Error,
     },
     /// `type` names another plugin.
-    #[error("network configuration type is {0:?}, but this plugin is {PLUGIN_TYPE:?}")]
+    #[error(
+        "network configuration type is {0:?}, but this plugin serves {PLUGIN_TYPE:?} (and \
+         {LOOPBACK_TYPE:?})"
+    )]
     WrongType(String),
     /// `name` does not match the spec's pattern.
     #[error(
@@ -188,7 +207,7 @@ impl NetConfError {
     pub fn code(&self) -> ErrorCode {
         match self {
             NetConfError::Json(_) | NetConfError::NotAnObject(_) => ErrorCode::DECODE,
-            NetConfError::MissingVersion | NetConfError::UnsupportedVersion(_) => {
+            NetConfError::MissingVersion | NetConfError::UnsupportedVersion { .. } => {
                 ErrorCode::INCOMPATIBLE_VERSION
             }
             NetConfError::Unsupported { .. } => ErrorCode::UNSUPPORTED_FIELD,
@@ -229,19 +248,134 @@ fn absolute(field: &'static str, value: PathBuf) -> Result<PathBuf, NetConfError
     }
 }
 
+impl PluginSettings {
+    /// Lace's keys of a configuration object (the conflist entry, or the loopback settings
+    /// file), defaults filled in and validated.
+    pub fn from_keys(obj: &Map<String, Value>) -> Result<Self, NetConfError> {
+        let defaults = PluginSettings::default();
+        Ok(PluginSettings {
+            agent_socket: absolute(
+                "agentSocket",
+                field(obj, "agentSocket")?.unwrap_or(defaults.agent_socket),
+            )?,
+            del_queue_dir: absolute(
+                "delQueueDir",
+                field(obj, "delQueueDir")?.unwrap_or(defaults.del_queue_dir),
+            )?,
+            timeout_seconds: match field(obj, "timeoutSeconds")? {
+                Some(t) if (1..=MAX_TIMEOUT_SECONDS).contains(&t) => t,
+                Some(t) => return Err(NetConfError::Timeout(t)),
+                None => defaults.timeout_seconds,
+            },
+            log_file: field(obj, "logFile")?
+                .map(|p| absolute("logFile", p))
+                .transpose()?,
+            log_level: field(obj, "logLevel")?.unwrap_or(defaults.log_level),
+        })
+    }
+
+    /// [`PluginSettings::from_keys`] of a JSON document (the loopback settings file).
+    pub fn parse(bytes: &[u8]) -> Result<Self, NetConfError> {
+        match serde_json::from_slice(bytes).map_err(NetConfError::Json)? {
+            Value::Object(map) => Self::from_keys(&map),
+            other => Err(NetConfError::NotAnObject(json_kind(&other))),
+        }
+    }
+}
+
+/// What the runtime asked the binary to be, by the configuration's `type`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PluginConf {
+    /// Lace's own network (`"type": "lace"`).
+    Lace(NetConf),
+    /// The loopback network (`"type": "loopback"`).
+    Loopback(LoopbackConf),
+}
+
+impl PluginConf {
+    /// Parses the configuration bytes from stdin: `"type": "loopback"` as [`LoopbackConf`],
+    /// anything else as Lace's [`NetConf`] (which names what is wrong with it).
+    pub fn parse(bytes: &[u8]) -> Result<PluginConf, NetConfError> {
+        let raw = object(bytes)?;
+        if raw.get("type").and_then(Value::as_str) == Some(LOOPBACK_TYPE) {
+            LoopbackConf::from_map(raw).map(PluginConf::Loopback)
+        } else {
+            NetConf::from_map(raw).map(PluginConf::Lace)
+        }
+    }
+}
+
+/// The configuration bytes as a JSON object.
+fn object(bytes: &[u8]) -> Result<Map<String, Value>, NetConfError> {
+    let value: Value = serde_json::from_slice(bytes).map_err(NetConfError::Json)?;
+    match value {
+        Value::Object(map) => Ok(map),
+        other => Err(NetConfError::NotAnObject(json_kind(&other))),
+    }
+}
+
+/// The `loopback` plugin's configuration. Like the reference plugin it reads only the
+/// version (absent means 0.1.0, as the spec says) and a `prevResult`, which it passes on.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LoopbackConf {
+    /// The version the runtime speaks for this invocation (any of [`CniVersion::ALL`]).
+    pub cni_version: CniVersion,
+    /// The previous result, passed on unchanged by ADD (as the reference plugin does).
+    pub prev_result: Option<CniResult>,
+    /// The whole configuration as received.
+    pub raw: Map<String, Value>,
+}
+
+impl LoopbackConf {
+    /// Parses a configuration whose `type` is `loopback`.
+    pub fn parse(bytes: &[u8]) -> Result<LoopbackConf, NetConfError> {
+        let raw = object(bytes)?;
+        match field::<String>(&raw, "type")? {
+            Some(t) if t == LOOPBACK_TYPE => Self::from_map(raw),
+            Some(t) => Err(NetConfError::WrongType(t)),
+            None => Err(NetConfError::Missing("type")),
+        }
+    }
+
+    fn from_map(raw: Map<String, Value>) -> Result<LoopbackConf, NetConfError> {
+        let version: Option<String> = field(&raw, "cniVersion")?;
+        let cni_version = match version {
+            None => CniVersion::V0_1_0,
+            Some(v) => v.parse().map_err(|_| NetConfError::UnsupportedVersion {
+                version: v,
+                plugin: LOOPBACK_TYPE,
+                supported: &CniVersion::ALL,
+            })?,
+        };
+        let prev_result = field(&raw, "prevResult")?;
+        Ok(LoopbackConf {
+            cni_version,
+            prev_result,
+            raw,
+        })
+    }
+}
+
 impl NetConf {
     /// Parses and validates the configuration bytes from stdin. Unknown keys are kept in
     /// [`NetConf::raw`] and otherwise ignored, as the spec requires.
     pub fn parse(bytes: &[u8]) -> Result<NetConf, NetConfError> {
-        let value: Value = serde_json::from_slice(bytes).map_err(NetConfError::Json)?;
-        let raw = match value {
-            Value::Object(map) => map,
-            other => return Err(NetConfError::NotAnObject(json_kind(&other))),
-        };
+        Self::from_map(object(bytes)?)
+    }
+
+    fn from_map(raw: Map<String, Value>) -> Result<NetConf, NetConfError> {
         // Version first: a config from another version may legitimately differ in every
         // other key, so the version error is the one that explains the rest.
         let version: String = field(&raw, "cniVersion")?.ok_or(NetConfError::MissingVersion)?;
-        let cni_version = version.parse()?;
+        let cni_version = version
+            .parse()
+            .ok()
+            .filter(|v| CniVersion::SUPPORTED.contains(v))
+            .ok_or(NetConfError::UnsupportedVersion {
+                version,
+                plugin: PLUGIN_TYPE,
+                supported: &CniVersion::SUPPORTED,
+            })?;
         let plugin_type: String = field(&raw, "type")?.ok_or(NetConfError::Missing("type"))?;
         if plugin_type != PLUGIN_TYPE {
             return Err(NetConfError::WrongType(plugin_type));
@@ -257,26 +391,7 @@ impl NetConf {
                 why: "the Lace agent allocates pod addresses itself; remove the ipam section",
             });
         }
-        let defaults = PluginSettings::default();
-        let settings = PluginSettings {
-            agent_socket: absolute(
-                "agentSocket",
-                field(&raw, "agentSocket")?.unwrap_or(defaults.agent_socket),
-            )?,
-            del_queue_dir: absolute(
-                "delQueueDir",
-                field(&raw, "delQueueDir")?.unwrap_or(defaults.del_queue_dir),
-            )?,
-            timeout_seconds: match field(&raw, "timeoutSeconds")? {
-                Some(t) if (1..=MAX_TIMEOUT_SECONDS).contains(&t) => t,
-                Some(t) => return Err(NetConfError::Timeout(t)),
-                None => defaults.timeout_seconds,
-            },
-            log_file: field(&raw, "logFile")?
-                .map(|p| absolute("logFile", p))
-                .transpose()?,
-            log_level: field(&raw, "logLevel")?.unwrap_or(defaults.log_level),
-        };
+        let settings = PluginSettings::from_keys(&raw)?;
         let prev_result = field(&raw, "prevResult")?;
         let valid_attachments = match field(&raw, VALID_ATTACHMENTS_KEY)? {
             Some(list) => Some(list),
@@ -318,7 +433,7 @@ pub struct PluginEntry {
 /// A network configuration list (`10-lace.conflist`), as the agent writes it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ConfList {
-    /// The version the runtime should use with it.
+    /// The version a runtime that reads only this key uses ([`CniVersion::CONFLIST`]).
     #[serde(rename = "cniVersion")]
     pub cni_version: CniVersion,
     /// Every version the list works with (1.1.0: the runtime picks the highest it knows).
@@ -334,7 +449,7 @@ impl ConfList {
     /// The conflist for a Lace node with `settings`.
     pub fn lace(name: impl Into<String>, settings: PluginSettings) -> Self {
         Self {
-            cni_version: CniVersion::LATEST,
+            cni_version: CniVersion::CONFLIST,
             cni_versions: CniVersion::SUPPORTED.to_vec(),
             name: name.into(),
             plugins: vec![PluginEntry {
@@ -532,6 +647,7 @@ mod tests {
         };
         let list = ConfList::lace("lace", settings.clone());
         let json = serde_json::to_value(&list).unwrap();
+        assert_eq!(json["cniVersion"], "1.0.0");
         assert_eq!(json["cniVersions"], json!(["0.4.0", "1.0.0", "1.1.0"]));
         // What the runtime does: copy the list's name and version into the plugin entry.
         let mut entry = json["plugins"][0].as_object().unwrap().clone();
@@ -539,6 +655,153 @@ mod tests {
         entry.insert("name".into(), json["name"].clone());
         let conf = NetConf::parse(Value::Object(entry).to_string().as_bytes()).unwrap();
         assert_eq!(conf.settings, settings);
-        assert_eq!(conf.cni_version, CniVersion::V1_1_0);
+        assert_eq!(conf.cni_version, CniVersion::V1_0_0);
+    }
+
+    /// The result versions libcni 1.1.x (containerd 1.6 and 1.7) can read: its result
+    /// converters are registered for these and no others.
+    const LIBCNI_1_1_RESULTS: [&str; 6] = ["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0"];
+    /// The newest version libcni 1.2 and 1.3 (containerd 2.x) implement.
+    const LIBCNI_1_2_CURRENT: CniVersion = CniVersion::V1_1_0;
+
+    /// The version libcni 1.1.x hands the plugins of a conflist: its `cniVersion`, nothing
+    /// else (it does not know `cniVersions`).
+    fn libcni_1_1_version(list: &Value) -> String {
+        list["cniVersion"].as_str().unwrap().to_owned()
+    }
+
+    /// The version libcni 1.2+ hands them: the highest of `cniVersions` and `cniVersion` that
+    /// is not newer than what it implements.
+    fn libcni_1_2_version(list: &Value) -> String {
+        let mut known: Vec<CniVersion> = list["cniVersions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .chain(std::iter::once(&list["cniVersion"]))
+            .filter_map(|v| v.as_str()?.parse().ok())
+            .filter(|v| *v <= LIBCNI_1_2_CURRENT)
+            .collect();
+        known.sort();
+        known.last().unwrap().as_str().to_owned()
+    }
+
+    /// What the plugin prints for an ADD under `version`, as the runtime would read it.
+    fn result_version_for(list: &Value, version: &str) -> String {
+        let mut entry = list["plugins"][0].as_object().unwrap().clone();
+        entry.insert("cniVersion".into(), json!(version));
+        entry.insert("name".into(), list["name"].clone());
+        let conf = NetConf::parse(Value::Object(entry).to_string().as_bytes()).unwrap();
+        let json = crate::wire::spec::tests::sample_result().to_json(conf.cni_version);
+        json["cniVersion"].as_str().unwrap().to_owned()
+    }
+
+    #[test]
+    fn containerd_1_6_and_2_x_both_read_the_result_of_the_conflist_the_agent_writes() {
+        let list = serde_json::to_value(ConfList::lace("lace", PluginSettings::default())).unwrap();
+        // Every version up to the newest stays listed for runtimes that negotiate.
+        assert_eq!(list["cniVersions"], json!(["0.4.0", "1.0.0", "1.1.0"]));
+        // containerd 1.6/1.7: the plugin answers in `cniVersion`, which libcni 1.1 can read.
+        let old = libcni_1_1_version(&list);
+        assert_eq!(old, "1.0.0");
+        let printed = result_version_for(&list, &old);
+        assert!(
+            LIBCNI_1_1_RESULTS.contains(&printed.as_str()),
+            "libcni 1.1 would refuse the result: unsupported CNI result version {printed:?}"
+        );
+        // containerd 2.x: the highest common version, 1.1.0 (MTUs and the other 1.1 fields).
+        let new = libcni_1_2_version(&list);
+        assert_eq!(new, "1.1.0");
+        assert_eq!(result_version_for(&list, &new), "1.1.0");
+    }
+
+    #[test]
+    fn a_conflist_saying_1_1_0_is_what_containerd_1_6_refused() {
+        // The conflist as the agent wrote it before: the check above would have caught it.
+        let mut list =
+            serde_json::to_value(ConfList::lace("lace", PluginSettings::default())).unwrap();
+        list["cniVersion"] = json!("1.1.0");
+        let printed = result_version_for(&list, &libcni_1_1_version(&list));
+        assert_eq!(printed, "1.1.0");
+        assert!(!LIBCNI_1_1_RESULTS.contains(&printed.as_str()));
+    }
+
+    /// What containerd passes the loopback plugin: go-cni's fixed list, merged by libcni.
+    const CONTAINERD_LOOPBACK: &str =
+        r#"{"cniVersion":"0.3.1","name":"cni-loopback","type":"loopback"}"#;
+
+    #[test]
+    fn loopback_configurations_of_every_version_are_told_from_laces() {
+        let PluginConf::Loopback(lo) = PluginConf::parse(CONTAINERD_LOOPBACK.as_bytes()).unwrap()
+        else {
+            panic!("not a loopback configuration");
+        };
+        assert_eq!(lo.cni_version, CniVersion::V0_3_1);
+        assert!(lo.prev_result.is_none());
+        for v in CniVersion::ALL {
+            let conf = json!({"cniVersion": v.as_str(), "name": "lo", "type": "loopback"});
+            assert_eq!(
+                LoopbackConf::parse(conf.to_string().as_bytes())
+                    .unwrap()
+                    .cni_version,
+                v
+            );
+        }
+        // No version means 0.1.0 (the spec), which the reference plugin accepts too.
+        assert_eq!(
+            LoopbackConf::parse(br#"{"type":"loopback"}"#)
+                .unwrap()
+                .cni_version,
+            CniVersion::V0_1_0
+        );
+        let err = LoopbackConf::parse(br#"{"cniVersion":"9.0.0","type":"loopback"}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("\"9.0.0\"") && err.contains("loopback supports 0.1.0"),
+            "{err}"
+        );
+        assert!(matches!(
+            LoopbackConf::parse(CONTAINERD_ADD.as_bytes()),
+            Err(NetConfError::WrongType(t)) if t == "lace"
+        ));
+        // Lace's own network keeps its versions: 0.3.1 is loopback's only.
+        assert!(matches!(
+            PluginConf::parse(CONTAINERD_ADD.as_bytes()).unwrap(),
+            PluginConf::Lace(_)
+        ));
+        let err = PluginConf::parse(br#"{"cniVersion":"0.3.1","name":"n","type":"lace"}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("lace supports 0.4.0, 1.0.0, 1.1.0"), "{err}");
+        let err = PluginConf::parse(br#"{"cniVersion":"1.0.0","name":"n","type":"bridge"}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("\"bridge\"") && err.contains("loopback"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn loopback_settings_file_is_laces_keys() {
+        let settings = PluginSettings {
+            agent_socket: "/run/lace/other.sock".into(),
+            timeout_seconds: 9,
+            ..Default::default()
+        };
+        let bytes = serde_json::to_vec(&settings).unwrap();
+        assert_eq!(PluginSettings::parse(&bytes).unwrap(), settings);
+        assert_eq!(
+            PluginSettings::parse(b"{}").unwrap(),
+            PluginSettings::default()
+        );
+        for (bad, needle) in [
+            (&b"[]"[..], "an array"),
+            (b"{\"agentSocket\":\"rel.sock\"}", "absolute"),
+            (b"{\"timeoutSeconds\":0}", "timeoutSeconds"),
+        ] {
+            let err = PluginSettings::parse(bad).unwrap_err().to_string();
+            assert!(err.contains(needle), "{err}");
+        }
     }
 }

@@ -14,7 +14,11 @@ use super::{Attachment, CniError, CniResult, CniVersion};
 /// can be made to buffer without limit.
 pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
 
-/// The CNI verbs the agent serves (`VERSION` is answered by the plugin alone).
+/// What the plugin asks the agent: the CNI verbs of Lace's own network (`VERSION` is
+/// answered by the plugin alone), and the two of the `loopback` plugin that touch the kernel
+/// (its `DEL`, `STATUS` and `GC` are answered by the plugin alone). The loopback ones are
+/// verbs of their own, not a flag on `ADD`, so that an agent older than the plugin refuses
+/// them (unknown variant) instead of taking them for a pod's `ADD`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "UPPERCASE")]
 pub enum Command {
@@ -28,10 +32,17 @@ pub enum Command {
     Status,
     /// Release everything not in the valid attachments.
     Gc,
+    /// The `loopback` plugin's ADD: bring `lo` up in the sandbox and report its addresses.
+    #[serde(rename = "LOOPBACK_ADD")]
+    LoopbackAdd,
+    /// The `loopback` plugin's CHECK: is `lo` up in the sandbox?
+    #[serde(rename = "LOOPBACK_CHECK")]
+    LoopbackCheck,
 }
 
 impl Command {
-    /// The `CNI_COMMAND` spelling.
+    /// The `CNI_COMMAND` spelling (`LOOPBACK_ADD` / `LOOPBACK_CHECK` for the loopback verbs,
+    /// as on the wire and in the agent's metrics).
     pub fn as_str(self) -> &'static str {
         match self {
             Command::Add => "ADD",
@@ -39,10 +50,12 @@ impl Command {
             Command::Check => "CHECK",
             Command::Status => "STATUS",
             Command::Gc => "GC",
+            Command::LoopbackAdd => "LOOPBACK_ADD",
+            Command::LoopbackCheck => "LOOPBACK_CHECK",
         }
     }
 
-    /// Parses a `CNI_COMMAND` value other than `VERSION`.
+    /// Parses a `CNI_COMMAND` value other than `VERSION` (the CNI verbs only).
     pub fn parse(s: &str) -> Option<Command> {
         [
             Command::Add,
@@ -53,6 +66,16 @@ impl Command {
         ]
         .into_iter()
         .find(|c| c.as_str() == s)
+    }
+
+    /// The loopback plugin's verb for CNI verb `self`: `ADD` and `CHECK` go to the agent as
+    /// [`Command::LoopbackAdd`] and [`Command::LoopbackCheck`]; the others stay in the plugin.
+    pub fn for_loopback(self) -> Option<Command> {
+        match self {
+            Command::Add => Some(Command::LoopbackAdd),
+            Command::Check => Some(Command::LoopbackCheck),
+            _ => None,
+        }
     }
 }
 
@@ -212,5 +235,43 @@ mod tests {
             decode_line::<Response>(&vec![b' '; MAX_MESSAGE_BYTES + 2]),
             Err(FrameError::TooLong)
         ));
+    }
+
+    #[test]
+    fn loopback_verbs_have_names_of_their_own() {
+        let mut req = Request::without_attachment(Command::LoopbackAdd, CniVersion::V0_3_1);
+        req.netns = Some("/var/run/netns/cni-1".into());
+        let line = encode_line(&req).unwrap();
+        let text = String::from_utf8(line.clone()).unwrap();
+        assert!(
+            text.contains(r#""command":"LOOPBACK_ADD""#)
+                && text.contains(r#""cni_version":"0.3.1""#),
+            "{text}"
+        );
+        assert_eq!(decode_line::<Request>(&line).unwrap(), req);
+        // Only the CNI verbs come from CNI_COMMAND.
+        assert_eq!(Command::parse("LOOPBACK_ADD"), None);
+        assert_eq!(Command::parse("CHECK"), Some(Command::Check));
+        assert_eq!(Command::Add.for_loopback(), Some(Command::LoopbackAdd));
+        assert_eq!(Command::Check.for_loopback(), Some(Command::LoopbackCheck));
+        assert_eq!(Command::Del.for_loopback(), None);
+        // An agent that knows only the CNI verbs refuses them instead of attaching a pod.
+        #[derive(Debug, Deserialize)]
+        #[serde(rename_all = "UPPERCASE")]
+        #[allow(dead_code)]
+        enum OldCommand {
+            Add,
+            Del,
+            Check,
+            Status,
+            Gc,
+        }
+        #[derive(Debug, Deserialize)]
+        #[allow(dead_code)]
+        struct OldRequest {
+            command: OldCommand,
+        }
+        let err = decode_line::<OldRequest>(&line).unwrap_err().to_string();
+        assert!(err.contains("unknown variant `LOOPBACK_ADD`"), "{err}");
     }
 }

@@ -9,15 +9,27 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::NetConfError;
-
 // ---------------------------------------------------------------------------------------------
 // Versions
 // ---------------------------------------------------------------------------------------------
 
-/// A CNI specification version Lace speaks.
+/// A CNI specification version. Lace's own network speaks [`CniVersion::SUPPORTED`]; the
+/// `loopback` plugin the same binary also serves speaks every version ([`CniVersion::ALL`]),
+/// as the reference plugin does (containerd configures it as 0.3.1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum CniVersion {
+    /// 0.1.0: results are `ip4`/`ip6` objects.
+    #[serde(rename = "0.1.0")]
+    V0_1_0,
+    /// 0.2.0: as 0.1.0.
+    #[serde(rename = "0.2.0")]
+    V0_2_0,
+    /// 0.3.0: results list interfaces and ips (with `ips[].version`); chaining (`prevResult`).
+    #[serde(rename = "0.3.0")]
+    V0_3_0,
+    /// 0.3.1: as 0.3.0 (the version containerd configures `loopback` with).
+    #[serde(rename = "0.3.1")]
+    V0_3_1,
     /// 0.4.0: first version with `CHECK`; results carry `ips[].version`.
     #[serde(rename = "0.4.0")]
     V0_4_0,
@@ -30,19 +42,45 @@ pub enum CniVersion {
 }
 
 impl CniVersion {
-    /// Every version Lace accepts, oldest first (what `VERSION` reports).
+    /// Every version of the spec, oldest first: what the `loopback` plugin accepts and what
+    /// `VERSION` reports (one binary serves both plugins).
+    pub const ALL: [CniVersion; 7] = [
+        CniVersion::V0_1_0,
+        CniVersion::V0_2_0,
+        CniVersion::V0_3_0,
+        CniVersion::V0_3_1,
+        CniVersion::V0_4_0,
+        CniVersion::V1_0_0,
+        CniVersion::V1_1_0,
+    ];
+    /// Every version Lace's own network (`"type": "lace"`) accepts, oldest first.
     pub const SUPPORTED: [CniVersion; 3] =
         [CniVersion::V0_4_0, CniVersion::V1_0_0, CniVersion::V1_1_0];
     /// The newest version, used where no configuration names one.
     pub const LATEST: CniVersion = CniVersion::V1_1_0;
+    /// The `cniVersion` of the conflist the agent writes. Not [`CniVersion::LATEST`]: libcni
+    /// up to 1.1.x (containerd 1.6 and every 1.7) reads only `cniVersion`, hands it to the
+    /// plugin, and then refuses a result of any version it does not know (1.1.0 among them:
+    /// `unsupported CNI result version "1.1.0"`). libcni 1.2 and newer (containerd 2.x) pick
+    /// the highest version they know from `cniVersions` instead, which still lists 1.1.0.
+    pub const CONFLIST: CniVersion = CniVersion::V1_0_0;
 
     /// The version string as it appears in JSON.
     pub fn as_str(self) -> &'static str {
         match self {
+            CniVersion::V0_1_0 => "0.1.0",
+            CniVersion::V0_2_0 => "0.2.0",
+            CniVersion::V0_3_0 => "0.3.0",
+            CniVersion::V0_3_1 => "0.3.1",
             CniVersion::V0_4_0 => "0.4.0",
             CniVersion::V1_0_0 => "1.0.0",
             CniVersion::V1_1_0 => "1.1.0",
         }
+    }
+
+    /// Whether `CHECK` exists in this version (it was added in 0.4.0).
+    pub fn has_check(self) -> bool {
+        self >= CniVersion::V0_4_0
     }
 
     /// Whether `STATUS` and `GC` exist in this version (they were added in 1.1.0).
@@ -50,8 +88,9 @@ impl CniVersion {
         self >= CniVersion::V1_1_0
     }
 
-    pub(super) fn supported_list() -> String {
-        Self::SUPPORTED
+    /// `versions` as a comma-separated list, for messages.
+    pub fn list(versions: &[CniVersion]) -> String {
+        versions
             .iter()
             .map(|v| v.as_str())
             .collect::<Vec<_>>()
@@ -66,15 +105,21 @@ impl fmt::Display for CniVersion {
 }
 
 impl FromStr for CniVersion {
-    type Err = NetConfError;
+    type Err = UnknownVersion;
 
+    /// Any version of the spec; which ones a plugin accepts is the plugin's to check.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::SUPPORTED
+        Self::ALL
             .into_iter()
             .find(|v| v.as_str() == s)
-            .ok_or_else(|| NetConfError::UnsupportedVersion(s.to_owned()))
+            .ok_or_else(|| UnknownVersion(s.to_owned()))
     }
 }
+
+/// A version string that names no CNI specification version.
+#[derive(Debug, thiserror::Error)]
+#[error("{0:?} is not a CNI specification version (known: {known})", known = CniVersion::list(&CniVersion::ALL))]
+pub struct UnknownVersion(pub String);
 
 /// The answer to `VERSION`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -88,11 +133,14 @@ pub struct VersionInfo {
 }
 
 impl VersionInfo {
-    /// What the Lace plugin reports.
+    /// What the `lace` binary reports: every version, since the same binary serves the
+    /// `loopback` plugin (which accepts them all, as the reference plugin does) and `VERSION`
+    /// carries no `type` to tell the two apart. A configuration of `"type": "lace"` older than
+    /// 0.4.0 is refused when it is used, with a message naming the versions Lace supports.
     pub fn lace() -> Self {
         Self {
             cni_version: CniVersion::LATEST.as_str().to_owned(),
-            supported_versions: CniVersion::SUPPORTED
+            supported_versions: CniVersion::ALL
                 .iter()
                 .map(|v| v.as_str().to_owned())
                 .collect(),
@@ -339,9 +387,13 @@ impl CniResult {
     }
 
     /// The result as the JSON a runtime speaking `version` expects: `cniVersion` set, each ip
-    /// tagged with `version` ("4"/"6") for 0.4.0, and the fields that 1.1.0 added to interfaces
-    /// and routes left out for older versions (whose consumers do not know them).
+    /// tagged with `version` ("4"/"6") for 0.3.0 to 0.4.0, and the fields that 1.1.0 added to
+    /// interfaces and routes left out for older versions (whose consumers do not know them);
+    /// for 0.1.0 and 0.2.0 the `ip4`/`ip6` shape ([`CniResult::to_legacy_json`]).
     pub fn to_json(&self, version: CniVersion) -> Value {
+        if version <= CniVersion::V0_2_0 {
+            return self.to_legacy_json(version);
+        }
         let mut out = self.clone();
         out.cni_version = Some(version.as_str().to_owned());
         if version < CniVersion::V1_1_0 {
@@ -359,7 +411,7 @@ impl CniResult {
             }
         }
         let mut json = serde_json::to_value(&out).unwrap_or(Value::Null);
-        if version == CniVersion::V0_4_0 {
+        if version < CniVersion::V1_0_0 {
             if let Some(Value::Array(ips)) = json.get_mut("ips") {
                 for (ip, cfg) in ips.iter_mut().zip(&self.ips) {
                     let family = if cfg.address.addr().is_ipv4() {
@@ -374,6 +426,48 @@ impl CniResult {
             }
         }
         json
+    }
+
+    /// The 0.1.0/0.2.0 shape: the first address of each family as `ip4` / `ip6` (with its
+    /// gateway, and the routes of its family), as libcni converts a newer result down.
+    /// Interfaces did not exist yet.
+    pub fn to_legacy_json(&self, version: CniVersion) -> Value {
+        let mut out = serde_json::Map::new();
+        out.insert("cniVersion".to_owned(), Value::from(version.as_str()));
+        for (key, v4) in [("ip4", true), ("ip6", false)] {
+            let Some(ip) = self.ips.iter().find(|c| c.address.addr().is_ipv4() == v4) else {
+                continue;
+            };
+            let mut cfg = serde_json::Map::new();
+            cfg.insert("ip".to_owned(), Value::from(ip.address.to_string()));
+            if let Some(gw) = ip.gateway {
+                cfg.insert("gateway".to_owned(), Value::from(gw.to_string()));
+            }
+            let routes: Vec<Value> = self
+                .routes
+                .iter()
+                .filter(|r| r.dst.addr().is_ipv4() == v4)
+                .map(|r| {
+                    let mut route = serde_json::Map::new();
+                    route.insert("dst".to_owned(), Value::from(r.dst.to_string()));
+                    if let Some(gw) = r.gw {
+                        route.insert("gw".to_owned(), Value::from(gw.to_string()));
+                    }
+                    Value::Object(route)
+                })
+                .collect();
+            if !routes.is_empty() {
+                cfg.insert("routes".to_owned(), Value::Array(routes));
+            }
+            out.insert(key.to_owned(), Value::Object(cfg));
+        }
+        if !self.dns.is_empty() {
+            out.insert(
+                "dns".to_owned(),
+                serde_json::to_value(&self.dns).unwrap_or(Value::Null),
+            );
+        }
+        Value::Object(out)
     }
 }
 
@@ -480,8 +574,41 @@ pub(super) mod tests {
     fn version_info() {
         assert_eq!(
             serde_json::to_value(VersionInfo::lace()).unwrap(),
-            json!({"cniVersion":"1.1.0","supportedVersions":["0.4.0","1.0.0","1.1.0"]})
+            json!({"cniVersion":"1.1.0","supportedVersions":
+                ["0.1.0","0.2.0","0.3.0","0.3.1","0.4.0","1.0.0","1.1.0"]})
         );
         assert!(!CniVersion::V1_0_0.has_status_and_gc() && CniVersion::V1_1_0.has_status_and_gc());
+        assert!(!CniVersion::V0_3_1.has_check() && CniVersion::V0_4_0.has_check());
+        for v in CniVersion::ALL {
+            assert_eq!(v.as_str().parse::<CniVersion>().unwrap(), v);
+            assert_eq!(serde_json::to_value(v).unwrap(), v.as_str());
+        }
+        let unknown = "2.0.0".parse::<CniVersion>().unwrap_err().to_string();
+        assert!(
+            unknown.contains("\"2.0.0\"") && unknown.contains("0.1.0"),
+            "{unknown}"
+        );
+    }
+
+    #[test]
+    fn result_shape_of_the_versions_before_0_4_0() {
+        let r = sample_result();
+        // 0.3.x: the 0.4.0 shape (what containerd's loopback network, 0.3.1, reads).
+        let v031 = r.to_json(CniVersion::V0_3_1);
+        assert_eq!(v031["cniVersion"], "0.3.1");
+        assert_eq!(v031["ips"][0]["version"], "4");
+        assert_eq!(v031["ips"][1]["version"], "6");
+        assert!(v031["interfaces"][1].get("mtu").is_none());
+        // 0.2.0: the first address of each family, with its family's routes.
+        let v020 = r.to_json(CniVersion::V0_2_0);
+        assert_eq!(
+            v020,
+            json!({
+                "cniVersion": "0.2.0",
+                "ip4": {"ip": "10.1.0.5/24", "gateway": "169.254.1.1",
+                        "routes": [{"dst": "0.0.0.0/0", "gw": "169.254.1.1"}]},
+                "ip6": {"ip": "fd00::5/64", "gateway": "fe80::1"}
+            })
+        );
     }
 }

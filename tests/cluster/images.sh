@@ -9,7 +9,7 @@
 #   coredns  registry.k8s.io/coredns/coredns:VER    CoreDNS, as the upstream image: binary only
 #   agnhost  registry.k8s.io/e2e-test-images/agnhost:2.66.1   agnhost + a static busybox (sh)
 #
-# usage: tests/cluster/images.sh    prints "NAME REF ARCHIVE" per image
+# usage: tests/cluster/images.sh [NAME...]   prints "NAME REF ARCHIVE" per image (default: all)
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 CACHE=${LACE_K8S_CACHE:-${XDG_CACHE_HOME:-${HOME:-/root}/.cache}/lace-k8s}
@@ -23,7 +23,16 @@ esac
 
 version_of() { awk -v k="$1" '$1 == k { print $2; exit }' "$ROOT/scripts/k8s-versions"; }
 K8S=$(version_of kubernetes) COREDNS=$(version_of coredns)
-PATH=$("$ROOT/scripts/k8s-components.sh" --path kubernetes coredns pause):$PATH
+[ $# -gt 0 ] || set -- pause coredns agnhost
+wanted() { local n; for n in "${NAMES[@]}"; do [ "$n" = "$1" ] && return 0; done; return 1; }
+NAMES=("$@") COMPONENTS=()
+for n in "${NAMES[@]}"; do
+  case $n in
+    pause) COMPONENTS+=(pause);; coredns) COMPONENTS+=(coredns);; agnhost) COMPONENTS+=(kubernetes);;
+    *) die "unknown image '$n' (pause, coredns, agnhost)";;
+  esac
+done
+PATH=$("$ROOT/scripts/k8s-components.sh" --path "${COMPONENTS[@]}"):$PATH
 mkdir -p "$CACHE/images"
 # A change to this script makes new archives.
 H=$(md5sum < "${BASH_SOURCE[0]}" | cut -c1-8)
@@ -43,10 +52,11 @@ image() {
   fi
   echo "$name $ref $out"
 }
-image pause registry.k8s.io/pause:3.10.1 "$CACHE/images/pause-$K8S-$H.oci.tar" '["/pause"]' \
+! wanted pause || image pause registry.k8s.io/pause:3.10.1 "$CACHE/images/pause-$K8S-$H.oci.tar" '["/pause"]' \
   "$(command -v pause):/pause"
-image coredns "registry.k8s.io/coredns/coredns:$COREDNS" "$CACHE/images/coredns-$COREDNS-$H.oci.tar" \
+! wanted coredns || image coredns "registry.k8s.io/coredns/coredns:$COREDNS" "$CACHE/images/coredns-$COREDNS-$H.oci.tar" \
   '["/coredns"]' "$(command -v coredns):/coredns"
+wanted agnhost || exit 0
 # agnhost's tests exec `sh -c ...` in it: a static busybox with its applets as /bin/*.
 ROOTFS=$(mktemp -d); trap 'rm -rf "$ROOTFS"' EXIT
 mkdir -p "$ROOTFS/bin"; cp /bin/busybox "$ROOTFS/bin/"

@@ -247,7 +247,29 @@ pub fn container_id() -> String {
 
 /// Execs the real plugin with exactly `env` (nothing inherited) and `stdin`.
 pub fn run_plugin(env: &EnvVars, stdin: &str) -> Outcome {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_lace"))
+    run_binary(Path::new(env!("CARGO_BIN_EXE_lace")), env, stdin)
+}
+
+/// A copy of the real plugin installed as `loopback` in `dir` (as the agent installs it),
+/// with the settings file beside it pointing at `socket` when given.
+pub fn install_loopback_copy(dir: &Path, socket: Option<&Path>) -> PathBuf {
+    let bin = dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let copy = bin.join("loopback");
+    std::fs::copy(env!("CARGO_BIN_EXE_lace"), &copy).unwrap();
+    if let Some(socket) = socket {
+        std::fs::write(
+            bin.join(lace::wire::LOOPBACK_SETTINGS_FILE),
+            serde_json::json!({"agentSocket": socket, "timeoutSeconds": 5}).to_string(),
+        )
+        .unwrap();
+    }
+    copy
+}
+
+/// Execs `binary` with exactly `env` (nothing inherited) and `stdin`.
+pub fn run_binary(binary: &Path, env: &EnvVars, stdin: &str) -> Outcome {
+    let mut child = Command::new(binary)
         .env_clear()
         .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::piped())

@@ -1,8 +1,14 @@
 //! The test bed of the CNI netns tests and the CNI latency benchmark: a "node" network
 //! namespace with an uplink, a copy of `examples/cluster`, a running `lace-agent run` and
-//! helpers that exec the installed `lace` plugin exactly as containerd does.
-// Shared by `tests/cni.rs` and `benches/cni_latency.rs`; each uses a subset.
+//! helpers that exec the installed plugins exactly as containerd does: the `loopback` network
+//! first (the agent's copy, with go-cni's fixed configuration), then Lace's from the conflist
+//! the agent wrote, each ADD answer read as the runtime's libcni reads it ([`libcni`]: the
+//! bed's `runtime`, libcni 1.2+ unless a test picks 1.1.2).
+// Shared by `tests/cni.rs`, `tests/probe.rs`, `tests/containerd.rs` and
+// `benches/cni_latency.rs`; each uses a subset.
 #![allow(dead_code)]
+
+pub mod libcni;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
@@ -15,6 +21,12 @@ use std::time::{Duration, Instant};
 
 use nix::sys::statfs::FsType;
 use serde_json::{json, Value};
+
+pub use libcni::Libcni;
+
+/// The loopback network containerd (go-cni) sets up in every sandbox, before its own.
+pub const LOOPBACK_CONFLIST: &str =
+    r#"{"cniVersion": "0.3.1", "name": "cni-loopback", "plugins": [{"type": "loopback"}]}"#;
 
 /// How long the tests wait for something the agent or the kernel must do (start, become
 /// ready, install a route) before they fail: generous, since only a failure waits that long,
@@ -99,9 +111,14 @@ pub struct Ns(pub String);
 
 impl Ns {
     pub fn new(name: String) -> Self {
+        let ns = Ns::bare(name);
+        ip(&["-n", &ns.0, "link", "set", "lo", "up"]);
+        ns
+    }
+    /// A namespace as the runtime creates a sandbox's: `lo` down.
+    pub fn bare(name: String) -> Self {
         let _ = ip_ok(&["netns", "del", &name]);
         ip(&["netns", "add", &name]);
-        ip(&["-n", &name, "link", "set", "lo", "up"]);
         Ns(name)
     }
     pub fn path(&self) -> String {
@@ -124,7 +141,8 @@ impl Drop for Ns {
 
 /// `count` pod namespaces `<prefix><i>`, made with one `ip -batch` and deleted the same way
 /// when dropped: an `ip` exec per namespace costs ~0.4 s under emulation, minutes for a storm
-/// of pods. Their loopback stays down (no pod traffic needs it; Lace's ADD does not care).
+/// of pods. Their loopback starts down, as in a runtime's new sandbox ([`Bed::add`] brings it
+/// up through the loopback plugin).
 pub struct PodNamespaces(Vec<Ns>);
 
 impl PodNamespaces {
@@ -195,6 +213,8 @@ pub struct Bed {
     /// Extra arguments of `lace-agent run` (e.g. `--kubelet-cgroup-path`), used from the next
     /// start on.
     pub agent_args: Vec<String>,
+    /// Which libcni reads the plugins' answers (and so which version they are called with).
+    pub runtime: Libcni,
 }
 
 impl Bed {
@@ -275,6 +295,7 @@ impl Bed {
             tag,
             node_name: node_name.to_owned(),
             agent_args: Vec::new(),
+            runtime: Libcni::V1_2,
         }
     }
 
@@ -380,34 +401,50 @@ impl Bed {
         std::fs::read_to_string(self.p("agent.log")).unwrap_or_default()
     }
 
-    /// The plugin configuration as containerd passes it on stdin: the conflist's plugin
-    /// entry with the list's name and version merged in.
-    pub fn netconf(&self, extra: Value) -> Value {
-        let list: Value =
-            serde_json::from_slice(&std::fs::read(self.p("conf/10-lace.conflist")).unwrap())
-                .unwrap();
-        let mut entry = list["plugins"][0].as_object().unwrap().clone();
-        entry.insert("cniVersion".into(), list["cniVersion"].clone());
-        entry.insert("name".into(), list["name"].clone());
-        if let Value::Object(extra) = extra {
-            entry.extend(extra);
-        }
-        Value::Object(entry)
+    /// The conflist the agent wrote.
+    pub fn conflist(&self) -> Value {
+        let path = self.p("conf/10-lace.conflist");
+        let bytes = std::fs::read(&path)
+            .unwrap_or_else(|e| panic!("cannot read the conflist {}: {e}", path.display()));
+        serde_json::from_slice(&bytes)
+            .unwrap_or_else(|e| panic!("the conflist {} is not JSON: {e}", path.display()))
     }
 
-    /// Execs the installed plugin; returns (exit success, stdout JSON).
-    pub fn cni(
+    /// The plugin configuration as containerd passes it on stdin: the conflist's plugin
+    /// entry with the list's name and the version the bed's libcni negotiates merged in.
+    pub fn netconf(&self, extra: Value) -> Value {
+        let mut entry = plugin_conf(&self.conflist(), self.runtime);
+        if let (Value::Object(entry), Value::Object(extra)) = (&mut entry, extra) {
+            entry.extend(extra);
+        }
+        entry
+    }
+
+    /// Execs plugin `plugin` from the bin dir as containerd does (environment, stdin);
+    /// returns (exit success, stdout).
+    #[allow(clippy::too_many_arguments)]
+    pub fn exec(
         &self,
+        plugin: &str,
         command: &str,
         id: &str,
         netns: &str,
         pod: &str,
-        conf: Value,
-    ) -> (bool, Value) {
-        let mut cmd = Command::new(self.p("bin/lace"));
+        ifname: &str,
+        conf: &Value,
+    ) -> (bool, Vec<u8>) {
+        let binary = self.p("bin").join(plugin);
+        assert!(
+            binary.exists(),
+            "failed to find plugin {plugin:?} in path [{}] (what containerd reports: the Lace \
+             agent installs `lace`, and `loopback` where there is none)\n{}",
+            self.p("bin").display(),
+            self.log()
+        );
+        let mut cmd = Command::new(binary);
         cmd.env_clear()
             .env("CNI_COMMAND", command)
-            .env("CNI_IFNAME", "eth0")
+            .env("CNI_IFNAME", ifname)
             .env(
                 "CNI_ARGS",
                 format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={pod};K8S_POD_INFRA_CONTAINER_ID={id}"),
@@ -432,26 +469,95 @@ impl Bed {
             .write_all(conf.to_string().as_bytes())
             .unwrap();
         let out = child.wait_with_output().unwrap();
-        let json = if out.stdout.is_empty() {
+        (out.status.success(), out.stdout)
+    }
+
+    /// Execs the installed `lace` plugin for `eth0`; returns (exit success, stdout JSON). A
+    /// successful ADD's answer must be one the bed's libcni reads, or the test fails.
+    pub fn cni(
+        &self,
+        command: &str,
+        id: &str,
+        netns: &str,
+        pod: &str,
+        conf: Value,
+    ) -> (bool, Value) {
+        let (ok, stdout) = self.exec("lace", command, id, netns, pod, "eth0", &conf);
+        let json = if stdout.is_empty() {
             Value::Null
         } else {
-            serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            serde_json::from_slice(&stdout).unwrap_or_else(|e| {
                 panic!(
                     "{command}: stdout is not JSON ({e}): {}",
-                    String::from_utf8_lossy(&out.stdout)
+                    String::from_utf8_lossy(&stdout)
                 )
             })
         };
-        (out.status.success(), json)
+        if ok && command == "ADD" {
+            let version = conf["cniVersion"].as_str().unwrap_or_default();
+            if let Err(e) = self.runtime.read_add("lace", version, &stdout) {
+                panic!(
+                    "{} refuses the ADD of {id}: {e}\n{json}",
+                    self.runtime.name()
+                );
+            }
+        }
+        (ok, json)
     }
 
+    /// The network setup of containerd's RunPodSandbox for sandbox `id` in `pod`: the
+    /// loopback network ([`LOOPBACK_CONFLIST`], `lo`), then Lace's conflist (`eth0`), each
+    /// ADD answer read by the bed's libcni. The error is what containerd would report.
+    pub fn setup(&self, id: &str, pod: &Ns) -> Result<(libcni::Read, libcni::Read), String> {
+        let lo_list: Value = serde_json::from_str(LOOPBACK_CONFLIST).unwrap();
+        let lo = self.network_add(&lo_list, "lo", id, pod)?;
+        let eth0 = self.network_add(&self.conflist(), "eth0", id, pod)?;
+        Ok((lo, eth0))
+    }
+
+    fn network_add(
+        &self,
+        list: &Value,
+        ifname: &str,
+        id: &str,
+        pod: &Ns,
+    ) -> Result<libcni::Read, String> {
+        let conf = plugin_conf(list, self.runtime);
+        let plugin = conf["type"].as_str().unwrap().to_owned();
+        let version = conf["cniVersion"].as_str().unwrap_or_default().to_owned();
+        let (ok, stdout) = self.exec(&plugin, "ADD", id, &pod.path(), &pod.0, ifname, &conf);
+        if !ok {
+            let error: Value = serde_json::from_slice(&stdout).unwrap_or(Value::Null);
+            return Err(format!(
+                "plugin type={plugin:?} failed (add): {}",
+                error["msg"]
+                    .as_str()
+                    .unwrap_or(&String::from_utf8_lossy(&stdout))
+            ));
+        }
+        self.runtime.read_add(&plugin, &version, &stdout)
+    }
+
+    /// [`Bed::setup`] that must succeed; returns Lace's answer.
     pub fn add(&self, id: &str, pod: &Ns) -> Value {
-        let (ok, out) = self.cni("ADD", id, &pod.path(), &pod.0, self.netconf(json!({})));
-        assert!(ok, "ADD {id} failed: {out}\n{}", self.log());
-        out
+        match self.setup(id, pod) {
+            Ok((_, eth0)) => eth0.raw,
+            Err(e) => panic!("ADD {id} failed: {e}\n{}", self.log()),
+        }
     }
 
+    /// containerd's teardown of sandbox `id`: DEL of the loopback network, then Lace's.
     pub fn del(&self, id: &str, netns: &str) {
+        let lo = plugin_conf(
+            &serde_json::from_str(LOOPBACK_CONFLIST).unwrap(),
+            self.runtime,
+        );
+        let (ok, out) = self.exec("loopback", "DEL", id, netns, "x", "lo", &lo);
+        assert!(
+            ok,
+            "loopback DEL {id} failed: {}",
+            String::from_utf8_lossy(&out)
+        );
         let (ok, out) = self.cni("DEL", id, netns, "x", self.netconf(json!({})));
         assert!(ok, "DEL {id} failed: {out}\n{}", self.log());
     }
@@ -569,6 +675,15 @@ impl Drop for Bed {
             eprintln!("--- agent log ({}) ---\n{}", self.tag, self.log());
         }
     }
+}
+
+/// The first plugin entry of `list` as libcni `runtime` passes it on stdin: the list's name
+/// and the version it negotiates merged in.
+pub fn plugin_conf(list: &Value, runtime: Libcni) -> Value {
+    let mut entry = list["plugins"][0].as_object().unwrap().clone();
+    entry.insert("cniVersion".into(), Value::from(runtime.negotiate(list)));
+    entry.insert("name".into(), list["name"].clone());
+    Value::Object(entry)
 }
 
 pub fn addresses(result: &Value) -> Vec<String> {
