@@ -69,10 +69,17 @@ version_line() { # BIN DIR: what BIN says its version is
 # agnhost prints its own release (not Kubernetes'); checked to run, not for the version.
 expected_in() { case $1 in agnhost) echo "";; *) echo "${2#v}";; esac; }
 
-# Is the component at DIR complete and at its version? Writes DIR/VERSIONS when it is.
+# How a component is built (its builder and what that calls): a change rebuilds it.
+recipe_of() {
+  { declare -f "build_$1" k8s_ldflags k8s_module; echo "$GOFLAGS $CGO_ENABLED"; } | md5sum | cut -c1-12
+}
+
+# Is the component at DIR complete, at its version and built by today's recipe? Writes
+# DIR/VERSIONS when it is.
 verify() {
   local name=$1 dir=$2 v b line want
   v=$(version_of "$name")
+  [ "$(cat "$dir/RECIPE" 2>/dev/null)" = "$(recipe_of "$name")" ] || return 1
   : > "$dir/VERSIONS.tmp"
   for b in $(binaries "$name"); do
     [ -x "$dir/bin/$b" ] || { rm -f "$dir/VERSIONS.tmp"; return 1; }
@@ -85,7 +92,9 @@ verify() {
 }
 
 command -v go >/dev/null || die "go not found: install Go 1.26 (the machines have it; Debian: golang-go is too old)"
-export GOFLAGS="-trimpath -buildvcs=false" CGO_ENABLED=${CGO_ENABLED:-1} GOTOOLCHAIN=${GOTOOLCHAIN:-local}
+# Static binaries (as the upstream releases): agnhost and CoreDNS run in images without a libc.
+# containerd keeps cgo (its btrfs and seccomp support); it runs on the VM's root filesystem.
+export GOFLAGS="-trimpath -buildvcs=false" CGO_ENABLED=0 GOTOOLCHAIN=${GOTOOLCHAIN:-local}
 
 # ---- builders: each fills $dir/bin; $src is a scratch dir for its Go module.
 k8s_ldflags() {
@@ -157,7 +166,7 @@ build_etcd() {
 build_containerd() {
   local v=$1 dir=$2
   local m=github.com/containerd/containerd/v2
-  GOBIN=$dir/bin go install -ldflags "-s -w -X $m/version.Version=$v -X $m/version.Revision=module" \
+  CGO_ENABLED=1 GOBIN=$dir/bin go install -ldflags "-s -w -X $m/version.Version=$v -X $m/version.Revision=module" \
     "$m/cmd/containerd@$v" "$m/cmd/containerd-shim-runc-v2@$v" "$m/cmd/ctr@$v"
 }
 build_crictl() {
@@ -189,6 +198,7 @@ ensure() {
     tail -30 "$dir.tmp/build.log" >&2
     die "building $name $v failed; the whole log is $dir.tmp/build.log"
   fi
+  recipe_of "$name" > "$dir.tmp/RECIPE"
   rm -rf "$dir"
   mv "$dir.tmp" "$dir"
   verify "$name" "$dir" || die "$name $v was built but does not report its version (see $dir/build.log)"

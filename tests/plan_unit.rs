@@ -412,6 +412,38 @@ fn attachment_errors() {
     }
 }
 
+/// The plugin chart installed before any Network exists (the README's order): the node has no
+/// VRF, so the vrf module may not be loaded and `net.vrf.strict_mode` may not exist; it is
+/// planned with the first VRF (which the diff creates before writing sysctls).
+#[test]
+fn a_node_without_networks_plans_no_vrf_sysctl() {
+    let mut s = golden_cluster();
+    s.networks.clear();
+    s.network_allocations.clear();
+    s.network_bindings.clear();
+    s.network_routes.clear();
+    s.service_bindings.clear();
+    s.service_routes.clear();
+    let d = plan("node-1", &s, &[]).expect("plans");
+    assert!(d.base.vrfs.is_empty());
+    assert_eq!(d.base.sysctls.get("net.vrf.strict_mode"), None);
+    assert_eq!(
+        d.base
+            .sysctls
+            .get("net.ipv4.ip_forward")
+            .map(String::as_str),
+        Some("1")
+    );
+    assert_eq!(
+        golden_node1()
+            .base
+            .sysctls
+            .get("net.vrf.strict_mode")
+            .map(String::as_str),
+        Some("1")
+    );
+}
+
 #[test]
 fn state_errors() {
     let mut missing_fn = golden_cluster();

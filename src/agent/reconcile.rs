@@ -37,8 +37,20 @@ pub use crate::dataplane::DataplaneError;
 use crate::dataplane::{ApplyReport, Drift, ObservedNode, PodInterface, PodLinkState, Reconciler};
 use crate::plan::DesiredNode;
 
-/// Delay before retrying a failed apply.
+/// Delay before retrying a failed apply, doubled after each failure in a row up to
+/// [`RETRY_MAX`].
 const RETRY: Duration = Duration::from_secs(2);
+/// The longest wait between retries of an apply that keeps failing.
+const RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// How long to wait before the next reconcile after `failures` failed ones in a row: the
+/// changes and drift that arrive meanwhile wait too (one reconcile covers them all), so a
+/// failing apply runs at most once per this delay however busy the cluster is.
+fn retry_delay(failures: u32) -> Duration {
+    RETRY
+        .saturating_mul(1u32 << failures.saturating_sub(1).min(8))
+        .min(RETRY_MAX)
+}
 /// How long a reconcile waits for the rest of a burst of changes or drift.
 pub const DEBOUNCE: Duration = Duration::from_millis(200);
 /// The longest a change waits for its reconcile while changes keep coming.
@@ -386,12 +398,16 @@ pub async fn run(agent: Arc<super::Agent>, resync_every: Duration) {
     // When the changes seen so far are reconciled, and when the first of them came.
     let mut change: Option<(Instant, Instant)> = None;
     let mut resync_at = Instant::now() + resync_every;
+    // After a failed apply: failures in a row, and no reconcile before `retry_at`.
+    let mut failures = 0u32;
+    let mut retry_at: Option<Instant> = None;
     loop {
         let trigger = tokio::select! {
             _ = agent.reconcile_wanted.notified() => {
                 let now = Instant::now();
                 let first = change.map_or(now, |(_, first)| first);
-                change = Some(((now + DEBOUNCE).min(first + MAX_DELAY), first));
+                let at = (now + DEBOUNCE).min(first + MAX_DELAY);
+                change = Some((retry_at.map_or(at, |r| r.max(at)), first));
                 continue;
             }
             _ = tokio::time::sleep_until(change.map_or_else(Instant::now, |(at, _)| at)), if change.is_some() => Trigger::Change,
@@ -405,6 +421,7 @@ pub async fn run(agent: Arc<super::Agent>, resync_every: Duration) {
                 }
                 log.report(&drift, throttled, now);
                 let at = slot.max(now + DEBOUNCE);
+                let at = retry_at.map_or(at, |r| r.max(at));
                 repair_at = Some(repair_at.map_or(at, |r| r.min(at)));
                 continue;
             }
@@ -422,11 +439,20 @@ pub async fn run(agent: Arc<super::Agent>, resync_every: Duration) {
             resync_at = now + resync_every;
             agent.metrics.dataplane_resync();
         }
-        reconcile_once(&agent, trigger).await;
+        if reconcile_once(&agent, trigger, failures).await {
+            failures = 0;
+            retry_at = None;
+        } else {
+            failures += 1;
+            let at = Instant::now() + retry_delay(failures);
+            retry_at = Some(at);
+            change = Some((at, change.map_or(at, |(_, first)| first)));
+        }
     }
 }
 
-async fn reconcile_once(agent: &Arc<super::Agent>, trigger: Trigger) {
+/// One plan and apply; false when it failed (`failures`: how many failed before it in a row).
+async fn reconcile_once(agent: &Arc<super::Agent>, trigger: Trigger, failures: u32) -> bool {
     let dataplane = Arc::clone(&agent.dataplane);
     let planner = Arc::clone(agent);
     let plan: Planning = Box::new(move || match planner.plan() {
@@ -442,7 +468,7 @@ async fn reconcile_once(agent: &Arc<super::Agent>, trigger: Trigger) {
     let outcome = tokio::task::spawn_blocking(move || dataplane.reconcile(plan, resync)).await;
     let elapsed = started.elapsed();
     match outcome {
-        Ok(Ok(None)) => {}
+        Ok(Ok(None)) => true,
         Ok(Ok(Some(report))) => {
             agent.metrics.reconciled(elapsed);
             agent.applied.send_modify(|n| *n += 1);
@@ -462,20 +488,19 @@ async fn reconcile_once(agent: &Arc<super::Agent>, trigger: Trigger) {
             for skipped in &report.skipped {
                 tracing::debug!(node = %agent.node, "dataplane: skipped {skipped}");
             }
+            true
         }
         Ok(Err(e)) => {
             agent.metrics.reconciled(elapsed);
             agent.metrics.reconcile_failed();
-            tracing::error!(error = %e, "reconcile failed, retrying in {RETRY:?}");
-            let agent = Arc::clone(agent);
-            tokio::spawn(async move {
-                tokio::time::sleep(RETRY).await;
-                agent.reconcile_wanted.notify_one();
-            });
+            let retry_in = retry_delay(failures + 1);
+            tracing::error!(error = %e, failures_in_a_row = failures + 1, "reconcile failed, retrying in {retry_in:?}");
+            false
         }
         Err(e) => {
             agent.metrics.reconcile_failed();
             tracing::error!(error = %e, "reconcile panicked");
+            false
         }
     }
 }
@@ -483,6 +508,13 @@ async fn reconcile_once(agent: &Arc<super::Agent>, trigger: Trigger) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn failed_applies_back_off_to_a_ceiling() {
+        let delays: Vec<u64> = (1..=7).map(|n| retry_delay(n).as_secs()).collect();
+        assert_eq!(delays, [2, 4, 8, 16, 30, 30, 30]);
+        assert_eq!(retry_delay(u32::MAX), RETRY_MAX);
+    }
 
     #[test]
     fn a_burst_of_drift_is_repaired_at_once_then_one_per_refill() {

@@ -515,8 +515,14 @@ fn rules() -> BTreeSet<Rule> {
 /// diff when they are enslaved (see `dataplane::diff::pod_link_sysctls`).
 fn sysctls(vrfs: &BTreeMap<String, Vrf>, ipv4_tunnel: bool) -> BTreeMap<String, String> {
     let mut sysctls = BTreeMap::new();
+    // `net.vrf.strict_mode` exists only once the vrf module is loaded, which creating the first
+    // VRF does (the diff creates devices before it writes sysctls). A node without any Network
+    // yet (the plugin chart installed before the networks chart) has no VRF, and writing it
+    // there fails with ENOENT.
+    if !vrfs.is_empty() {
+        sysctls.insert("net.vrf.strict_mode".to_string(), "1".to_string());
+    }
     for (k, v) in [
-        ("net.vrf.strict_mode", "1"),
         ("net.ipv4.ip_forward", "1"),
         ("net.ipv6.conf.all.forwarding", "1"),
         ("net.ipv4.conf.all.rp_filter", "0"),

@@ -12,8 +12,9 @@
 #   has neither): each node a network namespace with its own mount and cgroup namespace
 #   (tests/cluster/vm-nodes.sh, node.sh), as kind runs nodes as containers on one kernel. One
 #   VM per node would split the host's two cores between three emulated kernels.
-# - The VM's NIC is a tap device in the control plane's namespace (10.99.0.1/24,
-#   fd00:99::1/64), bridged inside the VM to the nodes (10.99.0.11-13, fd00:99::11-13): the API
+# - The VM's NIC is a tap device in the control plane's namespace (192.168.99.1/24, outside the
+#   Service range 10.96.0.0/12, which kube-proxy drops traffic to unallocated addresses of;
+#   fd00:99::1/64), bridged inside the VM to the nodes (192.168.99.11-13, fd00:99::11-13): the API
 #   server reaches the kubelets and the nodes the API server, and no packet leaves the
 #   namespace and the VM.
 #
@@ -21,7 +22,7 @@
 # limit, seconds), LACE_CLUSTER_MEM (VM memory, default 6G).
 CLUSTER_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 CLUSTER_ROOT=$(cd "$CLUSTER_DIR/../.." && pwd)
-CLUSTER_API=10.99.0.1
+CLUSTER_API=192.168.99.1
 
 csay() { echo "cluster: $*" >&2; }
 cdie() { csay "ERROR: $*"; return 1; }
@@ -29,6 +30,19 @@ cdie() { csay "ERROR: $*"; return 1; }
 in_ns() { ip netns exec "$CLUSTER_NS" "$@"; }
 # k ARGS...: kubectl as the cluster's admin.
 k() { in_ns kubectl --kubeconfig "$CLUSTER_WORK/kubeconfig/admin.conf" "$@"; }
+
+# in_vm SCRIPT: runs the shell script SCRIPT as root in the VM (vm-nodes.sh picks it up from
+# WORK/exec), prints its output and returns its exit status. `ip netns exec node-1 ...` in it
+# reaches a node.
+in_vm() {
+  local n=$CLUSTER_WORK/exec/$$-$RANDOM i
+  mkdir -p "$CLUSTER_WORK/exec"
+  printf '%s\n' "$1" > "$n.tmp" && mv "$n.tmp" "$n.sh"
+  for i in $(seq 1200); do [ -e "$n.rc" ] && break; sleep 0.25; done
+  [ -e "$n.rc" ] || { cdie "the VM did not run '$1' within 300 s"; return 1; }
+  cat "$n.out"
+  return "$(cat "$n.rc")"
+}
 
 # cluster_pki: certificates and kubeconfigs as kubeadm makes them (kubeadm's certs and
 # kubeconfig phases), plus one client kubeconfig per node and kube-proxy.
@@ -60,10 +74,11 @@ EOF
     > "$w/kubeconfig/kube-proxy.conf" 2>> "$w/logs/kubeadm.log"
 }
 
-# start NAME CMD...: a control plane process in the namespace, logging to logs/NAME.log.
+# cluster_start NAME CMD...: a control plane process in the namespace, logging to
+# logs/NAME.log. `ip netns exec` execs CMD, so the recorded pid is CMD's own.
 cluster_start() {
   local name=$1; shift
-  in_ns "$@" > "$CLUSTER_WORK/logs/$name.log" 2>&1 &
+  ip netns exec "$CLUSTER_NS" "$@" > "$CLUSTER_WORK/logs/$name.log" 2>&1 &
   echo "$! $name" >> "$CLUSTER_WORK/pids"
 }
 
@@ -133,7 +148,7 @@ cluster_images_root() {
     d=$(mktemp -d /tmp/lace-images.XXXXXX)
     printf 'version = 3\nroot = "%s/root"\nstate = "%s/state"\ndisabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime", "io.containerd.cri.v1.images"]\n[grpc]\n  address = "%s/state/containerd.sock"\n' \
       "$d" "$d" "$d" > "$d/config.toml"
-    in_ns containerd --config "$d/config.toml" > "$d/containerd.log" 2>&1 &
+    ip netns exec "$CLUSTER_NS" containerd --config "$d/config.toml" > "$d/containerd.log" 2>&1 &
     local cpid=$! i
     for i in $(seq 100); do [ -S "$d/state/containerd.sock" ] && break; sleep 0.1; done
     while read -r a; do
@@ -181,7 +196,7 @@ EOF
   local t0=$EPOCHREALTIME
   cluster_control_plane || return 1
   csay "control plane ready in $(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN{printf "%.1f", b-a}')s"
-  in_ns "$CLUSTER_ROOT/netns-tests/vm/vmrun.sh" --tap lc-tap -m "${LACE_CLUSTER_MEM:-6G}" -c 2 \
+  ip netns exec "$CLUSTER_NS" "$CLUSTER_ROOT/netns-tests/vm/vmrun.sh" --tap lc-tap -m "${LACE_CLUSTER_MEM:-6G}" -c 2 \
     -t "${LACE_CLUSTER_LIMIT:-1800}" -w "$CLUSTER_WORK" \
     -- "$CLUSTER_DIR/vm-nodes.sh" "$CLUSTER_WORK" > "$CLUSTER_WORK/logs/vm.log" 2>&1 &
   CLUSTER_VM_PID=$!

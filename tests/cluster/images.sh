@@ -2,7 +2,8 @@
 # images.sh - the container images the test cluster's nodes run besides Lace's own, built
 # locally from the binaries scripts/k8s-components.sh made (no registry is reachable or
 # needed), as OCI archives that `ctr images import` takes. Cached beside the binaries, keyed by
-# version and this script (uncompressed: the VM unpacks them under emulation): ${LACE_K8S_CACHE:-~/.cache/lace-k8s}/images/NAME-VERSION-HASH.oci.tar. Each is tagged with
+# version and a hash of this script and what goes in (uncompressed: the VM unpacks them under
+# emulation): ${LACE_K8S_CACHE:-~/.cache/lace-k8s}/images/NAME-VERSION-HASH.oci.tar. Each is tagged with
 # the upstream name, as an air-gapped mirror would, so manifests (kubeadm's CoreDNS, the e2e
 # suites) use them unchanged:
 #   pause    registry.k8s.io/pause:3.10.1           Kubernetes' own pause.c (the sandbox image)
@@ -34,8 +35,8 @@ for n in "${NAMES[@]}"; do
 done
 PATH=$("$ROOT/scripts/k8s-components.sh" --path "${COMPONENTS[@]}"):$PATH
 mkdir -p "$CACHE/images"
-# A change to this script makes new archives.
-H=$(md5sum < "${BASH_SOURCE[0]}" | cut -c1-8)
+# key FILE...: a hash of this script and FILEs (a new binary or script makes a new archive).
+key() { cat "${BASH_SOURCE[0]}" "$@" | md5sum | cut -c1-8; }
 export BUILDAH_ISOLATION=chroot STORAGE_DRIVER=vfs
 
 # image NAME REF ARCHIVE ENTRYPOINT-JSON FILE:DEST...
@@ -52,9 +53,9 @@ image() {
   fi
   echo "$name $ref $out"
 }
-! wanted pause || image pause registry.k8s.io/pause:3.10.1 "$CACHE/images/pause-$K8S-$H.oci.tar" '["/pause"]' \
+! wanted pause || image pause registry.k8s.io/pause:3.10.1 "$CACHE/images/pause-$K8S-$(key "$(command -v pause)").oci.tar" '["/pause"]' \
   "$(command -v pause):/pause"
-! wanted coredns || image coredns "registry.k8s.io/coredns/coredns:$COREDNS" "$CACHE/images/coredns-$COREDNS-$H.oci.tar" \
+! wanted coredns || image coredns "registry.k8s.io/coredns/coredns:$COREDNS" "$CACHE/images/coredns-$COREDNS-$(key "$(command -v coredns)").oci.tar" \
   '["/coredns"]' "$(command -v coredns):/coredns"
 wanted agnhost || exit 0
 # agnhost's tests exec `sh -c ...` in it: a static busybox with its applets as /bin/*.
@@ -62,5 +63,5 @@ ROOTFS=$(mktemp -d); trap 'rm -rf "$ROOTFS"' EXIT
 mkdir -p "$ROOTFS/bin"; cp /bin/busybox "$ROOTFS/bin/"
 for a in $(/bin/busybox --list); do [ -e "$ROOTFS/bin/$a" ] || ln -s busybox "$ROOTFS/bin/$a"; done
 cp "$(command -v agnhost)" "$ROOTFS/agnhost"
-image agnhost registry.k8s.io/e2e-test-images/agnhost:2.66.1 "$CACHE/images/agnhost-$K8S-$H.oci.tar" \
+image agnhost registry.k8s.io/e2e-test-images/agnhost:2.66.1 "$CACHE/images/agnhost-$K8S-$(key "$(command -v agnhost)" /bin/busybox).oci.tar" \
   '["/agnhost"]' "$ROOTFS:/"

@@ -17,7 +17,7 @@ WORK=${1:?} NODE=${2:?} I=${3:?}
 . "$WORK/cluster.env"
 LOG=$WORK/logs/$NODE
 say() { echo "node.sh $NODE: $*"; }
-IP4=10.99.0.1$I IP6=fd00:99::1$I
+IP4=192.168.99.1$I IP6=fd00:99::1$I
 
 mount -t cgroup2 cgroup2 /sys/fs/cgroup
 mkdir -p /sys/fs/cgroup/system.slice/{node.scope,containerd.service,kubelet.service,kube-proxy.service}
@@ -28,7 +28,7 @@ done
 mount -t bpf bpf /sys/fs/bpf
 mount --make-shared /sys/fs/bpf
 for d in /var/lib/kubelet /var/lib/containerd /run/containerd /etc/cni/net.d /opt/cni/bin \
-         /var/lib/lace /run/lace /var/log/containers /run/netns /etc/lace-node; do
+         /var/lib/lace /run/lace /var/log/containers /run/netns /run/nri /etc/lace-node; do
   mkdir -p "$d"
   mount -t tmpfs -o mode=755 "tmpfs-$NODE" "$d"
 done
@@ -37,13 +37,16 @@ mkdir -p /var/log/pods "$LOG/pods"
 mount --bind "$LOG/pods" /var/log/pods
 mount --make-shared /run/netns
 mount --make-rshared /var/lib/kubelet
-echo "nameserver 10.99.0.1" > /etc/lace-node/resolv.conf
+echo "nameserver 192.168.99.1" > /etc/lace-node/resolv.conf
 
-# in_cgroup UNIT CMD...: CMD in system.slice/UNIT, in the background, logging to LOG/UNIT.log.
-in_cgroup() {
+# service UNIT CMD...: CMD in system.slice/UNIT, in the background, logging to LOG/UNIT.log,
+# started again 2 s after it exits (systemd's Restart=always, as kubeadm's units have).
+service() {
   local unit=$1; shift
-  ( echo "$BASHPID" > "/sys/fs/cgroup/system.slice/$unit/cgroup.procs"; exec "$@" ) \
-    > "$LOG/${unit%.service}.log" 2>&1 &
+  (
+    echo "$BASHPID" > "/sys/fs/cgroup/system.slice/$unit/cgroup.procs"
+    while :; do "$@"; echo "node.sh: $1 exited with status $?; restarting in 2 s"; sleep 2; done
+  ) >> "$LOG/${unit%.service}.log" 2>&1 &
 }
 
 cat > /etc/lace-node/containerd.toml <<EOF
@@ -62,9 +65,9 @@ state = "/run/containerd"
 EOF
 # The images: a containerd root the host made (cluster.sh, cluster_images_root).
 tar --xattrs -C /var/lib/containerd -xf "$IMAGES_ROOT"
-in_cgroup containerd.service containerd --config /etc/lace-node/containerd.toml
-for _ in $(seq 120); do [ -S /run/containerd/containerd.sock ] && break; sleep 0.5; done
-[ -S /run/containerd/containerd.sock ] || { say "containerd did not start"; tail -20 "$LOG/containerd.log"; exit 1; }
+service containerd.service containerd --config /etc/lace-node/containerd.toml
+for _ in $(seq 240); do ctr version >/dev/null 2>&1 && break; sleep 0.5; done
+ctr version >/dev/null 2>&1 || { say "containerd did not start in 120 s"; tail -20 "$LOG/containerd.log"; exit 1; }
 
 cat > /etc/lace-node/kubelet.yaml <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
@@ -90,7 +93,7 @@ imageGCLowThresholdPercent: 99
 protectKernelDefaults: false
 serializeImagePulls: false
 EOF
-in_cgroup kubelet.service kubelet --config /etc/lace-node/kubelet.yaml \
+service kubelet.service kubelet --config /etc/lace-node/kubelet.yaml \
   --kubeconfig "$WORK/kubeconfig/$NODE.conf" --hostname-override "$NODE" --node-ip "$IP4,$IP6" -v 2
 
 cat > /etc/lace-node/kube-proxy.yaml <<EOF
@@ -105,6 +108,6 @@ healthzBindAddress: 0.0.0.0:10256
 metricsBindAddress: 127.0.0.1:10249
 conntrack: {maxPerCore: 0}
 EOF
-in_cgroup kube-proxy.service kube-proxy --config /etc/lace-node/kube-proxy.yaml
+service kube-proxy.service kube-proxy --config /etc/lace-node/kube-proxy.yaml
 say "containerd, kubelet and kube-proxy started"
 wait

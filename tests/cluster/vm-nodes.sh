@@ -5,7 +5,7 @@
 # WORK/stop exists (tests/cluster/run.sh writes it), then stops the nodes.
 #
 # The fabric is a bridge holding the VM's NIC (the tap device in the control plane's network
-# namespace on the host, 10.99.0.1 / fd00:99::1) and one veth per node: node-N is 10.99.0.1N and
+# namespace on the host, 192.168.99.1 / fd00:99::1) and one veth per node: node-N is 192.168.99.1N and
 # fd00:99::1N. WORK (shared with the host) holds cluster.env, the PKI and kubeconfigs the host
 # made, the image archives list, and receives the nodes' logs (WORK/logs/NODE/).
 set -euo pipefail
@@ -38,10 +38,10 @@ for node in $NODES; do
   ip link add "fab-$i" type veth peer name eth0 netns "$node"
   ip link set "fab-$i" master fabric up
   ip -n "$node" link set lo up
-  ip -n "$node" addr add "10.99.0.1$i/24" dev eth0
+  ip -n "$node" addr add "192.168.99.1$i/24" dev eth0
   ip -n "$node" addr add "fd00:99::1$i/64" dev eth0 nodad
   ip -n "$node" link set eth0 up
-  ip -n "$node" route add default via 10.99.0.1
+  ip -n "$node" route add default via 192.168.99.1
   ip -n "$node" -6 route add default via fd00:99::1
   # What the seed's kubeadm node image sets (ip_forward), and IPv6 forwarding for dual stack.
   ip netns exec "$node" sysctl -qw net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1
@@ -56,11 +56,23 @@ for node in $NODES; do
 done
 say "nodes started: $NODES"
 
+# Commands from the host (cluster.sh: in_vm): WORK/exec/N.sh runs here as root, its output goes
+# to N.out and its exit status to N.rc (written last).
+mkdir -p "$WORK/exec"
+declare -A GONE=()
 while [ ! -e "$WORK/stop" ]; do
   for p in "${PIDS[@]}"; do
-    kill -0 "$p" 2>/dev/null || { say "a node's script exited; its log:"; tail -30 "$WORK"/logs/*/node.log; }
+    if [ -z "${GONE[$p]:-}" ] && ! kill -0 "$p" 2>/dev/null; then
+      GONE[$p]=1; say "a node's script (pid $p) exited; the nodes' logs are in $WORK/logs"
+    fi
   done
-  sleep 2
+  for c in "$WORK"/exec/*.sh; do
+    [ -e "$c" ] || continue
+    n=${c%.sh}
+    mv "$c" "$n.run"
+    ( bash "$n.run" > "$n.out" 2>&1; echo $? > "$n.rc.tmp"; mv "$n.rc.tmp" "$n.rc" ) &
+  done
+  sleep 0.5
 done
 say "stop requested"
 kill "${PIDS[@]}" 2>/dev/null || true

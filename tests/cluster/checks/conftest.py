@@ -1,0 +1,176 @@
+"""The checks Lace must pass on a real Kubernetes cluster, shared by the test suite's own cluster
+(tests/cluster/run.sh) and a user's cluster (scripts/e2e-cluster.sh), so the two cannot drift
+apart. They talk to the cluster only through kubectl and helm, as a user does.
+
+They expect a cluster without any CNI (nodes NotReady), install both charts themselves and
+leave them uninstalled at the end. The modules run in file order (pytest's default); each
+numbered module is one group of checks of issue 20 and builds on the state the earlier ones
+leave. Every failure says what was expected and what was seen.
+
+Environment:
+  KUBECTL, HELM             the binaries (default: kubectl, helm from PATH)
+  LACE_CHART_DIR            where chart/ and chart-networks/ are (default: this checkout)
+  LACE_SRV6_PREFIX          controller.srv6LocatorPrefix (default 2001:db8:100::/48)
+  LACE_HELM_SET             extra `--set` values for the plugin chart, comma-separated (e.g.
+                            node.kubeletCgroupPath=... where the kubelet is not in the default)
+  LACE_CHECKS_STARTED       epoch seconds the cluster was started (for the printed timings)
+"""
+
+import base64
+import json
+import os
+import shlex
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+SYSTEM_NS = "kube-system"
+E2E_NS = "lace-e2e"
+AGNHOST = "registry.k8s.io/e2e-test-images/agnhost:2.66.1"
+# Everything Lace-made in a cluster: names and label of what the charts install.
+AGENT_LABELS = "app.kubernetes.io/name=lace-cni,app.kubernetes.io/component=node"
+CONTROLLER_LABELS = "app.kubernetes.io/name=lace-cni,app.kubernetes.io/component=controller"
+
+
+class CheckFailed(AssertionError):
+    pass
+
+
+class Cluster:
+    """kubectl and helm, with waits that report what they saw last."""
+
+    def __init__(self):
+        self.kubectl = os.environ.get("KUBECTL", "kubectl")
+        self.helm = os.environ.get("HELM", "helm")
+        self.chart_dir = Path(os.environ.get("LACE_CHART_DIR", ROOT))
+        self.prefix = os.environ.get("LACE_SRV6_PREFIX", "2001:db8:100::/48")
+        self.helm_set = [s for s in os.environ.get("LACE_HELM_SET", "").split(",") if s]
+        self.started = float(os.environ.get("LACE_CHECKS_STARTED", time.time()))
+        self.state = {}
+
+    # ---- commands
+    def run(self, argv, check=True, timeout=180, input=None):
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, input=input)
+        if check and p.returncode != 0:
+            raise CheckFailed(
+                f"`{shlex.join(argv)}` failed with exit status {p.returncode}:\n"
+                f"{p.stderr.strip() or p.stdout.strip()}"
+            )
+        return p
+
+    def k(self, *args, check=True, timeout=180, input=None):
+        return self.run([self.kubectl, *args], check=check, timeout=timeout, input=input).stdout
+
+    def kj(self, *args):
+        return json.loads(self.k(*args, "-o", "json"))
+
+    def items(self, *args):
+        return self.kj("get", *args)["items"]
+
+    def apply(self, manifest):
+        return self.k("apply", "-f", "-", input=manifest)
+
+    def helm_run(self, *args, timeout=600):
+        return self.run([self.helm, *args], timeout=timeout).stdout
+
+    def exec(self, ns, pod, *cmd, check=False, timeout=120):
+        return self.run([self.kubectl, "-n", ns, "exec", pod, "--", *cmd], check=check, timeout=timeout)
+
+    def logs(self, ns, pod, *args):
+        return self.k("-n", ns, "logs", pod, *args, check=False)
+
+    # ---- waiting
+    def wait(self, what, probe, timeout=300, interval=2):
+        """Polls `probe` until it returns (ok, seen) with ok true; fails naming `what` and the
+        last thing seen."""
+        deadline = time.time() + timeout
+        seen = None
+        while True:
+            try:
+                ok, seen = probe()
+            except (subprocess.SubprocessError, CheckFailed, json.JSONDecodeError, KeyError) as e:
+                ok, seen = False, f"error: {e}"
+            if ok:
+                return seen
+            if time.time() > deadline:
+                raise CheckFailed(f"expected {what} within {timeout}s; last seen: {seen}")
+            time.sleep(interval)
+
+    # ---- objects
+    def node_names(self):
+        return sorted(n["metadata"]["name"] for n in self.items("nodes"))
+
+    def condition(self, obj, ctype):
+        for c in obj.get("status", {}).get("conditions", []):
+            if c["type"] == ctype:
+                return c
+        return None
+
+    def pods(self, ns, selector):
+        return self.items("pods", "-n", ns, "-l", selector)
+
+    def wait_pods_ready(self, ns, selector, count, timeout=300):
+        def probe():
+            pods = self.pods(ns, selector)
+            ready = [p for p in pods if (self.condition(p, "Ready") or {}).get("status") == "True"]
+            seen = {p["metadata"]["name"]: p["status"].get("phase") for p in pods}
+            return len(ready) >= count, seen
+        return self.wait(f"{count} Ready pod(s) {selector} in {ns}", probe, timeout)
+
+    def agnhost_pod(self, ns, name, node, labels=None, args=None, extra_spec=""):
+        labels = {"lace-check": "true", **(labels or {})}
+        label_yaml = ", ".join(f"{k}: {json.dumps(v)}" for k, v in labels.items())
+        args = args or ["netexec", "--http-port=8080", "--udp-port=8081"]
+        self.apply(
+            f"""apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: {ns}, labels: {{{label_yaml}}}}}
+spec:
+  nodeName: {node}
+  terminationGracePeriodSeconds: 1
+  tolerations: [{{operator: Exists}}]
+  containers:
+  - name: agnhost
+    image: {AGNHOST}
+    args: {json.dumps(args)}
+    ports: [{{name: http, containerPort: 8080}}]
+{extra_spec}"""
+        )
+
+    def pod_ips(self, ns, name):
+        pod = self.kj("get", "pod", "-n", ns, name)
+        return [i["ip"] for i in pod["status"].get("podIPs", [])]
+
+    def reach(self, ns, pod, targets, timeout_s=3):
+        """From pod, tries each target ("tcp IP PORT" or "icmp IP") in one exec; returns
+        {target: True/False}."""
+        script = []
+        for t in targets:
+            parts = t.split()
+            if parts[0] == "tcp":
+                host = f"[{parts[1]}]" if ":" in parts[1] else parts[1]
+                cmd = f"/agnhost connect {host}:{parts[2]} --timeout {timeout_s}s"
+            else:
+                cmd = f"ping -c 1 -W {timeout_s} {parts[1]}"
+            script.append(f"if {cmd} >/dev/null 2>&1; then echo 'ok {t}'; else echo 'no {t}'; fi")
+        p = self.exec(ns, pod, "sh", "-c", "\n".join(script), timeout=60 + len(targets) * (timeout_s + 3))
+        out = {}
+        for line in p.stdout.splitlines():
+            verdict, _, target = line.partition(" ")
+            out[target] = verdict == "ok"
+        missing = [t for t in targets if t not in out]
+        if missing:
+            raise CheckFailed(f"kubectl exec in {ns}/{pod} did not report {missing}: {p.stderr.strip()}")
+        return out
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    return Cluster()
+
+
+def b64(s):
+    return base64.b64encode(s.encode()).decode()
