@@ -5,6 +5,10 @@
 # stock kernel (netns-tests/vm/with-kernel.sh).
 #
 # usage: scripts/demo.sh [--underlay ipv6|ipv4] [--kernel 6.1|6.12] [--host | --vm] [-t SECS]
+#        scripts/demo.sh --cluster
+#   --cluster        instead: a real Kubernetes cluster (tests/cluster/demo.sh: the test suite's
+#                    cluster, Lace installed with helm as the README says, pods in two Networks,
+#                    the matrix); LACE_DEMO_KEEP=1 keeps it up
 #   --underlay ipv6  (default) the nodes' fabric carries IPv6 (and IPv4): SRv6 natively
 #   --underlay ipv4  the fabric carries IPv4 only (IPv6 disabled on its links), the nodes have
 #                    IPv4 InternalIPs only: SRv6 rides in UDP over IPv4 (lu-ipv4, fou)
@@ -16,6 +20,8 @@ set -euo pipefail
 UNDERLAY=ipv6 ARGS=()
 while [ $# -gt 0 ]; do
   case $1 in
+    --cluster) shift; [ $# = 0 ] || { echo "demo.sh: --cluster takes no other argument" >&2; exit 2; }
+               cd "$(dirname "${BASH_SOURCE[0]}")/.." && netns-tests/vm/setup.sh && exec tests/cluster/demo.sh;;
     --underlay) UNDERLAY=${2:?--underlay needs ipv6 or ipv4}; shift 2;;
     *) ARGS+=("$1"); shift;;
   esac

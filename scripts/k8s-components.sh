@@ -91,7 +91,8 @@ verify() {
   mv "$dir/VERSIONS.tmp" "$dir/VERSIONS"
 }
 
-command -v go >/dev/null || die "go not found: install Go 1.26 (the machines have it; Debian: golang-go is too old)"
+command -v go >/dev/null || [ ! -x /usr/local/go/bin/go ] || PATH=$PATH:/usr/local/go/bin
+command -v go >/dev/null || die "go not found (in PATH or /usr/local/go/bin): install Go 1.26 or newer (Debian's golang-go is too old)"
 # Static binaries (as the upstream releases): agnhost and CoreDNS run in images without a libc.
 # containerd keeps cgo (its btrfs and seccomp support); it runs on the VM's root filesystem.
 export GOFLAGS="-trimpath -buildvcs=false" CGO_ENABLED=0 GOTOOLCHAIN=${GOTOOLCHAIN:-local}

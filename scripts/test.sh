@@ -23,6 +23,11 @@
 #           its release binaries are built in the background from the netns tiers on, at nice
 #           19: under TCG the VMs leave CPU time idle while tests wait, and the build takes only
 #           that (the image tier's own build then waits for cargo's lock and finds it done)
+#   cluster tests/cluster/run.sh: a real Kubernetes cluster (control plane on this machine,
+#           three nodes in the VM), Lace installed with helm as the README says, the checks of
+#           tests/cluster/checks. Its components (Kubernetes, etcd, containerd, CoreDNS, from Go
+#           modules; scripts/k8s-components.sh, cached by version outside the repository) are
+#           built in the background from the start, at nice 19 like the release binaries
 # Every tier runs under its time limit, `tier:NAME` in scripts/time-limits (a tier without
 # one fails before anything runs); the netns tiers under the limits of their build and of each
 # VM run (build:netns, netns:*). At the end (also after a failure): a table of each tier's time
@@ -70,6 +75,7 @@ finish() {
   local rc=$?
   # The background release build, if still running (a tier failed first): its whole session.
   [ -z "${IMAGE_BUILD_PID:-}" ] || kill -- -"$IMAGE_BUILD_PID" 2>/dev/null || true
+  [ -z "${K8S_BUILD_PID:-}" ] || kill -- -"$K8S_BUILD_PID" 2>/dev/null || true
   summary
   if [ "$DONE" = 1 ]; then
     if [ "$COUNTS_OK" = 1 ]; then
@@ -171,6 +177,14 @@ trap finish EXIT
 
 tier setup netns-tests/vm/setup.sh
 
+# ---- the real cluster's components and images, in the background from now on (see the
+# header): a first build takes ~12 minutes of two cores, a cached one a second. The cluster tier
+# waits for it (each component's build holds a lock).
+setsid nice -n 19 bash -c '{ echo 19 > /proc/self/autogroup; } 2>/dev/null
+  { scripts/k8s-components.sh && tests/cluster/images.sh; } > "$1" 2>&1; echo "$? $EPOCHREALTIME" > "$2"' \
+  k8s-components "$LOGDIR/k8s-components.log" "$LOGDIR/k8s-components.done" &
+K8S_BUILD_PID=$! K8S_BUILD_START=$EPOCHREALTIME
+
 # ---- static checks
 tier fmt cargo fmt --all --check
 tier clippy cargo clippy --workspace --all-targets -- -D warnings
@@ -244,5 +258,14 @@ if [ -f "$LOGDIR/image-binaries.done" ] && read -r brc bend < "$LOGDIR/image-bin
   fi
 fi
 n=$(grep -Eo '^[0-9]+ passed' "$LOGDIR/image.log" | tail -1 | cut -d' ' -f1 || true)
+PASSED=$((PASSED + ${n:-0}))
+
+# ---- Lace in a real Kubernetes cluster, installed with helm from the image just built
+tier cluster tests/cluster/run.sh
+if [ -f "$LOGDIR/k8s-components.done" ] && read -r krc kend < "$LOGDIR/k8s-components.done"; then
+  row "  components (bg)" "$(secs "$K8S_BUILD_START" "$kend")" -
+  [ "$krc" = 0 ] || { echo "test.sh: the background component build failed (exit $krc); its log ends:"; tail -20 "$LOGDIR/k8s-components.log"; }
+fi
+n=$(grep -Eo '[0-9]+ passed' "$LOGDIR/cluster.log" | tail -1 | cut -d' ' -f1 || true)
 PASSED=$((PASSED + ${n:-0}))
 DONE=1

@@ -6,8 +6,9 @@
 //! them in `LACE_CRICTL`, `LACE_PAUSE_IMAGE` and `LACE_PAUSE_REF`).
 //!
 //! The runtime is a parameter ([`Runtime`]): Debian bookworm's containerd 1.6.20 (libcni
-//! 1.1.2, the libcni of every containerd 1.7 too) here; containerd 2.x (another binary, config
-//! version 3) is another [`Runtime`] and another `#[test]` calling [`runs_lace_pods`].
+//! 1.1.2, the libcni of every containerd 1.7 too), and containerd 2.x (libcni 1.2+, config
+//! version 3) at the version in `scripts/k8s-versions`, built from its Go module by
+//! `scripts/k8s-components.sh containerd` (netns-tests/run passes it in `LACE_CONTAINERD_2`).
 //!
 //! What is checked, per runtime: a pod the example's policies bind gets both its addresses
 //! (seen inside its network namespace, and in the agent's IPAM), `lo` is up with 127.0.0.1/8
@@ -50,6 +51,20 @@ impl Runtime {
         }
     }
 
+    /// containerd 2.x from its Go module (`scripts/k8s-components.sh containerd`: the binary
+    /// and its shim and `ctr` side by side), named by `LACE_CONTAINERD_2`.
+    fn v2() -> Runtime {
+        Runtime {
+            name: "containerd 2",
+            containerd: env_path(
+                "LACE_CONTAINERD_2",
+                "LACE_CONTAINERD_2=$(scripts/k8s-components.sh --path containerd)/containerd",
+            ),
+            version_prefix: "v2.",
+            config_version: 3,
+        }
+    }
+
     fn dir(&self) -> &Path {
         self.containerd.parent().unwrap()
     }
@@ -88,13 +103,48 @@ impl Runtime {
     /// containerd's configuration: root and state in `dir`, the CNI dirs the agent installed
     /// into, the local pause image, runc with cgroupfs.
     fn config(&self, dir: &Path, bed: &Bed, pause_ref: &str) -> String {
-        assert_eq!(
-            self.config_version, 2,
-            "{}: only configuration version 2 (containerd 1.x) is written here; add version 3 \
-             (containerd 2.x: plugins \"io.containerd.cri.v1.images\" / \"...cri.v1.runtime\")",
-            self.name
-        );
         let runc = which("runc");
+        if self.config_version == 3 {
+            return format!(
+                r#"version = 3
+root = "{root}"
+state = "{state}"
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.blockfile",
+  "io.containerd.snapshotter.v1.erofs", "io.containerd.nri.v1.nri"]
+[grpc]
+  address = "{sock}"
+[ttrpc]
+  address = "{sock}.ttrpc"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{dir}/opt"
+[plugins."io.containerd.cri.v1.images"]
+  snapshotter = "overlayfs"
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = "{pause_ref}"
+[plugins."io.containerd.cri.v1.runtime"]
+  [plugins."io.containerd.cri.v1.runtime".containerd]
+    default_runtime_name = "runc"
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+        BinaryName = "{runc}"
+        SystemdCgroup = false
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = ["{bin}"]
+    conf_dir = "{conf}"
+    max_conf_num = 1
+"#,
+                root = dir.join("root").display(),
+                state = dir.join("state").display(),
+                sock = dir.join("containerd.sock").display(),
+                dir = dir.display(),
+                bin = bed.p("bin").display(),
+                conf = bed.p("conf").display(),
+                runc = runc.display(),
+            );
+        }
+        assert_eq!(self.config_version, 2, "{}: configuration version 2 or 3", self.name);
         format!(
             r#"version = 2
 root = "{root}"
@@ -526,4 +576,10 @@ fn runs_lace_pods(runtime: Runtime) {
 fn containerd_1_6_runs_lace_pods_through_its_cri() {
     cni_bed::require_root_and_vrf();
     runs_lace_pods(Runtime::debian_1_6());
+}
+
+#[test]
+fn containerd_2_runs_lace_pods_through_its_cri() {
+    cni_bed::require_root_and_vrf();
+    runs_lace_pods(Runtime::v2());
 }

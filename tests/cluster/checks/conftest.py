@@ -140,6 +140,24 @@ spec:
 {extra_spec}"""
         )
 
+    def check_pods(self):
+        """The agnhost pods test_02 made ({name: IPv4}), from the cluster if this session did
+        not make them (a module run on its own)."""
+        if "ips" not in self.state:
+            ips = {}
+            for ns in (SYSTEM_NS, E2E_NS):
+                for p in self.pods(ns, "app=lace-check"):
+                    v4 = [i["ip"] for i in p["status"].get("podIPs", []) if ":" not in i["ip"]]
+                    if v4:
+                        ips[p["metadata"]["name"]] = v4[0]
+            self.state["ips"] = ips
+        return self.state["ips"]
+
+    def nodes(self):
+        if "nodes" not in self.state:
+            self.state["nodes"] = self.node_names()
+        return self.state["nodes"]
+
     def pod_ips(self, ns, name):
         pod = self.kj("get", "pod", "-n", ns, name)
         return [i["ip"] for i in pod["status"].get("podIPs", [])]

@@ -17,7 +17,7 @@ spec: {from: default, to: default}
 
 def matrix(cluster, sources):
     """{(src, proto, dst): reached} for every source pod against every other check pod."""
-    ips = cluster.state["ips"]
+    ips = cluster.check_pods()
     result = {}
     for src in sources:
         ns = SYSTEM_NS if src.startswith("sys") else E2E_NS
@@ -58,7 +58,7 @@ def test_routing_policy_added_and_removed_while_pods_run(cluster):
     start = time.time()
 
     def opened():
-        r = cluster.reach(E2E_NS, "def-1", [f"tcp {cluster.state['ips']['def-2']} 8080"])
+        r = cluster.reach(E2E_NS, "def-1", [f"tcp {cluster.check_pods()['def-2']} 8080"])
         return all(r.values()), r
     cluster.wait("def-1 -> def-2 to connect after adding NetworkRoutingPolicy default -> default",
                  opened, timeout=60, interval=1)
@@ -69,7 +69,7 @@ def test_routing_policy_added_and_removed_while_pods_run(cluster):
     start = time.time()
 
     def closed():
-        r = cluster.reach(E2E_NS, "def-1", [f"tcp {cluster.state['ips']['def-2']} 8080"], timeout_s=2)
+        r = cluster.reach(E2E_NS, "def-1", [f"tcp {cluster.check_pods()['def-2']} 8080"], timeout_s=2)
         return not any(r.values()), r
     cluster.wait("def-1 -> def-2 to stop connecting after deleting the policy", closed,
                  timeout=60, interval=1)

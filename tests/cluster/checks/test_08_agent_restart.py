@@ -1,0 +1,53 @@
+"""8. A node's agent pod deleted under traffic: pings between pods on different nodes lose
+nothing while the DaemonSet replaces it (the datapath is the kernel's; the agent is only its
+programmer)."""
+
+import subprocess
+import time
+
+from conftest import AGENT_LABELS, SYSTEM_NS, CheckFailed
+
+
+def ping_while(cluster, src, dst_ip, action, interval=0.2):
+    """Pings dst_ip from kube-system/src every `interval` s while action() runs; returns
+    (sent, received)."""
+    p = subprocess.Popen([cluster.kubectl, "-n", SYSTEM_NS, "exec", src, "--", "ping", "-i",
+                          str(interval), "-W", "2", dst_ip], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    try:
+        time.sleep(5)
+        action()
+        time.sleep(5)
+    finally:
+        # kubectl exec forwards no signal to the remote ping: stop it from inside.
+        cluster.exec(SYSTEM_NS, src, "pkill", "-INT", "ping")
+        out, _ = p.communicate(timeout=60)
+    for line in out.splitlines():
+        if "packets transmitted" in line:
+            parts = line.split()
+            return int(parts[0]), int(parts[3]), out
+    raise CheckFailed(f"ping from {src} to {dst_ip} printed no summary:\n{out[-500:]}")
+
+
+def test_agent_restart_loses_no_packet(cluster):
+    nodes = cluster.nodes()
+    ips = cluster.check_pods()
+    agent = next(p for p in cluster.pods(SYSTEM_NS, AGENT_LABELS) if p["spec"]["nodeName"] == nodes[0])
+    old = agent["metadata"]["name"]
+    took = {}
+
+    def restart():
+        t0 = time.time()
+        cluster.k("-n", SYSTEM_NS, "delete", "pod", old)
+
+        def replaced():
+            ps = [p for p in cluster.pods(SYSTEM_NS, AGENT_LABELS) if p["spec"]["nodeName"] == nodes[0]]
+            ok = any(p["metadata"]["name"] != old and (cluster.condition(p, "Ready") or {}).get("status") == "True" for p in ps)
+            return ok, [p["metadata"]["name"] for p in ps]
+        cluster.wait(f"a new Ready agent on {nodes[0]}", replaced, timeout=300)
+        took["s"] = time.time() - t0
+
+    sent, received, out = ping_while(cluster, "sys-1", ips["sys-2"], restart)
+    print(f"\nagent on {nodes[0]} replaced in {took.get('s', 0):.0f} s; pings sys-1 -> sys-2: {sent} sent, {received} received")
+    if sent < 20 or received != sent:
+        raise CheckFailed(f"expected no lost ping while the agent restarted, saw {sent} sent, {received} received:\n{out[-400:]}")

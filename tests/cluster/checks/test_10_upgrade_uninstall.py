@@ -1,0 +1,85 @@
+"""10. `helm upgrade --reuse-values` of both charts under traffic (no lost ping), then `helm
+uninstall`: the CRDs and every Lace object are gone, running pods keep their connectivity until
+recreated, and what stays on a node is exactly what the README lists (the CNI binary and
+conflist, Lace's loopback copy and its settings where it installed one, the pinned BPF link,
+Lace's interfaces)."""
+
+import time
+
+from conftest import AGNHOST, SYSTEM_NS, CheckFailed
+from test_06_controller import assert_no_forbidden
+from test_08_agent_restart import ping_while
+
+CRDS = ["networks.lace.io", "networkbindingpolicies.lace.io", "servicebindingpolicies.lace.io",
+        "networkroutingpolicies.lace.io", "serviceroutingpolicies.lace.io",
+        "networkallocations.lace.io", "nodeallocations.lace.io"]
+
+
+def test_upgrade_both_charts_under_traffic(cluster):
+    ips = cluster.check_pods()
+
+    def upgrade():
+        for release, chart in (("lace", "chart"), ("lace-networks", "chart-networks")):
+            cluster.helm_run("upgrade", release, str(cluster.chart_dir / chart), "--namespace",
+                             SYSTEM_NS, "--reuse-values")
+        cluster.k("-n", SYSTEM_NS, "rollout", "status", "daemonset/lace-node", "--timeout=900s", timeout=960)
+        cluster.k("-n", SYSTEM_NS, "rollout", "status", "deployment/lace-controller", "--timeout=600s", timeout=660)
+    sent, received, out = ping_while(cluster, "sys-1", ips["sys-2"], upgrade)
+    print(f"\npings sys-1 -> sys-2 during both upgrades: {sent} sent, {received} received")
+    if received != sent:
+        raise CheckFailed(f"expected no lost ping during helm upgrade, saw {sent} sent, {received} received")
+    assert_no_forbidden(cluster)
+
+
+def test_uninstall_removes_lace_objects_and_leaves_what_the_readme_lists(cluster):
+    ips = cluster.check_pods()
+    cluster.helm_run("uninstall", "lace-networks", "--namespace", SYSTEM_NS)
+    cluster.helm_run("uninstall", "lace", "--namespace", SYSTEM_NS, "--wait", "--timeout=600s")
+
+    def gone():
+        left = [c for c in CRDS if cluster.run([cluster.kubectl, "get", "crd", c], check=False).returncode == 0]
+        return not left, left
+    cluster.wait("every lace.io CRD (and with it every Lace object) gone", gone, timeout=300)
+    leftovers = cluster.k("get", "all,serviceaccounts,clusterroles,clusterrolebindings,"
+                                 "validatingadmissionpolicies,validatingadmissionpolicybindings",
+                          "-A", "-l", "app.kubernetes.io/name=lace-cni", "-o", "name")
+    assert not leftovers.strip(), f"expected no object of the lace-cni chart left, saw:\n{leftovers}"
+    # Running pods keep their connectivity until recreated.
+    r = cluster.reach(SYSTEM_NS, "sys-1", [f"tcp {ips['sys-2']} 8080", f"icmp {ips['sys-2']}"])
+    assert all(r.values()), f"expected sys-1 -> sys-2 to keep working after uninstall, saw {r}"
+
+    node = cluster.nodes()[0]
+    cluster.apply(f"""apiVersion: v1
+kind: Pod
+metadata: {{name: lace-check-leftovers, namespace: kube-system}}
+spec:
+  nodeName: {node}
+  hostNetwork: true
+  restartPolicy: Never
+  tolerations: [{{operator: Exists}}]
+  containers:
+  - name: ls
+    image: {AGNHOST}
+    command: [sh, -c, "ls /host/opt/cni/bin /host/etc/cni/net.d; echo ==; ls -R /host/sys/fs/bpf; echo ==; ip -o link | cut -d: -f2"]
+    volumeMounts:
+    - {{name: bin, mountPath: /host/opt/cni/bin}}
+    - {{name: conf, mountPath: /host/etc/cni/net.d}}
+    - {{name: bpf, mountPath: /host/sys/fs/bpf}}
+  volumes:
+  - {{name: bin, hostPath: {{path: /opt/cni/bin}}}}
+  - {{name: conf, hostPath: {{path: /etc/cni/net.d}}}}
+  - {{name: bpf, hostPath: {{path: /sys/fs/bpf}}}}
+""")
+    cluster.wait("the leftovers listing to finish",
+                 lambda: (cluster.kj("get", "pod", "-n", SYSTEM_NS, "lace-check-leftovers")["status"]["phase"] == "Succeeded",
+                          cluster.kj("get", "pod", "-n", SYSTEM_NS, "lace-check-leftovers")["status"]["phase"]), timeout=300)
+    out = cluster.logs(SYSTEM_NS, "lace-check-leftovers")
+    files, bpf, links = (part.split() for part in out.split("=="))
+    want_files = {"lace", "10-lace.conflist", "loopback", "lace-loopback.json"}
+    assert set(files) == want_files, f"expected exactly {sorted(want_files)} in the CNI dirs on {node}, saw {sorted(files)}"
+    assert "kubelet-probe-link" in bpf, f"expected the pinned probe link under /sys/fs/bpf/lace on {node}, saw {bpf}"
+    lace_links = [l.split("@")[0] for l in links if l.startswith(("lv-", "lp-", "lu-"))]
+    assert any(l.startswith("lv-") for l in lace_links) and any(l.startswith("lp-") for l in lace_links), (
+        f"expected Lace's VRFs (lv-) and pod veths (lp-) to stay on {node}, saw links {links}")
+    print(f"\nleft on {node}: {sorted(files)}, /sys/fs/bpf/lace/kubelet-probe-link, links {lace_links}")
+    cluster.k("-n", SYSTEM_NS, "delete", "pod", "lace-check-leftovers", "--wait=false")
