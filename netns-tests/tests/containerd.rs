@@ -144,7 +144,11 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
                 runc = runc.display(),
             );
         }
-        assert_eq!(self.config_version, 2, "{}: configuration version 2 or 3", self.name);
+        assert_eq!(
+            self.config_version, 2,
+            "{}: configuration version 2 or 3",
+            self.name
+        );
         format!(
             r#"version = 2
 root = "{root}"
