@@ -100,7 +100,7 @@ nodeStatusUpdateFrequency: 20s
 EOF
 service kubelet.service kubelet --config /etc/lace-node/kubelet.yaml \
   --kubeconfig "$WORK/kubeconfig/$NODE.conf" --hostname-override "$NODE" --node-ip "$IP4,$IP6" \
-  --housekeeping-interval 30s -v 2
+  --housekeeping-interval 30s -v 1
 
 cat > /etc/lace-node/kube-proxy.yaml <<EOF
 apiVersion: kubeproxy.config.k8s.io/v1alpha1

@@ -18,6 +18,7 @@ Environment:
 
 import base64
 import json
+import select
 import os
 import shlex
 import subprocess
@@ -162,8 +163,43 @@ spec:
         pod = self.kj("get", "pod", "-n", ns, name)
         return [i["ip"] for i in pod["status"].get("podIPs", [])]
 
+    def shell(self, ns, pod):
+        """A shell kept open in pod (one `kubectl exec` for many commands: each exec costs
+        seconds under emulation); reopened when it died."""
+        shells = self.state.setdefault("shells", {})
+        sh = shells.get((ns, pod))
+        if sh is None or sh.poll() is not None:
+            sh = subprocess.Popen([self.kubectl, "-n", ns, "exec", "-i", pod, "--", "sh"],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True, bufsize=1)
+            shells[(ns, pod)] = sh
+        return sh
+
+    def in_pod(self, ns, pod, script, timeout=180):
+        """Runs the shell script in pod (through shell()); returns its output."""
+        sh = self.shell(ns, pod)
+        marker = f"__lace_check_done_{time.time_ns()}__"
+        try:
+            sh.stdin.write(f"{{ {script}\n}} 2>&1; echo {marker}\n")
+            sh.stdin.flush()
+        except BrokenPipeError:
+            self.state["shells"].pop((ns, pod), None)
+            raise CheckFailed(f"the shell in {ns}/{pod} closed")
+        out, deadline = [], time.time() + timeout
+        while True:
+            left = deadline - time.time()
+            if left <= 0 or not select.select([sh.stdout], [], [], left)[0]:
+                sh.kill()
+                raise CheckFailed(f"no answer from {ns}/{pod} within {timeout}s to: {script}")
+            line = sh.stdout.readline()
+            if not line:
+                raise CheckFailed(f"the shell in {ns}/{pod} ended: {''.join(out)[-300:]}")
+            if line.strip() == marker:
+                return "".join(out)
+            out.append(line)
+
     def reach(self, ns, pod, targets, timeout_s=3):
-        """From pod, tries each target ("tcp IP PORT" or "icmp IP") in one exec; returns
+        """From pod, tries each target ("tcp IP PORT" or "icmp IP"); returns
         {target: True/False}."""
         script = []
         for t in targets:
@@ -174,20 +210,23 @@ spec:
             else:
                 cmd = f"ping -c 1 -W {timeout_s} {parts[1]}"
             script.append(f"if {cmd} >/dev/null 2>&1; then echo 'ok {t}'; else echo 'no {t}'; fi")
-        p = self.exec(ns, pod, "sh", "-c", "\n".join(script), timeout=60 + len(targets) * (timeout_s + 3))
+        text = self.in_pod(ns, pod, "\n".join(script), timeout=120 + len(targets) * (timeout_s + 3))
         out = {}
-        for line in p.stdout.splitlines():
+        for line in text.splitlines():
             verdict, _, target = line.partition(" ")
             out[target] = verdict == "ok"
         missing = [t for t in targets if t not in out]
         if missing:
-            raise CheckFailed(f"kubectl exec in {ns}/{pod} did not report {missing}: {p.stderr.strip()}")
+            raise CheckFailed(f"{ns}/{pod} did not report {missing}: {text.strip()[-300:]}")
         return out
 
 
 @pytest.fixture(scope="session")
 def cluster():
-    return Cluster()
+    c = Cluster()
+    yield c
+    for sh in c.state.get("shells", {}).values():
+        sh.kill()
 
 
 def b64(s):

@@ -4,6 +4,7 @@ Creates the agnhost pods the later checks use: sys-N in kube-system and def-N in
 per node, each serving HTTP on 8080 with readiness and liveness probes."""
 
 import ipaddress
+import calendar
 import time
 
 from conftest import E2E_NS, SYSTEM_NS
@@ -16,7 +17,6 @@ PROBES = """    readinessProbe: {httpGet: {path: /healthz, port: 8080}, periodSe
 
 
 def test_pods_get_addresses_from_their_networks(cluster):
-    cluster.k("create", "namespace", E2E_NS)
     nodes = cluster.node_names()
     cluster.state["nodes"] = nodes
     start = time.time()
@@ -51,4 +51,4 @@ def test_pods_get_addresses_from_their_networks(cluster):
 
 
 def _seconds(ts):
-    return time.mktime(time.strptime(ts, "%Y-%m-%dT%H:%M:%SZ"))
+    return calendar.timegm(time.strptime(ts, "%Y-%m-%dT%H:%M:%SZ"))

@@ -20,7 +20,7 @@ def ping_while(cluster, src, dst_ip, action, interval=0.2):
         time.sleep(5)
     finally:
         # kubectl exec forwards no signal to the remote ping: stop it from inside.
-        cluster.exec(SYSTEM_NS, src, "pkill", "-INT", "ping")
+        cluster.in_pod(SYSTEM_NS, src, "pkill -INT ping")
         out, _ = p.communicate(timeout=60)
     for line in out.splitlines():
         if "packets transmitted" in line:
