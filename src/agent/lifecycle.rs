@@ -86,6 +86,7 @@ pub async fn run(
             Arc::clone(&agent),
             config.resync_interval,
         )),
+        tokio::spawn(super::paths::run(Arc::clone(&agent))),
         source_task,
     ];
 

@@ -49,6 +49,7 @@ pub mod install;
 pub mod ipam;
 pub mod lifecycle;
 pub mod metrics;
+pub mod paths;
 pub mod reconcile;
 pub mod server;
 pub mod source;
@@ -61,6 +62,7 @@ use std::sync::{Arc, RwLock};
 
 use tokio::sync::Notify;
 
+use crate::plan::underlay::UnderlayFacts;
 use crate::plan::{underlay, DesiredNode, PlanError, Planner};
 use crate::state::ClusterState;
 use crate::wire::{LogLevel, PluginSettings, DEFAULT_TIMEOUT_SECONDS};
@@ -164,6 +166,10 @@ pub struct Agent {
     rejected: std::sync::Mutex<Vec<String>>,
     /// The MTU pod interfaces get ([`Agent::refresh_underlay_mtu`]); 0 until first read.
     pod_mtu: AtomicU32,
+    /// What the probes found about the uplink and the peers ([`paths`]), planned with.
+    facts: std::sync::Mutex<UnderlayFacts>,
+    /// Wakes the probe loop (a new state: new peers to probe).
+    pub(crate) underlay_wanted: Notify,
     serving: AtomicBool,
     /// Attachments whose interfaces are being created or deleted right now: GC leaves them
     /// alone, and each triggers a reconcile when done.
@@ -218,6 +224,8 @@ impl Agent {
             generation: AtomicU64::new(0),
             rejected: Default::default(),
             pod_mtu: AtomicU32::new(0),
+            facts: Default::default(),
+            underlay_wanted: Notify::new(),
             serving: AtomicBool::new(false),
             in_flight: Default::default(),
             open_connections: Default::default(),
@@ -252,8 +260,9 @@ impl Agent {
     /// planner's message as the reason.
     pub fn set_state(&self, state: Result<ClusterState, StateUnavailable>) {
         let state = state.map(|state| self.admit(state));
+        let facts = self.facts().clone();
         let loaded = state.map_err(NotReady::Source).and_then(|state| {
-            match Planner::new(&self.node, &state) {
+            match Planner::with_facts(&self.node, &state, &facts) {
                 Ok(planner) => Ok(Arc::new(Loaded {
                     state: Arc::new(state),
                     planner,
@@ -267,9 +276,48 @@ impl Agent {
         if let Err(why) = &loaded {
             tracing::warn!(node = %self.node, reason = %why, "not ready");
         }
-        *self.cluster.write().unwrap_or_else(|e| e.into_inner()) = loaded;
+        self.install(loaded);
+        self.underlay_wanted.notify_one();
+    }
+
+    /// Installs a planner (or why there is none), reporting the pairs whose path changed,
+    /// and triggers a reconcile.
+    fn install(&self, loaded: Result<Arc<Loaded>, NotReady>) {
+        let mut cluster = self.cluster.write().unwrap_or_else(|e| e.into_inner());
+        if let Ok(new) = &loaded {
+            let before = cluster.as_ref().ok().map(|l| &l.planner.base().peers);
+            paths::report(self, before, &new.planner.base().peers);
+        }
+        *cluster = loaded;
+        drop(cluster);
         self.generation.fetch_add(1, Ordering::AcqRel);
         self.reconcile_wanted.notify_one();
+    }
+
+    /// What the probes found last ([`paths`]).
+    pub fn facts(&self) -> std::sync::MutexGuard<'_, UnderlayFacts> {
+        self.facts.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Plans with new facts about the uplink and the peers, if they changed.
+    pub fn set_underlay_facts(&self, facts: UnderlayFacts) {
+        {
+            let mut current = self.facts();
+            if *current == facts {
+                return;
+            }
+            *current = facts.clone();
+        }
+        let Ok(loaded) = self.loaded() else {
+            return;
+        };
+        match Planner::with_facts(&self.node, &loaded.state, &facts) {
+            Ok(planner) => self.install(Ok(Arc::new(Loaded {
+                state: Arc::clone(&loaded.state),
+                planner,
+            }))),
+            Err(e) => tracing::error!(error = %e, "cannot plan with the new underlay facts"),
+        }
     }
 
     /// [`crate::validate::admit`], logging what it left out when that changes.
@@ -376,7 +424,7 @@ impl Agent {
                 );
             }
         }
-        let pod = underlay::pod_mtu(&base.underlay, base.peers.values(), mtu_v4, mtu_v6);
+        let pod = underlay::pod_mtu(&base.underlay, base.expected_paths().iter(), mtu_v4, mtu_v6);
         let before = self.pod_mtu.swap(pod, Ordering::Relaxed);
         tracing::info!(?mtu_v4, ?mtu_v6, pod_mtu = pod, "underlay MTU");
         if before != 0 && pod < before {
