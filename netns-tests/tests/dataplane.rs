@@ -486,7 +486,7 @@ impl World {
             }
             // An observer that is not Lace's: counts SRv6 packets (IPv6 + routing header)
             // and SRv6 in fou (UDP to Lace's port) arriving from the fabric.
-            n.exec_stdin("nft", &["-f", "-"], &format!("table inet observe {{\n counter srv6 {{}}\n counter fou {{}}\n chain pre {{\n  type filter hook prerouting priority -300; policy accept;\n  iifname \"eth0\" ip6 nexthdr 43 counter name \"srv6\"\n  iifname \"eth0\" udp dport {FOU_PORT} counter name \"fou\"\n }}\n}}\n"))
+            n.exec_stdin("nft", &["-f", "-"], &format!("table inet observe {{\n counter srv6 {{}}\n counter fou {{}}\n chain pre {{\n  type filter hook prerouting priority -300; policy accept;\n  iifname \"eth0\" ip6 nexthdr 43 counter name \"srv6\"\n  iifname \"eth0\" meta nfproto ipv4 udp dport {FOU_PORT} counter name \"fou\"\n }}\n}}\n"))
                 .unwrap();
         }
         let inet = w.ns("internet");

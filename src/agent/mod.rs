@@ -170,6 +170,9 @@ pub struct Agent {
     facts: std::sync::Mutex<UnderlayFacts>,
     /// Wakes the probe loop (a new state: new peers to probe).
     pub(crate) underlay_wanted: Notify,
+    /// Whether the probe loop has looked at the uplink once: until then, a node with peers a
+    /// link-local path could serve is not ready (its pods would get the MTU of fou).
+    underlay_probed: AtomicBool,
     serving: AtomicBool,
     /// Attachments whose interfaces are being created or deleted right now: GC leaves them
     /// alone, and each triggers a reconcile when done.
@@ -226,6 +229,7 @@ impl Agent {
             pod_mtu: AtomicU32::new(0),
             facts: Default::default(),
             underlay_wanted: Notify::new(),
+            underlay_probed: AtomicBool::new(false),
             serving: AtomicBool::new(false),
             in_flight: Default::default(),
             open_connections: Default::default(),
@@ -363,7 +367,20 @@ impl Agent {
         if !self.serving.load(Ordering::Acquire) {
             return Some(NotReady::NotServing);
         }
-        self.loaded().err()
+        let loaded = match self.loaded() {
+            Ok(l) => l,
+            Err(e) => return Some(e),
+        };
+        let probed = self.underlay_probed.load(Ordering::Acquire);
+        if !probed && !paths::query(&self.node, &loaded.state).peers.is_empty() {
+            return Some(NotReady::UnderlayUnknown);
+        }
+        None
+    }
+
+    /// The probe loop looked at the uplink (and its facts are installed).
+    pub(crate) fn underlay_looked(&self) {
+        self.underlay_probed.store(true, Ordering::Release);
     }
 
     /// Whether ADD can be served.

@@ -174,6 +174,8 @@ pub async fn run(agent: Arc<super::Agent>) {
                 }
                 Err(e) => tracing::error!(error = %e, "underlay: the probe task failed"),
             }
+            // Ready even when looking failed: the pairs then take fou, which always works.
+            agent.underlay_looked();
         }
         tokio::select! {
             _ = tokio::time::sleep(probe_interval(peers)) => {}
