@@ -398,6 +398,11 @@ impl World {
             fabric
                 .ip(&format!("link set {port} master br{segment}"))
                 .unwrap();
+            if kind == Fabric::LinkLocal {
+                // Like a NIC: the stack cuts GSO packets to the MTU before the link, so the
+                // capture sees what a wire would carry.
+                ns.exec("ethtool", &["-K", "eth0", "tso", "off"]).unwrap();
+            }
             if kind == Fabric::LinkLocal && *host == 3 {
                 // Stable-privacy link-locals (a random secret), as NetworkManager hosts have:
                 // regenerated on the next up.
@@ -437,7 +442,10 @@ impl World {
                 .unwrap();
             // The router between the segments (IPv4).
             let r = w.ns("router");
-            for (leg, br, addr) in [("a", "br0", "192.168.0.254"), ("b", "br1", "192.168.1.254")] {
+            for (leg, br, addr) in [
+                ("rtr-a", "br0", "192.168.0.254"),
+                ("rtr-b", "br1", "192.168.1.254"),
+            ] {
                 let port = format!("fab-rtr-{leg}");
                 w.topo.link(("router", leg), ("fabric", &port)).unwrap();
                 fabric.ip(&format!("link set {port} master {br}")).unwrap();

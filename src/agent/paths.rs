@@ -150,14 +150,16 @@ pub fn report(
     }
 }
 
-/// The probe loop: runs until the agent stops.
+/// The probe loop: runs until the agent stops. A round every [`probe_interval`]; a new state
+/// starts one at once only when it changes what there is to probe (the node's IPv4
+/// InternalIP, its peers), so a busy cluster's state changes never add probes.
 pub async fn run(agent: Arc<super::Agent>) {
     let mut tracker = Tracker::default();
     loop {
-        let mut peers = 0;
+        let mut asked = UnderlayQuery::default();
         if let Ok(loaded) = agent.loaded() {
-            let q = query(&agent.node, &loaded.state);
-            peers = q.peers.len();
+            asked = query(&agent.node, &loaded.state);
+            let q = asked.clone();
             let dataplane = Arc::clone(&agent.dataplane);
             let round = if q.ipv4.is_none() || q.peers.is_empty() {
                 Ok(Ok(UnderlayRound::default()))
@@ -177,9 +179,17 @@ pub async fn run(agent: Arc<super::Agent>) {
             // Ready even when looking failed: the pairs then take fou, which always works.
             agent.underlay_looked();
         }
-        tokio::select! {
-            _ = tokio::time::sleep(probe_interval(peers)) => {}
-            _ = agent.underlay_wanted.notified() => {}
+        let next = tokio::time::Instant::now() + probe_interval(asked.peers.len());
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep_until(next) => break,
+                _ = agent.underlay_wanted.notified() => {
+                    let now = agent.loaded().ok().map(|l| query(&agent.node, &l.state));
+                    if now.is_some_and(|q| q != asked) {
+                        break;
+                    }
+                }
+            }
         }
     }
 }
