@@ -264,7 +264,9 @@ impl Agent {
     /// planner's message as the reason.
     pub fn set_state(&self, state: Result<ClusterState, StateUnavailable>) {
         let state = state.map(|state| self.admit(state));
-        let facts = self.facts().clone();
+        // Held until the planner is installed: facts changing meanwhile wait, then re-plan
+        // this state (set_underlay_facts), so neither install undoes the other's.
+        let facts = self.facts();
         let loaded = state.map_err(NotReady::Source).and_then(|state| {
             match Planner::with_facts(&self.node, &state, &facts) {
                 Ok(planner) => Ok(Arc::new(Loaded {
@@ -281,6 +283,7 @@ impl Agent {
             tracing::warn!(node = %self.node, reason = %why, "not ready");
         }
         self.install(loaded);
+        drop(facts);
         self.underlay_wanted.notify_one();
     }
 
@@ -305,17 +308,16 @@ impl Agent {
 
     /// Plans with new facts about the uplink and the peers, if they changed.
     pub fn set_underlay_facts(&self, facts: UnderlayFacts) {
-        {
-            let mut current = self.facts();
-            if *current == facts {
-                return;
-            }
-            *current = facts.clone();
+        // Held until the planner is installed (see set_state).
+        let mut current = self.facts();
+        if *current == facts {
+            return;
         }
+        *current = facts;
         let Ok(loaded) = self.loaded() else {
             return;
         };
-        match Planner::with_facts(&self.node, &loaded.state, &facts) {
+        match Planner::with_facts(&self.node, &loaded.state, &current) {
             Ok(planner) => self.install(Ok(Arc::new(Loaded {
                 state: Arc::clone(&loaded.state),
                 planner,
