@@ -170,6 +170,8 @@ pub struct Agent {
     facts: std::sync::Mutex<UnderlayFacts>,
     /// Wakes the probe loop (a new state: new peers to probe).
     pub(crate) underlay_wanted: Notify,
+    /// Starts a probe round at once (drift: the uplink may have lost IPv6 and its addresses).
+    pub(crate) underlay_look_now: Notify,
     /// Whether the probe loop has looked at the uplink once: until then, a node with peers a
     /// link-local path could serve is not ready (its pods would get the MTU of fou).
     underlay_probed: AtomicBool,
@@ -229,6 +231,7 @@ impl Agent {
             pod_mtu: AtomicU32::new(0),
             facts: Default::default(),
             underlay_wanted: Notify::new(),
+            underlay_look_now: Notify::new(),
             underlay_probed: AtomicBool::new(false),
             serving: AtomicBool::new(false),
             in_flight: Default::default(),

@@ -152,7 +152,8 @@ pub fn report(
 
 /// The probe loop: runs until the agent stops. A round every [`probe_interval`]; a new state
 /// starts one at once only when it changes what there is to probe (the node's IPv4
-/// InternalIP, its peers), so a busy cluster's state changes never add probes.
+/// InternalIP, its peers), so a busy cluster's state changes never add probes; drift starts one
+/// at once too (IPv6 switched off on the uplink shows as Lace's routes and address flushed).
 pub async fn run(agent: Arc<super::Agent>) {
     let mut tracker = Tracker::default();
     loop {
@@ -183,6 +184,7 @@ pub async fn run(agent: Arc<super::Agent>) {
         loop {
             tokio::select! {
                 _ = tokio::time::sleep_until(next) => break,
+                _ = agent.underlay_look_now.notified() => break,
                 _ = agent.underlay_wanted.notified() => {
                     let now = agent.loaded().ok().map(|l| query(&agent.node, &l.state));
                     if now.is_some_and(|q| q != asked) {

@@ -391,6 +391,7 @@ pub async fn run(agent: Arc<super::Agent>, resync_every: Duration) {
             Some(drift) = drift_rx.recv() => {
                 let now = Instant::now();
                 agent.metrics.dataplane_drift();
+                agent.underlay_look_now.notify_one();
                 let slot = limiter.next_slot(now);
                 let throttled = (slot > now).then(|| slot - now);
                 if throttled.is_some() {
