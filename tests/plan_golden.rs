@@ -91,6 +91,7 @@ fn golden_plan_link_local() {
         uplink_ipv6: true,
         on_link: on,
         answering: ["node-1".to_string()].into(),
+        answered: ["node-1".to_string()].into(),
         uplink_mtu: Some(1500),
     };
     let node3 = plan_with("node-3", &state, &facts, &[]).expect("plans");

@@ -210,7 +210,7 @@ proptest! {
         let pick = |bits: &[bool]| -> BTreeSet<String> {
             others.iter().zip(bits).filter(|(_, b)| **b).map(|(n, _)| n.to_string()).collect()
         };
-        let facts = UnderlayFacts { uplink_ipv6: ipv6, on_link: pick(&on), answering: pick(&ans), uplink_mtu: None };
+        let facts = UnderlayFacts { uplink_ipv6: ipv6, on_link: pick(&on), answering: pick(&ans), answered: Default::default(), uplink_mtu: None };
         let d = plan_with("n0", s, &facts, &c.local).expect("random cluster plans");
         let without = plan("n0", s, &c.local).expect("plans");
         let me = s.node_allocations["n0"].underlay;

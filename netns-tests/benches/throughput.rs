@@ -501,6 +501,7 @@ fn link_local(nodes: &[Netns; 2], state: &ClusterState) -> Vec<Reconciler> {
             uplink_ipv6: true,
             on_link: [name(1 - i)].into(),
             answering: Default::default(),
+            answered: Default::default(),
             uplink_mtu: Some(UNDERLAY_MTU),
         })
         .collect();

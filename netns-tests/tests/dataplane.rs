@@ -183,6 +183,11 @@ impl Fabric {
             uplink_ipv6: self.ipv6_on(i) && self.v4(i),
             on_link: peers.clone(),
             answering: if self.ipv6_on(i) {
+                peers.clone()
+            } else {
+                Default::default()
+            },
+            answered: if self.ipv6_on(i) {
                 peers
             } else {
                 Default::default()

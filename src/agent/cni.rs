@@ -906,6 +906,7 @@ mod tests {
             uplink_ipv6: true,
             on_link: ["node-2".to_string(), "node-3".to_string()].into(),
             answering: ["node-2".to_string()].into(),
+            answered: ["node-2".to_string()].into(),
             uplink_mtu: Some(1500),
         };
         a.set_underlay_facts(facts.clone());
@@ -928,8 +929,16 @@ mod tests {
         ] {
             assert!(text.contains(line), "no {line:?} in\n{text}");
         }
-        // Pods get the link-local path's MTU: node-3 shares the segment too (expected).
+        // node-3 shares the segment but never answered (its IPv6 may be off): its pair stays on
+        // fou and the pods get fou's MTU.
         block_on(a.refresh_underlay_mtu());
+        assert_eq!(a.pod_mtu(), 1408);
+        // Both answered once: the pods get the link-local path's MTU, also while node-3 is
+        // back on fou for a moment.
+        let mut both = facts.clone();
+        both.answered.insert("node-3".into());
+        a.set_underlay_facts(both);
+        assert_eq!(kinds(&a), ["link-local", "fou"]);
         assert_eq!(a.pod_mtu(), 1436);
         // The uplink loses IPv6: every pair on fou, the pods' MTU for fou from then on.
         a.set_underlay_facts(UnderlayFacts {

@@ -164,8 +164,11 @@ pub struct Agent {
     generation: AtomicU64,
     /// The objects the last admission left out, with why (logged when the set changes).
     rejected: std::sync::Mutex<Vec<String>>,
-    /// The MTU pod interfaces get ([`Agent::refresh_underlay_mtu`]); 0 until first read.
+    /// The pods' MTU [`Agent::refresh_underlay_mtu`] last logged; 0 until first read.
     pod_mtu: AtomicU32,
+    /// The MTUs of the links holding the node's IPv4 and IPv6 underlay addresses, as last
+    /// read; 0: unknown.
+    link_mtus: [AtomicU32; 2],
     /// What the probes found about the uplink and the peers ([`paths`]), planned with.
     facts: std::sync::Mutex<UnderlayFacts>,
     /// Wakes the probe loop (a new state: new peers to probe).
@@ -229,6 +232,7 @@ impl Agent {
             generation: AtomicU64::new(0),
             rejected: Default::default(),
             pod_mtu: AtomicU32::new(0),
+            link_mtus: [AtomicU32::new(0), AtomicU32::new(0)],
             facts: Default::default(),
             underlay_wanted: Notify::new(),
             underlay_look_now: Notify::new(),
@@ -397,11 +401,20 @@ impl Agent {
         self.serving.store(true, Ordering::Release);
     }
 
-    /// The pods' MTU (before the underlay was first read: a 1500-byte IPv6 underlay's).
+    /// The pods' MTU: from the paths the current plan expects to each other node and the
+    /// underlay links' MTUs as last read ([`underlay::pod_mtu`]; an unknown link counts as
+    /// 1500). Computed when asked, so an ADD right after the plan changed already fits it.
     pub fn pod_mtu(&self) -> u32 {
-        match self.pod_mtu.load(Ordering::Relaxed) {
-            0 => DEFAULT_UNDERLAY_MTU - SRV6_OVERHEAD,
-            mtu => mtu,
+        let [v4, v6] = self
+            .link_mtus
+            .each_ref()
+            .map(|m| Some(m.load(Ordering::Relaxed)).filter(|&m| m != 0));
+        match self.loaded() {
+            Ok(l) => {
+                let b = l.planner.base();
+                underlay::pod_mtu(&b.underlay, b.expected_paths().iter(), v4, v6)
+            }
+            Err(_) => DEFAULT_UNDERLAY_MTU - SRV6_OVERHEAD,
         }
     }
 
@@ -445,6 +458,9 @@ impl Agent {
                     "no link holds this underlay address; assuming MTU {DEFAULT_UNDERLAY_MTU}"
                 );
             }
+        }
+        for (slot, mtu) in self.link_mtus.iter().zip([mtu_v4, mtu_v6]) {
+            slot.store(mtu.unwrap_or(0), Ordering::Relaxed);
         }
         let pod = underlay::pod_mtu(&base.underlay, base.expected_paths().iter(), mtu_v4, mtu_v6);
         let before = self.pod_mtu.swap(pod, Ordering::Relaxed);

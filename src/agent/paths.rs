@@ -54,6 +54,8 @@ pub fn query(node: &str, state: &ClusterState) -> UnderlayQuery {
 pub struct Tracker {
     /// Per on-link peer: whether it counts as answering, and unanswered probes in a row.
     peers: BTreeMap<String, (bool, u32)>,
+    /// The on-link peers that answered at least once since they are on-link.
+    answered: BTreeSet<String>,
 }
 
 impl Tracker {
@@ -62,11 +64,13 @@ impl Tracker {
         // Peers no longer on-link (or an uplink without IPv6) start over.
         self.peers
             .retain(|p, _| round.uplink_ipv6 && round.on_link.contains(p));
+        self.answered.retain(|p| round.on_link.contains(p));
         if round.uplink_ipv6 {
             for p in &round.on_link {
                 let e = self.peers.entry(p.clone()).or_insert((false, 0));
                 if round.answering.contains(p) {
                     *e = (true, 0);
+                    self.answered.insert(p.clone());
                 } else if round.holds_address {
                     // Only a probe that was sent counts as unanswered.
                     e.1 += 1;
@@ -85,6 +89,7 @@ impl Tracker {
                 .filter(|(_, (a, _))| *a)
                 .map(|(p, _)| p.clone())
                 .collect(),
+            answered: self.answered.clone(),
             uplink_mtu: round.uplink_mtu,
         }
     }
@@ -156,8 +161,11 @@ pub fn report(
 /// at once too (IPv6 switched off on the uplink shows as Lace's routes and address flushed).
 pub async fn run(agent: Arc<super::Agent>) {
     let mut tracker = Tracker::default();
+    // Rounds that found on-link peers before the node held its own address (no probe sent).
+    let mut unsent = 0;
     loop {
         let mut asked = UnderlayQuery::default();
+        let mut soon = false;
         if let Ok(loaded) = agent.loaded() {
             asked = query(&agent.node, &loaded.state);
             let q = asked.clone();
@@ -169,18 +177,36 @@ pub async fn run(agent: Arc<super::Agent>) {
             };
             match round {
                 Ok(Ok(round)) => {
+                    let probed =
+                        round.holds_address || !round.uplink_ipv6 || round.on_link.is_empty();
                     let facts = tracker.update(&round);
                     agent.set_underlay_facts(facts);
+                    if probed {
+                        unsent = 0;
+                    } else {
+                        // The plan just got the node's own address: probe once it is in.
+                        unsent += 1;
+                        soon = true;
+                    }
                 }
                 Ok(Err(e)) => {
                     tracing::warn!(error = %e, "underlay: cannot look at the uplink; keeping the last facts")
                 }
                 Err(e) => tracing::error!(error = %e, "underlay: the probe task failed"),
             }
-            // Ready even when looking failed: the pairs then take fou, which always works.
-            agent.underlay_looked();
+            // Ready once probes went out (the pods' MTU then counts the peers that answered),
+            // or when there is nothing to probe, looking failed, or the own address does not
+            // come: the pairs then take fou, which always works.
+            if !soon || unsent > MISSES {
+                agent.underlay_looked();
+            }
         }
-        let next = tokio::time::Instant::now() + probe_interval(asked.peers.len());
+        let wait = if soon {
+            Duration::from_millis(300)
+        } else {
+            probe_interval(asked.peers.len())
+        };
+        let next = tokio::time::Instant::now() + wait;
         loop {
             tokio::select! {
                 _ = tokio::time::sleep_until(next) => break,

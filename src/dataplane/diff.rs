@@ -1966,6 +1966,7 @@ pub(crate) mod tests {
             } else {
                 BTreeSet::new()
             },
+            answered: ["n2".to_string()].into(),
             uplink_mtu: Some(1500),
         };
         crate::plan::Planner::with_facts("n1", &s, &facts)

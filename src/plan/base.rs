@@ -165,10 +165,11 @@ fn underlay_paths(
         })
         .collect();
     let link_local = me.underlay.ipv4.filter(|_| {
-        peers.iter().any(|(n, p)| {
-            matches!(p, PeerPath::LinkLocal(_))
-                || (matches!(p, PeerPath::Ipv4(_)) && facts.link_local_expected(n))
-        })
+        facts.uplink_ipv6
+            && peers.iter().any(|(n, p)| {
+                matches!(p, PeerPath::LinkLocal(_))
+                    || (matches!(p, PeerPath::Ipv4(_)) && facts.on_link.contains(n))
+            })
     });
     let ipv4_tunnel = match me.underlay.ipv4 {
         Some(local) if peers.values().any(|p| matches!(p, PeerPath::Ipv4(_))) => Some(Ipv4Tunnel {

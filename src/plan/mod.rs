@@ -388,10 +388,10 @@ pub struct NodeBase {
 
 impl NodeBase {
     /// The path each peer is expected to take, for sizing the pods' MTU: the one planned,
-    /// except that a pair on fou that shares this node's L2 segment (link-local pending or
-    /// fallen back) counts as link-local. Pods keep their MTU, and a pair is on fou only for
-    /// a moment at start-up or while the link-local path does not work: TCP over fou is
-    /// then kept to what fou carries by the MSS clamp ([`underlay::mss_clamp`]).
+    /// except that a pair on fou whose peer shares this node's L2 segment and answered its
+    /// probes before (fallen back for a moment) counts as link-local. Pods keep their MTU:
+    /// TCP over fou is then kept to what fou carries by the MSS clamp
+    /// ([`underlay::mss_clamp`]).
     pub fn expected_paths(&self) -> Vec<PeerPath> {
         self.peers
             .iter()
@@ -470,11 +470,13 @@ impl DesiredNode {
                 PeerPath::LinkLocal(via) => {
                     writeln!(out, "peer {peer} link-local via {via} dev @uplink4")
                 }
-                PeerPath::Ipv4(via) if b.facts.link_local_expected(peer) => writeln!(
-                    out,
-                    "peer {peer} fou via {via} (on this L2 segment; link-local once its {} answers)",
-                    underlay::link_local_address(*via)
-                ),
+                PeerPath::Ipv4(via) if b.facts.uplink_ipv6 && b.facts.on_link.contains(peer) => {
+                    writeln!(
+                        out,
+                        "peer {peer} fou via {via} (on this L2 segment; link-local once its {} answers)",
+                        underlay::link_local_address(*via)
+                    )
+                }
                 PeerPath::Ipv4(via) => writeln!(out, "peer {peer} fou via {via}"),
                 PeerPath::NoCommonFamily => {
                     writeln!(out, "peer {peer} unreachable: no common address family")

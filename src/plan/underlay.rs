@@ -128,6 +128,9 @@ pub struct UnderlayFacts {
     pub on_link: BTreeSet<String>,
     /// The peers whose link-local underlay address answers this node's probes (known to work).
     pub answering: BTreeSet<String>,
+    /// The on-link peers that answered at least once since they are on-link: their pair is
+    /// expected on the link-local path (sizes the pods' MTU) even while it is on fou.
+    pub answered: BTreeSet<String>,
     /// The uplink's MTU, when known (sizes the TCP MSS clamp towards peers over fou, see
     /// [`mss_clamp`]).
     pub uplink_mtu: Option<u32>,
@@ -139,10 +142,13 @@ impl UnderlayFacts {
         self.uplink_ipv6 && self.on_link.contains(peer) && self.answering.contains(peer)
     }
 
-    /// Whether the pair with `peer` is expected to take the link-local path (it shares the
-    /// node's L2 segment and the node's uplink has IPv6), answering yet or not.
+    /// Whether the pair with `peer` is expected to take the link-local path: it shares the
+    /// node's L2 segment, the node's uplink has IPv6, and the peer answers or answered before
+    /// (a pair fallen back to fou for a moment).
     pub fn link_local_expected(&self, peer: &str) -> bool {
-        self.uplink_ipv6 && self.on_link.contains(peer)
+        self.uplink_ipv6
+            && self.on_link.contains(peer)
+            && (self.answering.contains(peer) || self.answered.contains(peer))
     }
 }
 
@@ -534,11 +540,15 @@ mod tests {
             uplink_ipv6: true,
             on_link: ["a".to_string(), "b".to_string()].into(),
             answering: ["a".to_string(), "c".to_string()].into(),
+            answered: ["b".to_string()].into(),
             uplink_mtu: None,
         };
         assert!(f.link_local_works("a"));
         assert!(!f.link_local_works("b"), "on-link, not answering");
-        assert!(f.link_local_expected("b"));
+        assert!(f.link_local_expected("b"), "answered before");
+        f.answered.clear();
+        assert!(!f.link_local_expected("b"), "never answered: fou");
+        assert!(f.link_local_expected("a"));
         assert!(!f.link_local_works("c"), "answering, but behind a router");
         f.uplink_ipv6 = false;
         assert!(!f.link_local_works("a"));
