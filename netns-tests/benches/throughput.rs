@@ -243,7 +243,9 @@ impl Drop for World {
 
 impl World {
     fn build(case: Case, fabric: Fabric) -> World {
-        let label = |what: &str, i: u8| format!("{}-{}-{what}{i}", fabric.name(), case.name());
+        // Labels are at most 16 characters: the fabric by its initial.
+        let label =
+            |what: &str, i: u8| format!("{}-{}-{what}{i}", &fabric.name()[..1], case.name());
         let nodes = [1, 2].map(|i| Netns::new(&label("node", i)).unwrap());
         let pods = [1, 2].map(|i| Netns::new(&label("pod", i)).unwrap());
         veth(&nodes[0], "eth0", &nodes[1], "eth0").unwrap();
