@@ -13,7 +13,7 @@
 #   --routes   encap route counts to install (default 10000,100000)
 #   --nft-only no route benchmarks, only the nft one (full swap vs element update)
 #   --seconds  length of one iperf3 run (default 5); --repeats  runs per case (default 3)
-#   --cases    throughput cases to run (default all: native,srv6,srv6-ll,srv6-fou,srv6-sit,ipip-fou,vxlan4,vxlan6)
+#   --cases    throughput cases to run (default all: native,srv6,srv6-ll,ll-nonft,srv6-fou,srv6-sit,ipip-fou,vxlan4,vxlan6)
 #   --fabrics  the fabrics to run them on (default both: veth = GSO packets cross whole,
 #              nic = TSO off, packets of 1,500 bytes on the wire, GRO on the receiver)
 #   e.g. netns-tests/bench.sh --routes 10000 -t 900

@@ -25,6 +25,8 @@
 //! - `srv6-ll`: the same with IPv4-only nodes whose fabric link keeps IPv6 on (link-local
 //!   addresses only): SRv6 natively over IPv6 with link-local next hops, as the reconciler
 //!   programs it once the nodes' probes answer (the real probes run); pod MTU 1500 - 64;
+//! - `ll-nonft`: `srv6-ll` with Lace's nftables table deleted after programming (no
+//!   policy, no guard, no conntrack): what Lace's ruleset costs on that path, by difference;
 //! - `srv6-fou`: the same with IPv4-only nodes (IPv6 disabled on the fabric link): the SRv6
 //!   packet rides in UDP over IPv4 through `lu-ipv4`, as the reconciler programs it; pod MTU
 //!   1500 - 64 - 28;
@@ -99,6 +101,7 @@ enum Case {
     Native,
     Srv6,
     Srv6Ll,
+    Srv6LlNoNft,
     Srv6Fou,
     Srv6Sit,
     IpipFou,
@@ -107,10 +110,11 @@ enum Case {
 }
 
 impl Case {
-    const ALL: [Case; 8] = [
+    const ALL: [Case; 9] = [
         Case::Native,
         Case::Srv6,
         Case::Srv6Ll,
+        Case::Srv6LlNoNft,
         Case::Srv6Fou,
         Case::Srv6Sit,
         Case::IpipFou,
@@ -123,6 +127,7 @@ impl Case {
             Case::Native => "native",
             Case::Srv6 => "srv6",
             Case::Srv6Ll => "srv6-ll",
+            Case::Srv6LlNoNft => "ll-nonft",
             Case::Srv6Fou => "srv6-fou",
             Case::Srv6Sit => "srv6-sit",
             Case::IpipFou => "ipip-fou",
@@ -136,6 +141,7 @@ impl Case {
             Case::Native => "routed, no encapsulation",
             Case::Srv6 => "Lace: VRF + seg6 encap over IPv6",
             Case::Srv6Ll => "Lace, IPv4 nodes: over IPv6 link-local",
+            Case::Srv6LlNoNft => "srv6-ll without Lace's nft table",
             Case::Srv6Fou => "Lace over IPv4: + fou (UDP) in lu-ipv4",
             Case::Srv6Sit => "as srv6-fou, plain 6in4 (by hand)",
             Case::IpipFou => "IPv4 in fou, no SRv6 (by hand)",
@@ -154,7 +160,7 @@ impl Case {
         UNDERLAY_MTU
             - match self {
                 Case::Native => 0,
-                Case::Srv6 | Case::Srv6Ll => SRV6_OVERHEAD,
+                Case::Srv6 | Case::Srv6Ll | Case::Srv6LlNoNft => SRV6_OVERHEAD,
                 Case::Srv6Fou => SRV6_OVERHEAD + IPV4_FOU_OVERHEAD,
                 // Outer IPv4 only, no UDP.
                 Case::Srv6Sit => SRV6_OVERHEAD + 20,
@@ -170,7 +176,7 @@ impl Case {
     fn counter(self) -> &'static str {
         match self {
             Case::Native => "plain_tcp",
-            Case::Srv6 | Case::Srv6Ll => "srv6",
+            Case::Srv6 | Case::Srv6Ll | Case::Srv6LlNoNft => "srv6",
             Case::Srv6Fou => "fou",
             Case::Srv6Sit => "sit",
             Case::IpipFou => "ipip_fou",
@@ -329,10 +335,15 @@ impl World {
                 }
                 route_natively(&nodes, |peer| format!("via 10.99.0.{peer} dev vx0"));
             }
-            Case::Srv6Ll => {
+            Case::Srv6Ll | Case::Srv6LlNoNft => {
                 let mut state = srv6_cluster();
                 over_ipv4(&mut state);
                 reconcilers = link_local(&nodes, &state);
+                if case == Case::Srv6LlNoNft {
+                    for n in &nodes {
+                        n.exec("nft", &["delete", "table", "inet", "lace"]).unwrap();
+                    }
+                }
             }
             Case::Srv6 | Case::Srv6Fou | Case::Srv6Sit => {
                 let mut state = srv6_cluster();
@@ -679,6 +690,7 @@ fn main() {
         for (a, b) in [
             ("srv6", "vxlan6"),
             ("srv6-ll", "vxlan4"),
+            ("ll-nonft", "vxlan4"),
             ("srv6-fou", "vxlan4"),
             ("srv6-sit", "vxlan4"),
             ("ipip-fou", "vxlan4"),
