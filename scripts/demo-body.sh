@@ -169,7 +169,8 @@ if [ "$UNDERLAY" = ipv4 ]; then
   done
   say "underlay ipv4: each pair over IPv6 link-local (the agents' log, lace-agent plan --probe)"
   for i in "${NODES[@]}"; do
-    grep -o 'underlay: peer .*' "$W/node-$i/agent.log" | sed "s/^/node-$i agent: /" || true
+    sed 's/\x1b\[[0-9;]*m//g' "$W/node-$i/agent.log" | grep -o 'underlay: peer .*' \
+      | sed "s/ node=.*//; s/^/node-$i agent: /" || true
     "$AGENT" plan --manifests "$W/manifests" --node node-$i --probe --netns /run/netns/ld-node-$i \
       | sed -n '/^## underlay/,/^$/p' | grep -E '^(peer|addr)' | sed "s/^/node-$i plan: /"
   done
