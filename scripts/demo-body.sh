@@ -336,6 +336,18 @@ done
 say "node-1: nft list table inet lace"
 nsx ld-node-1 nft list table inet lace
 
+if [ "$UNDERLAY" = ipv4 ]; then
+  # Every change of path since the agents started (a pair that fell back to fou and returned
+  # shows here), and the metrics counting them.
+  say "underlay ipv4: every path change the agents logged"
+  for i in "${NODES[@]}"; do
+    sed 's/\x1b\[[0-9;]*m//g' "$W/node-$i/agent.log" | grep -o '^[^ ]* .*underlay: peer .*' \
+      | sed -E 's/^([^ ]*) .*(underlay: peer .*)/\1 \2/; s/ node=.*//' | sed "s/^/node-$i: /" || true
+    python3 -c 'import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1]).read().decode())' \
+      "http://127.0.0.1:$((9960 + i))/metrics" 2>/dev/null | grep '^lace_underlay_path_changes_total' | sed "s/^/node-$i: /"
+  done
+fi
+
 say "result"
 echo "demo: $((checks - mismatches)) passed, $mismatches failed"
 if [ "$mismatches" = 0 ]; then
