@@ -7,17 +7,20 @@
 #                 (iperf3), Lace's SRv6 vs native routing vs VXLAN, ratios vs native
 #
 # usage: netns-tests/bench.sh [--routes N,N... | --nft-only]
-#                             [--throughput [--seconds S] [--repeats R] [--cases C,C...]]
+#                             [--throughput [--seconds S] [--repeats R] [--cases C,C...]
+#                                           [--fabrics F,F]]
 #                             [with-kernel.sh options...]
 #   --routes   encap route counts to install (default 10000,100000)
 #   --nft-only no route benchmarks, only the nft one (full swap vs element update)
 #   --seconds  length of one iperf3 run (default 5); --repeats  runs per case (default 3)
-#   --cases    throughput cases to run (default all: native,srv6,srv6-fou,srv6-sit,ipip-fou,vxlan4,vxlan6)
+#   --cases    throughput cases to run (default all: native,srv6,srv6-ll,ll-nonft,srv6-fou,srv6-sit,ipip-fou,vxlan4,vxlan6)
+#   --fabrics  the fabrics to run them on (default both: veth = GSO packets cross whole,
+#              nic = TSO off, packets of 1,500 bytes on the wire, GRO on the receiver)
 #   e.g. netns-tests/bench.sh --routes 10000 -t 900
 #        netns-tests/bench.sh --throughput --kernel 6.12
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-BENCH=dataplane ROUTES=10000,100000 SECONDS_=5 REPEATS=3 CASES= WITH=()
+BENCH=dataplane ROUTES=10000,100000 SECONDS_=5 REPEATS=3 CASES= FABRICS= WITH=()
 while [ $# -gt 0 ]; do
   case $1 in
     --routes) ROUTES=${2:?--routes needs a list}; shift 2;;
@@ -26,6 +29,7 @@ while [ $# -gt 0 ]; do
     --seconds) SECONDS_=${2:?--seconds needs a number}; shift 2;;
     --repeats) REPEATS=${2:?--repeats needs a number}; shift 2;;
     --cases) CASES=${2:?--cases needs a list}; shift 2;;
+    --fabrics) FABRICS=${2:?--fabrics needs a list}; shift 2;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0;;
     *) WITH+=("$1"); shift;;
   esac
@@ -40,4 +44,4 @@ for line in sys.stdin:
 ')
 [ -n "$EXE" ] || { echo "bench.sh: cargo built no $BENCH bench executable" >&2; exit 1; }
 exec "$ROOT/netns-tests/vm/with-kernel.sh" -t 1500 "${WITH[@]}" -- \
-  env LACE_BENCH_ROUTES="$ROUTES" LACE_BENCH_SECONDS="$SECONDS_" LACE_BENCH_REPEATS="$REPEATS" ${CASES:+LACE_BENCH_CASES="$CASES"} "$EXE" --bench
+  env LACE_BENCH_ROUTES="$ROUTES" LACE_BENCH_SECONDS="$SECONDS_" LACE_BENCH_REPEATS="$REPEATS" ${CASES:+LACE_BENCH_CASES="$CASES"} ${FABRICS:+LACE_BENCH_FABRICS="$FABRICS"} "$EXE" --bench

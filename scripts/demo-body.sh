@@ -4,7 +4,8 @@
 # removes again (also on Ctrl-C):
 #
 #   ld-fabric   a bridge joining the nodes' underlay (IPv6 fd00:fab::/64, IPv4 192.168.0.0/24;
-#               with LACE_DEMO_UNDERLAY=ipv4 IPv4 only, IPv6 disabled on every fabric link)
+#               with LACE_DEMO_UNDERLAY=ipv4 IPv4 only, the links' IPv6 on with link-local
+#               addresses only; with ipv4-fou IPv6 disabled on every fabric link)
 #   ld-node-N   three nodes, each with one real `lace-agent run` in standalone mode
 #   ld-internet a host beyond node-1 (203.0.113.254, 2001:db8:cafe::254) that echoes the
 #               address it sees
@@ -18,7 +19,8 @@
 #
 # env: LACE_AGENT, LACE_CNI  the built lace-agent and lace binaries (scripts/demo.sh sets them)
 #      LACE_DEMO_KEEP=1      leave everything up and wait for Ctrl-C before tearing down
-#      LACE_DEMO_UNDERLAY    ipv6 (default) or ipv4: what the fabric between the nodes carries
+#      LACE_DEMO_UNDERLAY    ipv6 (default), ipv4 or ipv4-fou: what the fabric between the nodes
+#                            carries (see scripts/demo.sh)
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 AGENT=${LACE_AGENT:?run through scripts/demo.sh}
@@ -67,17 +69,18 @@ for i in "${NODES[@]}"; do
   ip link add eth0 netns "$n" type veth peer name n$i netns ld-fabric
   nsx ld-fabric ip link set n$i master br0 up
   nsx "$n" ip addr add 192.168.0.1$i/24 dev eth0
-  if [ "$UNDERLAY" = ipv4 ]; then
-    # A fabric that carries no IPv6 at all, as in most kubeadm clusters' node networks.
-    nsx "$n" sysctl -qw net.ipv6.conf.eth0.disable_ipv6=1
-    nsx ld-fabric sysctl -qw net.ipv6.conf.n$i.disable_ipv6=1
-  else
-    nsx "$n" ip addr add fd00:fab::$i/64 dev eth0 nodad
-  fi
+  case $UNDERLAY in
+    ipv4-fou)
+      # A fabric that carries no IPv6 at all.
+      nsx "$n" sysctl -qw net.ipv6.conf.eth0.disable_ipv6=1
+      nsx ld-fabric sysctl -qw net.ipv6.conf.n$i.disable_ipv6=1;;
+    ipv4) ;;  # IPv4 addresses only; the links keep the kernel's IPv6 link-local addresses
+    *) nsx "$n" ip addr add fd00:fab::$i/64 dev eth0 nodad;;
+  esac
   nsx "$n" ip link set eth0 up
   # node-1 is the other nodes' way out (IPv4, and IPv6 where the fabric has it).
   [ "$i" = 1 ] || nsx "$n" ip route add default via 192.168.0.11
-  [ "$i" = 1 ] || [ "$UNDERLAY" = ipv4 ] || nsx "$n" ip -6 route add default via fd00:fab::1
+  [ "$i" = 1 ] || [ "$UNDERLAY" != ipv6 ] || nsx "$n" ip -6 route add default via fd00:fab::1
 done
 ip netns add ld-internet
 nsx ld-internet ip link set lo up
@@ -115,7 +118,7 @@ echo_server ld-internet $INTERNET_IP6
 say "agents: one lace-agent per node, standalone mode on examples/cluster"
 mkdir -p "$W/manifests"
 cp "$ROOT"/examples/cluster/*.yaml "$W/manifests/"
-if [ "$UNDERLAY" = ipv4 ]; then
+if [ "$UNDERLAY" != ipv6 ]; then
   # The nodes have IPv4 InternalIPs only: drop the IPv6 ones, allocate again (locators and
   # blocks stay, the underlays change).
   python3 - "$W/manifests/nodes.yaml" <<'PY'
@@ -139,7 +142,7 @@ fi
 "$AGENT" validate --manifests "$W/manifests"
 for i in "${NODES[@]}"; do
   d=$W/node-$i; mkdir -p "$d/bin" "$d/net.d"
-  LACE_LOG=${LACE_LOG:-warn} "$AGENT" run --node-name node-$i --manifests "$W/manifests" \
+  LACE_LOG=${LACE_LOG:-warn,lace::agent::paths=info} "$AGENT" run --node-name node-$i --manifests "$W/manifests" \
     --netns /run/netns/ld-node-$i --state-dir "$d/state" --socket "$d/cni.sock" \
     --cni-bin-dir "$d/bin" --cni-conf-dir "$d/net.d" --cni-bin-source "$CNI" \
     --metrics-addr 127.0.0.1:$((9960 + i)) 2>"$d/agent.log" &
@@ -153,6 +156,25 @@ for i in "${NODES[@]}"; do
     echo "demo: agent of node-$i never became ready" >&2; exit 1; }
   echo "node-$i: agent ready, CNI installed: $(ls "$W/node-$i/bin") + $(ls "$W/node-$i/net.d")"
 done
+if [ "$UNDERLAY" = ipv4 ]; then
+  # The agents find their peers on the bridge, add their link-local underlay addresses, probe
+  # each other and switch each pair from fou to link-local once the peer answers (a second or
+  # two): wait for it, then show what each agent logged and what `lace-agent plan --probe`
+  # (read-only, on the node) says about each peer.
+  for i in "${NODES[@]}"; do
+    for _ in $(seq 150); do
+      [ "$(nsx ld-node-$i ip -6 route show | grep -c '^2001:db8:100:.*/96 via fe80::4c61:6365:')" = 2 ] && break
+      sleep 0.2
+    done
+  done
+  say "underlay ipv4: each pair over IPv6 link-local (the agents' log, lace-agent plan --probe)"
+  for i in "${NODES[@]}"; do
+    sed 's/\x1b\[[0-9;]*m//g' "$W/node-$i/agent.log" | grep -o 'underlay: peer .*' \
+      | sed "s/ node=.*//; s/^/node-$i agent: /" || true
+    "$AGENT" plan --manifests "$W/manifests" --node node-$i --probe --netns /run/netns/ld-node-$i \
+      | sed -n '/^## underlay/,/^$/p' | grep -E '^(peer|addr)' | sed "s/^/node-$i plan: /"
+  done
+fi
 
 # cni VERB ns/name node: exec the plugin as containerd does (per-plugin config on stdin, with
 # the conflist's name and cniVersion), print its stdout.
@@ -269,11 +291,20 @@ done
 
 # ---- underlay and MTU -------------------------------------------------------------------------
 say "underlay $UNDERLAY: how the nodes reach each other, and the pods' MTU"
-# Over IPv6 a pod gets the fabric's 1500 minus SRv6 (64); over IPv4 minus 28 more (IPv4 + UDP).
-want_mtu=$([ "$UNDERLAY" = ipv4 ] && echo 1408 || echo 1436)
+# Over IPv6 (global or link-local) a pod gets the fabric's 1500 minus SRv6 (64); over fou minus
+# 28 more (IPv4 + UDP).
+want_mtu=$([ "$UNDERLAY" = ipv4-fou ] && echo 1408 || echo 1436)
 for i in "${NODES[@]}"; do
   n=ld-node-$i
   if [ "$UNDERLAY" = ipv4 ]; then
+    echo "node-$i: $(nsx "$n" ip -6 addr show dev eth0 | grep -o 'inet6 fe80::4c61:6365:[^ ]*') on eth0 (its link-local underlay address), ip sr tunsrc: $(nsx "$n" ip sr tunsrc show)"
+    echo "node-$i: metrics: $(python3 -c 'import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1]).read().decode())' "http://127.0.0.1:$((9960 + i))/metrics" 2>/dev/null | grep '^lace_underlay_peers{' | tr '\n' ' ')"
+    checks=$((checks + 1))
+    if nsx "$n" ip link show lu-ipv4 >/dev/null 2>&1 || [ "$(nsx "$n" ip -6 route show | grep -c '^2001:db8:100:.*/96 via fe80::4c61:6365:.* dev eth0')" != 2 ]; then
+      echo "  ! node-$i does not reach both peers over link-local" >&2; mismatches=$((mismatches + 1))
+    fi
+  fi
+  if [ "$UNDERLAY" = ipv4-fou ]; then
     echo "node-$i: $(nsx "$n" ip -d link show lu-ipv4 | sed -n '3p' | awk '{$1=$1; print}' | cut -d" " -f1-17)"
     echo "node-$i: ip fou show: $(nsx "$n" ip fou show); ip sr tunsrc: $(nsx "$n" ip sr tunsrc show)"
     nsx "$n" ip -s link show lu-ipv4 | awk '/RX:|TX:/ {getline; printf "  %s packets %s\n", (++k == 1 ? "decapsulated" : "encapsulated"), $2}'
@@ -304,6 +335,18 @@ for i in "${NODES[@]}"; do
 done
 say "node-1: nft list table inet lace"
 nsx ld-node-1 nft list table inet lace
+
+if [ "$UNDERLAY" = ipv4 ]; then
+  # Every change of path since the agents started (a pair that fell back to fou and returned
+  # shows here), and the metrics counting them.
+  say "underlay ipv4: every path change the agents logged"
+  for i in "${NODES[@]}"; do
+    sed 's/\x1b\[[0-9;]*m//g' "$W/node-$i/agent.log" | grep -o '^[^ ]* .*underlay: peer .*' \
+      | sed -E 's/^([^ ]*) .*(underlay: peer .*)/\1 \2/; s/ node=.*//' | sed "s/^/node-$i: /" || true
+    python3 -c 'import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1]).read().decode())' \
+      "http://127.0.0.1:$((9960 + i))/metrics" 2>/dev/null | grep '^lace_underlay_path_changes_total' | sed "s/^/node-$i: /"
+  done
+fi
 
 say "result"
 echo "demo: $((checks - mismatches)) passed, $mismatches failed"

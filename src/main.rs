@@ -49,6 +49,15 @@ enum Command {
         /// Print only the nftables ruleset.
         #[arg(long)]
         nft_only: bool,
+        /// Plan with what this host's kernel shows, as the node's agent does: look at the
+        /// link holding the node's IPv4 InternalIP and probe the peers on its L2 segment
+        /// (reads and probes only, writes nothing), so `## underlay` says which path each
+        /// peer takes now. Run it on the node (or with `--netns`).
+        #[arg(long)]
+        probe: bool,
+        /// With `--probe`: the network namespace standing in for the node (tests, the demo).
+        #[arg(long, requires = "probe")]
+        netns: Option<PathBuf>,
     },
     /// Explain the policies of a directory of manifests: each pod's Network (and the binding
     /// policy that chose it) and every allowed `from -> to` Network pair (and the routing
@@ -152,9 +161,16 @@ fn main() -> Result<()> {
             manifests,
             node,
             nft_only,
+            probe,
+            netns,
         } => {
             let state = load(&manifests)?;
-            let plan = lace::plan::plan(&node, &state, &[])
+            let facts = if probe {
+                probe_underlay(&node, &state, netns)?
+            } else {
+                Default::default()
+            };
+            let plan = lace::plan::plan_with(&node, &state, &facts, &[])
                 .with_context(|| format!("planning node {node:?} from {}", manifests.display()))?;
             let mut text = String::new();
             if !nft_only {
@@ -167,6 +183,26 @@ fn main() -> Result<()> {
         Command::Run(args) => run(*args)?,
     }
     Ok(())
+}
+
+/// One look at the node's uplink and one probe of its peers, as the agent's probe loop makes
+/// (a single answer counts, as in the agent).
+fn probe_underlay(
+    node: &str,
+    state: &lace::state::ClusterState,
+    netns: Option<PathBuf>,
+) -> Result<lace::plan::underlay::UnderlayFacts> {
+    let target = match netns {
+        Some(path) => lace::dataplane::NetnsTarget::Path(path),
+        None => lace::dataplane::NetnsTarget::Current,
+    };
+    let reconciler = lace::dataplane::Reconciler::new(target.clone())
+        .with_context(|| format!("opening {target} to look at its links"))?;
+    let query = lace::agent::paths::query(node, state);
+    let round = reconciler
+        .probe_underlay(query)
+        .with_context(|| format!("probing the link-local underlay from {target}"))?;
+    Ok(lace::agent::paths::Tracker::default().update(&round))
 }
 
 fn run(args: RunArgs) -> Result<()> {

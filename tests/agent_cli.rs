@@ -104,8 +104,8 @@ fn ipv4_only_nodes_are_allocated_and_planned_over_ipv4() {
     assert!(plan.status.success(), "{plan:?}");
     let text = String::from_utf8(plan.stdout).unwrap();
     for want in [
-        "peer node-2 ipv4 via 192.168.0.12",
-        "peer node-3 ipv4 via 192.168.0.13",
+        "peer node-2 fou via 192.168.0.12",
+        "peer node-3 fou via 192.168.0.13",
         "link lu-ipv4 type sit remote any local 192.168.0.11",
         "fou port 6076 ipproto 41",
         "-6 2001:db8:100::2:0:0/96 via ::192.168.0.12 dev lu-ipv4",

@@ -8,7 +8,10 @@ mod common;
 use std::path::PathBuf;
 use std::process::Command;
 
-use lace::plan::plan;
+use std::collections::BTreeSet;
+
+use lace::plan::underlay::UnderlayFacts;
+use lace::plan::{plan, plan_with};
 
 fn golden(name: &str, actual: &str) {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -76,12 +79,33 @@ fn golden_plan_mixed_underlay() {
     golden("mixed-node-3.nft", &node3.render_nft());
 }
 
+/// The mixed cluster's node-3 (IPv4 only) on one L2 segment with the others, as its probes
+/// found it: IPv6 on at its uplink, node-1 answering on its link-local underlay address (the
+/// link-local path), node-2 on-link but not answering yet (fou, with the TCP MSS clamp
+/// towards node-2's pod blocks).
+#[test]
+fn golden_plan_link_local() {
+    let state = common::golden_cluster_mixed();
+    let on: BTreeSet<String> = ["node-1".to_string(), "node-2".to_string()].into();
+    let facts = UnderlayFacts {
+        uplink_ipv6: true,
+        on_link: on,
+        answering: ["node-1".to_string()].into(),
+        answered: ["node-1".to_string()].into(),
+        uplink_mtu: Some(1500),
+    };
+    let node3 = plan_with("node-3", &state, &facts, &[]).expect("plans");
+    golden("linklocal-node-3.plan", &node3.render());
+    golden("linklocal-node-3.nft", &node3.render_nft());
+}
+
 /// Every golden ruleset.
-const GOLDEN_NFT: [&str; 4] = [
+const GOLDEN_NFT: [&str; 5] = [
     "node-1.nft",
     "node-2.nft",
     "mixed-node-1.nft",
     "mixed-node-3.nft",
+    "linklocal-node-3.nft",
 ];
 
 /// `nft -c -f` needs CAP_NET_ADMIN (it validates against the kernel without committing).

@@ -11,8 +11,8 @@ use std::net::Ipv6Addr;
 use common::*;
 use ipnet::IpNet;
 use lace::api::NetworkAllocationSpec;
-use lace::plan::underlay::{PeerPath, IPV4_TUNNEL};
-use lace::plan::{plan, sysctl_device, Family, Nexthop, RouteKey, IFNAME_MAX};
+use lace::plan::underlay::{link_local_address, PeerPath, UnderlayFacts, IPV4_TUNNEL};
+use lace::plan::{plan, plan_with, sysctl_device, Nexthop, RouteKey, Underpath, IFNAME_MAX};
 use lace::state::{ClusterState, PodAttachment};
 use proptest::prelude::*;
 
@@ -141,11 +141,11 @@ proptest! {
         let index: BTreeMap<&str, u32> = s.node_allocations.iter().map(|(k, v)| (k.as_str(), v.index - 1)).collect();
         let mine = s.node_allocations[me].underlay;
         // How the test expects each peer to be reached: the locator route and the encap's family.
-        let path = |node: &str| -> Option<(Nexthop, Family)> {
+        let path = |node: &str| -> Option<(Nexthop, Underpath)> {
             let peer = s.node_allocations[node].underlay;
             match (mine.ipv6, peer.ipv6, mine.ipv4, peer.ipv4) {
-                (Some(_), Some(via), _, _) => Some((Nexthop::Underlay { via }, Family::V6)),
-                (_, _, Some(_), Some(via)) => Some((Nexthop::Ipv4Tunnel { via }, Family::V4)),
+                (Some(_), Some(via), _, _) => Some((Nexthop::Underlay { via }, Underpath::Ipv6)),
+                (_, _, Some(_), Some(via)) => Some((Nexthop::Ipv4Tunnel { via }, Underpath::Fou)),
                 _ => None,
             }
         };
@@ -196,6 +196,55 @@ proptest! {
                 }
             }
         }
+    }
+
+    #[test]
+    fn link_local_replaces_fou_exactly_where_the_facts_say_it_works(
+        c in case(),
+        ipv6 in any::<bool>(),
+        on in prop::collection::vec(any::<bool>(), 4),
+        ans in prop::collection::vec(any::<bool>(), 4),
+    ) {
+        let s = &c.state;
+        let others: Vec<&String> = s.node_allocations.keys().filter(|n| *n != "n0").collect();
+        let pick = |bits: &[bool]| -> BTreeSet<String> {
+            others.iter().zip(bits).filter(|(_, b)| **b).map(|(n, _)| n.to_string()).collect()
+        };
+        let facts = UnderlayFacts { uplink_ipv6: ipv6, on_link: pick(&on), answering: pick(&ans), answered: Default::default(), uplink_mtu: None };
+        let d = plan_with("n0", s, &facts, &c.local).expect("random cluster plans");
+        let without = plan("n0", s, &c.local).expect("plans");
+        let me = s.node_allocations["n0"].underlay;
+        let mut expected_ll = false;
+        for (node, a) in s.node_allocations.iter().filter(|(n, _)| *n != "n0") {
+            let loc = RouteKey { table: lace::plan::MAIN_TABLE, dst: IpNet::V6(a.locator) };
+            let got = (d.base.peers.get(node.as_str()), d.route(&loc));
+            let works = ipv6 && facts.on_link.contains(node) && facts.answering.contains(node);
+            match (me.ipv6.and(a.underlay.ipv6), me.ipv4.and(a.underlay.ipv4)) {
+                (None, Some(v4)) if works => {
+                    let via = link_local_address(a.underlay.ipv4.unwrap());
+                    prop_assert_eq!(got, (Some(&PeerPath::LinkLocal(via)), Some(&Nexthop::LinkLocal { via })));
+                    expected_ll = true;
+                    let _ = v4;
+                }
+                (None, Some(_)) => {
+                    expected_ll |= ipv6 && facts.on_link.contains(node);
+                    prop_assert_eq!(got.0, without.base.peers.get(node.as_str()));
+                }
+                // IPv6 InternalIPs on both, or nothing in common: the facts change nothing.
+                _ => prop_assert_eq!(got, (without.base.peers.get(node.as_str()), without.route(&loc))),
+            }
+        }
+        // The node holds its own link-local address exactly while some pair uses or expects it.
+        prop_assert_eq!(d.base.link_local, me.ipv4.filter(|_| expected_ll).map(link_local_address));
+        // Encapsulation over link-local leaves through the IPv4 uplink, never lu-ipv4.
+        for (_, nh) in d.routes() {
+            if let Nexthop::Seg6Encap { underlay: Underpath::LinkLocal, .. } = nh {
+                prop_assert!(d.base.peers.values().any(|p| matches!(p, PeerPath::LinkLocal(_))));
+            }
+        }
+        // No facts, no link-local: the plan of `plan`.
+        let none = plan_with("n0", s, &UnderlayFacts::default(), &c.local).expect("plans");
+        prop_assert_eq!(none, without);
     }
 
     #[test]

@@ -6,7 +6,7 @@ use common::*;
 use ipnet::IpNet;
 use lace::plan::underlay::{Ipv4Tunnel, PeerPath};
 use lace::plan::{
-    plan, vrf_table, DesiredNode, Family, Nexthop, PlanError, Planner, RouteKey, MAIN_TABLE,
+    plan, vrf_table, DesiredNode, Nexthop, PlanError, Planner, RouteKey, Underpath, MAIN_TABLE,
     PROBE_MARK, PROBE_MARK_MASK, PROBE_TABLE,
 };
 use lace::state::ClusterState;
@@ -21,14 +21,14 @@ fn key(table: u32, dst: &str) -> RouteKey {
 fn encap(segs: &str) -> Nexthop {
     Nexthop::Seg6Encap {
         segs: segs.parse().unwrap(),
-        underlay: Family::V6,
+        underlay: Underpath::Ipv6,
     }
 }
 
 fn encap4(segs: &str) -> Nexthop {
     Nexthop::Seg6Encap {
         segs: segs.parse().unwrap(),
-        underlay: Family::V4,
+        underlay: Underpath::Fou,
     }
 }
 

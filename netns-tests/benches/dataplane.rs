@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use ipnet::{IpNet, Ipv4Net};
 use lace::dataplane::{NetnsTarget, Reconciler, ROUTE_PROTOCOL};
-use lace::plan::{plan, DesiredNode, Family, Nexthop, RouteKey};
+use lace::plan::{plan, DesiredNode, Nexthop, RouteKey, Underpath};
 use lace_netns_tests::cluster::{ipv4_cluster, underlay, TestNetwork};
 use lace_netns_tests::{require_root_and_vrf, Netns};
 
@@ -61,7 +61,7 @@ fn with_routes(base: &DesiredNode, n: u32) -> DesiredNode {
             },
             Nexthop::Seg6Encap {
                 segs: extra_sid(),
-                underlay: Family::V6,
+                underlay: Underpath::Ipv6,
             },
         );
     }

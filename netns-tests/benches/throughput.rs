@@ -4,14 +4,29 @@
 //! interleaved (case 1, 2, 3, 4, case 1, 2, ...) so drift of a shared machine hits all alike.
 //!
 //! Every case is its own world of the same shape: two node namespaces joined by one veth pair
-//! (the fabric, MTU 1500, IPv6 and IPv4 addresses, GRO on as on a NIC), one pod behind each
-//! node, wired the way the CNI wires pods (`/32`, default via `169.254.1.1`). Only the way
-//! node A reaches node B's pod differs:
+//! (the fabric, MTU 1500, IPv6 and IPv4 addresses), one pod behind each node, wired the way the
+//! CNI wires pods (`/32`, default via `169.254.1.1`). The fabric comes in two kinds, and every
+//! case runs on each ([`Fabric`]):
+//!
+//! - `veth`: the veth pair as it comes (TSO on): what the sender's stack hands it, up to 64 kB
+//!   GSO packets, crosses whole, never cut to the MTU on the way. The receiving veth does no
+//!   GRO here (a veth merges only what its peer sent segmented, i.e. with the peer's TSO off),
+//!   so a path that was segmented before the fabric arrives packet by packet;
+//! - `nic`: like two NICs on a wire: TSO off on the fabric veths, so every packet crosses at
+//!   most 1,500 bytes long (the kernel segments in software before the veth), and GRO on, so
+//!   the receiver merges what it can, as a NIC's driver does.
+//!
+//! Only the way node A reaches node B's pod differs:
 //!
 //! - `native`: plain routes over the fabric, no encapsulation (pod MTU 1500);
 //! - `srv6`: Lace's dataplane, programmed by the real reconciler from the real planner's plan
 //!   (VRF, `seg6` encap towards the remote SID, `seg6local End.DT4/DT46` decap, nftables
 //!   policy); pod MTU = 1500 minus Lace's SRv6 overhead (64), as the agent computes it;
+//! - `srv6-ll`: the same with IPv4-only nodes whose fabric link keeps IPv6 on (link-local
+//!   addresses only): SRv6 natively over IPv6 with link-local next hops, as the reconciler
+//!   programs it once the nodes' probes answer (the real probes run); pod MTU 1500 - 64;
+//! - `ll-nonft`: `srv6-ll` with Lace's nftables table deleted after programming (no
+//!   policy, no guard, no conntrack): what Lace's ruleset costs on that path, by difference;
 //! - `srv6-fou`: the same with IPv4-only nodes (IPv6 disabled on the fabric link): the SRv6
 //!   packet rides in UDP over IPv4 through `lu-ipv4`, as the reconciler programs it; pod MTU
 //!   1500 - 64 - 28;
@@ -33,7 +48,8 @@
 //! handle packet by packet from one it handles 64 kB at a time.
 //!
 //! env: LACE_BENCH_SECONDS (default 5) per run, LACE_BENCH_REPEATS (default 3) runs per case,
-//! LACE_BENCH_CASES (default all) a comma-separated list of case names to run.
+//! LACE_BENCH_CASES (default all) a comma-separated list of case names to run,
+//! LACE_BENCH_FABRICS (default `veth,nic`) the fabrics to run them on.
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, Ipv6Addr};
@@ -44,8 +60,8 @@ use std::time::Duration;
 use ipnet::{IpNet, Ipv4Net};
 use lace::agent::SRV6_OVERHEAD;
 use lace::dataplane::{NetnsTarget, Reconciler};
-use lace::plan::plan;
-use lace::plan::underlay::{FOU_PORT, IPV4_FOU_OVERHEAD, IPV4_TUNNEL};
+use lace::plan::underlay::{UnderlayFacts, FOU_PORT, IPV4_FOU_OVERHEAD, IPV4_TUNNEL};
+use lace::plan::{plan, plan_with};
 use lace::state::{ClusterState, ObjectKey, PodAttachment};
 use lace_netns_tests::bed::number_after;
 use lace_netns_tests::cluster::{ipv4_cluster, over_ipv4, underlay, underlay4, TestNetwork};
@@ -59,11 +75,33 @@ const IPERF_PORT: &str = "5201";
 /// The pods' host-side interface, as the CNI would name it.
 const HOST_IF: &str = "lp-bench";
 
+/// What the fabric between the nodes is like.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fabric {
+    /// A veth pair as it comes: GSO packets cross whole.
+    Veth,
+    /// NIC-like: TSO off (packets of at most 1,500 bytes on the wire), GRO on the receiver.
+    Nic,
+}
+
+impl Fabric {
+    const ALL: [Fabric; 2] = [Fabric::Veth, Fabric::Nic];
+
+    fn name(self) -> &'static str {
+        match self {
+            Fabric::Veth => "veth",
+            Fabric::Nic => "nic",
+        }
+    }
+}
+
 /// How node A reaches node B's pod.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Case {
     Native,
     Srv6,
+    Srv6Ll,
+    Srv6LlNoNft,
     Srv6Fou,
     Srv6Sit,
     IpipFou,
@@ -72,9 +110,11 @@ enum Case {
 }
 
 impl Case {
-    const ALL: [Case; 7] = [
+    const ALL: [Case; 9] = [
         Case::Native,
         Case::Srv6,
+        Case::Srv6Ll,
+        Case::Srv6LlNoNft,
         Case::Srv6Fou,
         Case::Srv6Sit,
         Case::IpipFou,
@@ -86,6 +126,8 @@ impl Case {
         match self {
             Case::Native => "native",
             Case::Srv6 => "srv6",
+            Case::Srv6Ll => "srv6-ll",
+            Case::Srv6LlNoNft => "ll-nonft",
             Case::Srv6Fou => "srv6-fou",
             Case::Srv6Sit => "srv6-sit",
             Case::IpipFou => "ipip-fou",
@@ -98,6 +140,8 @@ impl Case {
         match self {
             Case::Native => "routed, no encapsulation",
             Case::Srv6 => "Lace: VRF + seg6 encap over IPv6",
+            Case::Srv6Ll => "Lace, IPv4 nodes: over IPv6 link-local",
+            Case::Srv6LlNoNft => "srv6-ll without Lace's nft table",
             Case::Srv6Fou => "Lace over IPv4: + fou (UDP) in lu-ipv4",
             Case::Srv6Sit => "as srv6-fou, plain 6in4 (by hand)",
             Case::IpipFou => "IPv4 in fou, no SRv6 (by hand)",
@@ -116,7 +160,7 @@ impl Case {
         UNDERLAY_MTU
             - match self {
                 Case::Native => 0,
-                Case::Srv6 => SRV6_OVERHEAD,
+                Case::Srv6 | Case::Srv6Ll | Case::Srv6LlNoNft => SRV6_OVERHEAD,
                 Case::Srv6Fou => SRV6_OVERHEAD + IPV4_FOU_OVERHEAD,
                 // Outer IPv4 only, no UDP.
                 Case::Srv6Sit => SRV6_OVERHEAD + 20,
@@ -132,7 +176,7 @@ impl Case {
     fn counter(self) -> &'static str {
         match self {
             Case::Native => "plain_tcp",
-            Case::Srv6 => "srv6",
+            Case::Srv6 | Case::Srv6Ll | Case::Srv6LlNoNft => "srv6",
             Case::Srv6Fou => "fou",
             Case::Srv6Sit => "sit",
             Case::IpipFou => "ipip_fou",
@@ -162,7 +206,7 @@ table inet observe {{
   chain pre {{
     type filter hook prerouting priority -300; policy accept;
     iifname "eth0" ip6 nexthdr 43 counter name "srv6"
-    iifname "eth0" udp dport {FOU_PORT} counter name "fou"
+    iifname "eth0" meta nfproto ipv4 udp dport {FOU_PORT} counter name "fou"
     iifname "eth0" ip protocol ipv6 counter name "sit"
     iifname "eth0" udp dport {IPIP_FOU_PORT} counter name "ipip_fou"
     iifname "eth0" udp dport 4789 counter name "vxlan"
@@ -186,6 +230,7 @@ fn pod_addr(i: u8) -> Ipv4Addr {
 /// One case's world: node A and B, a pod behind each.
 struct World {
     case: Case,
+    fabric: Fabric,
     nodes: [Netns; 2],
     pods: [Netns; 2],
     /// Keeps the SRv6 case's reconcilers (and their namespace threads) alive while it runs.
@@ -203,16 +248,20 @@ impl Drop for World {
 }
 
 impl World {
-    fn build(case: Case) -> World {
-        let nodes = [1, 2].map(|i| Netns::new(&format!("{}-node{i}", case.name())).unwrap());
-        let pods = [1, 2].map(|i| Netns::new(&format!("{}-pod{i}", case.name())).unwrap());
+    fn build(case: Case, fabric: Fabric) -> World {
+        // Labels are at most 16 characters: the fabric by its initial.
+        let label =
+            |what: &str, i: u8| format!("{}-{}-{what}{i}", &fabric.name()[..1], case.name());
+        let nodes = [1, 2].map(|i| Netns::new(&label("node", i)).unwrap());
+        let pods = [1, 2].map(|i| Netns::new(&label("pod", i)).unwrap());
         veth(&nodes[0], "eth0", &nodes[1], "eth0").unwrap();
-        // A NIC merges what it receives (GRO) by default; a veth only when asked. Cases that
-        // stay one GSO packet across the fabric (native, VXLAN, SRv6 over IPv6) do not need
-        // it; SRv6 over IPv4 is segmented before its sit device (the kernel offloads no
-        // tunnel in a tunnel), so without GRO its receiver would take every segment alone.
-        for n in &nodes {
-            n.exec("ethtool", &["-K", "eth0", "gro", "on"]).unwrap();
+        if fabric == Fabric::Nic {
+            // Packets of at most the MTU on the wire (the stack segments before the veth) and
+            // the receiver merging them again (a veth runs GRO only for a peer with TSO off).
+            for n in &nodes {
+                n.exec("ethtool", &["-K", "eth0", "tso", "off", "gro", "on"])
+                    .unwrap();
+            }
         }
         for (n, i) in nodes.iter().zip([1u8, 2]) {
             n.ip(&format!("link set eth0 mtu {UNDERLAY_MTU}")).unwrap();
@@ -286,6 +335,16 @@ impl World {
                 }
                 route_natively(&nodes, |peer| format!("via 10.99.0.{peer} dev vx0"));
             }
+            Case::Srv6Ll | Case::Srv6LlNoNft => {
+                let mut state = srv6_cluster();
+                over_ipv4(&mut state);
+                reconcilers = link_local(&nodes, &state);
+                if case == Case::Srv6LlNoNft {
+                    for n in &nodes {
+                        n.exec("nft", &["delete", "table", "inet", "lace"]).unwrap();
+                    }
+                }
+            }
             Case::Srv6 | Case::Srv6Fou | Case::Srv6Sit => {
                 let mut state = srv6_cluster();
                 if case.ipv4_only() {
@@ -320,6 +379,7 @@ impl World {
             .unwrap();
         World {
             case,
+            fabric,
             nodes,
             pods,
             _reconcilers: reconcilers,
@@ -426,6 +486,54 @@ impl World {
     }
 }
 
+/// The link-local case: both nodes planned as their agents would once the peer shares their
+/// segment (their link-local underlay addresses added), then probed for real, then planned
+/// with what the probes found: the pair must take the link-local path.
+fn link_local(nodes: &[Netns; 2], state: &ClusterState) -> Vec<Reconciler> {
+    let recs: Vec<Reconciler> = nodes
+        .iter()
+        .map(|n| Reconciler::new(NetnsTarget::Path(n.path())).unwrap())
+        .collect();
+    let name = |i: usize| format!("node{}", i + 1);
+    let apply = |facts: &[UnderlayFacts]| {
+        for (i, rec) in recs.iter().enumerate() {
+            let p = plan_with(&name(i), state, &facts[i], &[attachment(i as u8 + 1)]).unwrap();
+            let report = rec
+                .reconcile(&p)
+                .unwrap_or_else(|e| panic!("reconcile {}: {e}", name(i)));
+            assert!(
+                report.skipped.is_empty(),
+                "{}: {:?}",
+                name(i),
+                report.skipped
+            );
+        }
+    };
+    let mut facts: Vec<UnderlayFacts> = (0..2)
+        .map(|i| UnderlayFacts {
+            uplink_ipv6: true,
+            on_link: [name(1 - i)].into(),
+            answering: Default::default(),
+            answered: Default::default(),
+            uplink_mtu: Some(UNDERLAY_MTU),
+        })
+        .collect();
+    apply(&facts);
+    for (i, rec) in recs.iter().enumerate() {
+        let round = rec
+            .probe_underlay(lace::agent::paths::query(&name(i), state))
+            .unwrap();
+        facts[i] = lace::agent::paths::Tracker::default().update(&round);
+        assert!(
+            facts[i].link_local_works(&name(1 - i)),
+            "{}: the peer's link-local underlay address does not answer: {round:?}",
+            name(i)
+        );
+    }
+    apply(&facts);
+    recs
+}
+
 /// What one iperf3 run measured.
 struct Run {
     /// Received bits per second.
@@ -499,27 +607,32 @@ fn main() {
     let seconds = env_u32("LACE_BENCH_SECONDS", 5);
     let repeats = env_u32("LACE_BENCH_REPEATS", 3);
     let cases = selected_cases();
-    let worlds: Vec<World> = cases.iter().map(|&c| World::build(c)).collect();
+    let fabrics = selected_fabrics();
+    let worlds: Vec<World> = fabrics
+        .iter()
+        .flat_map(|&f| cases.iter().map(move |&c| (c, f)))
+        .map(|(c, f)| World::build(c, f))
+        .collect();
     // Every pod reaches its peer before anything is measured (also warms ARP/ND caches).
     for w in &worlds {
         w.pods[0]
             .exec("ping", &["-c", "2", "-W", "3", &pod_addr(2).to_string()])
             .unwrap_or_else(|e| panic!("{}: pods do not reach each other: {e}", w.case.name()));
     }
-    let mut results: BTreeMap<&str, Vec<Run>> = BTreeMap::new();
+    let mut results: BTreeMap<(&str, &str), Vec<Run>> = BTreeMap::new();
     for rep in 0..repeats {
         for w in &worlds {
-            eprintln!("run {}/{repeats} {:<8} ...", rep + 1, w.case.name());
+            let (f, c) = (w.fabric.name(), w.case.name());
+            eprintln!("run {}/{repeats} {f:<4} {c:<8} ...", rep + 1);
             let run = w.run(seconds);
             eprintln!(
-                "run {}/{repeats} {:<8} {:>9.1} Mbit/s, {} retransmits, {} B/pkt",
+                "run {}/{repeats} {f:<4} {c:<8} {:>9.1} Mbit/s, {} retransmits, {} B/pkt",
                 rep + 1,
-                w.case.name(),
                 run.bps / 1e6,
                 run.retransmits,
                 run.bytes_per_packet
             );
-            results.entry(w.case.name()).or_default().push(run);
+            results.entry((f, c)).or_default().push(run);
         }
     }
     println!(
@@ -531,46 +644,81 @@ fn main() {
         std::thread::available_parallelism().map_or(0, |n| n.get()),
     );
     println!(
-        "| {:<8} | {:<38} | {:>7} | {:<26} | {:>13} | {:>9} | {:>7} | {:>6} |",
-        "case", "path", "pod MTU", "runs Mbit/s", "median Mbit/s", "vs native", "retrans", "B/pkt"
+        "| {:<6} | {:<8} | {:<38} | {:>7} | {:<26} | {:>13} | {:>9} | {:>7} | {:>6} |",
+        "fabric",
+        "case",
+        "path",
+        "pod MTU",
+        "runs Mbit/s",
+        "median Mbit/s",
+        "vs native",
+        "retrans",
+        "B/pkt"
     );
-    println!("|{}|", "-".repeat(144));
-    let median_of = |name: &str| {
+    println!("|{}|", "-".repeat(153));
+    let median_of = |fabric: &str, name: &str| {
         results
-            .get(name)
+            .get(&(fabric, name))
             .map(|runs| median(&runs.iter().map(|r| r.bps).collect::<Vec<_>>()))
     };
-    for case in &cases {
-        let runs = &results[case.name()];
-        let m = median_of(case.name()).unwrap_or_default();
+    for (fabric, case) in fabrics
+        .iter()
+        .flat_map(|f| cases.iter().map(move |c| (f.name(), c)))
+    {
+        let runs = &results[&(fabric, case.name())];
+        let m = median_of(fabric, case.name()).unwrap_or_default();
         let list = runs
             .iter()
             .map(|r| format!("{:.0}", r.bps / 1e6))
             .collect::<Vec<_>>()
             .join(" ");
-        let vs_native = median_of("native").map_or("-".into(), |n| format!("{:.2}x", m / n));
+        let vs_native =
+            median_of(fabric, "native").map_or("-".into(), |n| format!("{:.2}x", m / n));
         let retr: u64 = runs.iter().map(|r| r.retransmits).sum();
         let bytes_per_packet =
             runs.iter().map(|r| r.bytes_per_packet).sum::<u64>() / runs.len() as u64;
         println!(
-            "| {:<8} | {:<38} | {:>7} | {list:<26} | {:>13.1} | {vs_native:>9} | {retr:>7} | {bytes_per_packet:>6} |",
+            "| {fabric:<6} | {:<8} | {:<38} | {:>7} | {list:<26} | {:>13.1} | {vs_native:>9} | {retr:>7} | {bytes_per_packet:>6} |",
             case.name(),
             case.describe(),
             case.pod_mtu(),
             m / 1e6,
         );
     }
-    // Each SRv6 underlay against VXLAN over the same fabric family.
-    for (a, b) in [
-        ("srv6", "vxlan6"),
-        ("srv6-fou", "vxlan4"),
-        ("srv6-sit", "vxlan4"),
-        ("ipip-fou", "vxlan4"),
-    ] {
-        if let (Some(x), Some(y)) = (median_of(a), median_of(b)) {
-            println!("{a} / {b}: {:.2}x (medians)", x / y);
+    // Each SRv6 underlay against VXLAN over the same fabric family, per fabric.
+    for fabric in &fabrics {
+        for (a, b) in [
+            ("srv6", "vxlan6"),
+            ("srv6-ll", "vxlan4"),
+            ("ll-nonft", "vxlan4"),
+            ("srv6-fou", "vxlan4"),
+            ("srv6-sit", "vxlan4"),
+            ("ipip-fou", "vxlan4"),
+        ] {
+            let f = fabric.name();
+            if let (Some(x), Some(y)) = (median_of(f, a), median_of(f, b)) {
+                println!("{f}: {a} / {b}: {:.2}x (medians)", x / y);
+            }
         }
     }
+}
+
+/// The fabrics LACE_BENCH_FABRICS names (both when unset); an unknown name fails the bench.
+fn selected_fabrics() -> Vec<Fabric> {
+    let Ok(list) = std::env::var("LACE_BENCH_FABRICS") else {
+        return Fabric::ALL.to_vec();
+    };
+    list.split(',')
+        .filter(|n| !n.is_empty())
+        .map(|n| {
+            Fabric::ALL
+                .into_iter()
+                .find(|f| f.name() == n)
+                .unwrap_or_else(|| {
+                    panic!("LACE_BENCH_FABRICS: no fabric {n:?}; the fabrics are veth, nic")
+                })
+        })
+        .collect()
 }
 
 /// The cases LACE_BENCH_CASES names (all when unset); an unknown name fails the bench.

@@ -9,9 +9,16 @@
 //! (a /24 and a /64 per node), every pod has an IPv4 and an IPv6 address, and every cell of the
 //! matrix is checked in both families, with ICMP and with TCP.
 //!
-//! The fabric comes in three kinds ([`Fabric`]): IPv6 only (SRv6 natively), IPv4 only with
-//! IPv6 disabled on every fabric link (SRv6 in fou over IPv4, through `lu-ipv4`), and mixed
-//! (nodes 1 and 2 dual-stack, node 3 IPv4 only: the pair 1-2 over IPv6, the others over IPv4).
+//! The fabric comes in four kinds ([`Fabric`]): IPv6 only (SRv6 natively), IPv4 only with
+//! IPv6 disabled on every fabric link (SRv6 in fou over IPv4, through `lu-ipv4`), IPv4
+//! InternalIPs only with the links' IPv6 on (the kernel's default: link-local addresses only;
+//! SRv6 natively with link-local next hops, node 3 with stable-privacy link-locals), and mixed
+//! (two segments and a router: the pair 1-2 over global IPv6, 1-3 over link-local, 2-3 routed
+//! apart over fou).
+//!
+//! Where the plan depends on what a node finds on its links (the link-local path), the tests
+//! run the agent's probe rounds themselves ([`probe_and_apply`]): the real probes
+//! (`Reconciler::probe_underlay`), the agent's [`Tracker`], the planner with those facts.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
@@ -22,10 +29,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+use lace::agent::paths::{self, Tracker, MISSES};
 use lace::api::{NetworkRoutingPolicySpec, NetworkSpec, NodeAllocationSpec, Underlay};
 use lace::dataplane::{NetnsTarget, Reconciler, ROUTE_PROTOCOL};
-use lace::plan::underlay::{self, FOU_PORT, IPV4_TUNNEL};
-use lace::plan::{plan, DesiredNode};
+use lace::plan::underlay::{self, link_local_address, UnderlayFacts, FOU_PORT, IPV4_TUNNEL};
+use lace::plan::{plan, plan_with, DesiredNode};
 use lace::state::{ClusterState, Node, ObjectKey, PodAttachment};
 use lace_netns_tests::bed::number_after;
 use lace_netns_tests::cluster::add_dual_stack_network;
@@ -122,7 +130,14 @@ enum Fabric {
     Ipv6,
     /// IPv4 only, IPv6 disabled on every fabric link: SRv6 in fou over IPv4.
     Ipv4,
-    /// Nodes 1 and 2 dual-stack, node 3 IPv4 only (IPv6 disabled on its links).
+    /// IPv4 InternalIPs only, IPv6 on at every fabric link (link-local addresses only): the
+    /// link-local path. Node 3's link-locals are stable-privacy (`addr_gen_mode` 3).
+    LinkLocal,
+    /// Two segments: A (`br0`: node 1's `eth0`, node 3, the rogue; IPv4 `192.168.0.0/24`, IPv6
+    /// link-local only) and B (`br1`: node 1's `eth1`, node 2; IPv6 `2001:db8:ff::/64`, node
+    /// 2's IPv4 `192.168.1.0/24`), and a router between them for IPv4. Node 1 has its IPv4
+    /// InternalIP on A and its IPv6 one on B, node 2 both on B, node 3 only IPv4 on A: the pair
+    /// 1-2 goes over global IPv6, 1-3 over link-local, 2-3 routed apart over fou.
     Mixed,
 }
 
@@ -131,7 +146,7 @@ impl Fabric {
     fn v6(self, i: u32) -> bool {
         match self {
             Fabric::Ipv6 => true,
-            Fabric::Ipv4 => false,
+            Fabric::Ipv4 | Fabric::LinkLocal => false,
             Fabric::Mixed => i != 3,
         }
     }
@@ -139,6 +154,46 @@ impl Fabric {
     /// Whether node `i` has an IPv4 InternalIP on the fabric.
     fn v4(self, _i: u32) -> bool {
         self != Fabric::Ipv6
+    }
+
+    /// Whether IPv6 is on at node `i`'s fabric links.
+    fn ipv6_on(self, _i: u32) -> bool {
+        self != Fabric::Ipv4
+    }
+
+    /// The segment node `i`'s IPv4 InternalIP is on (0: A, `192.168.0.0/24`; 1: B).
+    fn segment4(self, i: u32) -> u8 {
+        u8::from(self == Fabric::Mixed && i == 2)
+    }
+
+    /// Node `i`'s IPv4 InternalIP.
+    fn addr4(self, i: u32) -> Ipv4Addr {
+        Ipv4Addr::new(192, 168, self.segment4(i), i as u8)
+    }
+
+    /// The facts the agent of node `i` is expected to find once its probes are answered: IPv6
+    /// on at its uplink, the peers on its IPv4 segment answering.
+    fn expected_facts(self, i: u32) -> UnderlayFacts {
+        let peers: std::collections::BTreeSet<String> = NODES
+            .iter()
+            .filter(|&&j| j != i && self.v4(j) && self.segment4(j) == self.segment4(i))
+            .map(|&j| node_label(j))
+            .collect();
+        UnderlayFacts {
+            uplink_ipv6: self.ipv6_on(i) && self.v4(i),
+            on_link: peers.clone(),
+            answering: if self.ipv6_on(i) {
+                peers.clone()
+            } else {
+                Default::default()
+            },
+            answered: if self.ipv6_on(i) {
+                peers
+            } else {
+                Default::default()
+            },
+            uplink_mtu: Some(1500),
+        }
     }
 }
 
@@ -208,7 +263,7 @@ fn cluster(with_tenant: bool, fabric: Fabric) -> ClusterState {
     }
     for i in NODES {
         let ul = Underlay {
-            ipv4: fabric.v4(i).then(|| underlay4(i)),
+            ipv4: fabric.v4(i).then(|| fabric.addr4(i)),
             ipv6: fabric.v6(i).then(|| underlay(i)),
         };
         s.nodes.insert(
@@ -261,6 +316,62 @@ fn plans(with_tenant: bool, fabric: Fabric) -> Vec<DesiredNode> {
         .collect()
 }
 
+/// The plans of every node with `facts` (per node, in [`NODES`] order).
+fn plans_with(with_tenant: bool, fabric: Fabric, facts: &[UnderlayFacts]) -> Vec<DesiredNode> {
+    let state = cluster(with_tenant, fabric);
+    NODES
+        .iter()
+        .zip(facts)
+        .map(|(&i, f)| plan_with(&node_label(i), &state, f, &attachments(i, with_tenant)).unwrap())
+        .collect()
+}
+
+/// The agent's probe loop for every node, one round at a time: probe (the real probes of
+/// `Reconciler::probe_underlay`), update the node's [`Tracker`], and when some node's facts
+/// changed (or in the first round) plan with the facts and apply; until the facts are `want`
+/// (panics after `rounds` rounds). Returns the last plans.
+fn probe_and_apply(
+    recs: &[Reconciler],
+    fabric: Fabric,
+    trackers: &mut [Tracker],
+    facts: &mut [UnderlayFacts],
+    rounds: usize,
+    want: impl Fn(&[UnderlayFacts]) -> bool,
+) -> Vec<DesiredNode> {
+    let state = cluster(true, fabric);
+    let mut plans = plans_with(true, fabric, facts);
+    for round in 0..rounds {
+        let mut changed = round == 0;
+        for (k, &i) in NODES.iter().enumerate() {
+            let q = paths::query(&node_label(i), &state);
+            let found = recs[k]
+                .probe_underlay(q)
+                .unwrap_or_else(|e| panic!("node{i}: probing: {e}"));
+            let new = trackers[k].update(&found);
+            changed |= new != facts[k];
+            facts[k] = new;
+        }
+        if changed {
+            plans = plans_with(true, fabric, facts);
+            apply_all(recs, &plans);
+        }
+        if want(facts) {
+            return plans;
+        }
+    }
+    panic!("the probes did not find what the test expects after {rounds} rounds: {facts:#?}");
+}
+
+/// Each node's facts as `fabric` is expected to give them once every probe is answered.
+fn as_expected(fabric: Fabric) -> impl Fn(&[UnderlayFacts]) -> bool {
+    move |facts| {
+        NODES
+            .iter()
+            .zip(facts)
+            .all(|(&i, f)| *f == fabric.expected_facts(i))
+    }
+}
+
 struct World {
     topo: Topology,
 }
@@ -276,7 +387,7 @@ impl World {
 
     fn build(fabric: Fabric) -> World {
         let mut topo = Topology::new();
-        for l in ["fabric", "internet", "rogue"] {
+        for l in ["fabric", "internet", "rogue", "router"] {
             topo.add(l).unwrap();
         }
         for i in NODES {
@@ -288,24 +399,41 @@ impl World {
         let w = World { topo };
         let kind = fabric;
         let fabric = w.ns("fabric");
-        fabric.ip("link add br0 type bridge").unwrap();
-        fabric.ip("link set br0 up").unwrap();
+        for br in ["br0", "br1"] {
+            fabric.ip(&format!("link add {br} type bridge")).unwrap();
+            fabric.ip(&format!("link set {br} up")).unwrap();
+        }
         let mut on_fabric: Vec<(String, u16)> =
             NODES.iter().map(|&i| (node_label(i), i as u16)).collect();
         on_fabric.push(("rogue".into(), ROGUE));
         for (label, host) in &on_fabric {
             let port = format!("fab-{label}");
             w.topo.link((label, "eth0"), ("fabric", &port)).unwrap();
-            fabric.ip(&format!("link set {port} master br0")).unwrap();
             let ns = w.ns(label);
             // The rogue host has what the nodes have (both in the mixed fabric).
             let i = if *host == ROGUE { 2 } else { u32::from(*host) };
-            if kind.v6(i) {
+            let segment = if *host == ROGUE { 0 } else { kind.segment4(i) };
+            fabric
+                .ip(&format!("link set {port} master br{segment}"))
+                .unwrap();
+            if kind == Fabric::LinkLocal {
+                // Like a NIC: the stack cuts GSO packets to the MTU before the link, so the
+                // capture sees what a wire would carry.
+                ns.exec("ethtool", &["-K", "eth0", "tso", "off"]).unwrap();
+            }
+            if kind == Fabric::LinkLocal && *host == 3 {
+                // Stable-privacy link-locals (a random secret), as NetworkManager hosts have:
+                // regenerated on the next up.
+                ns.sysctl("net.ipv6.conf.eth0.addr_gen_mode", "3").unwrap();
+                ns.ip("link set eth0 down").unwrap();
+                ns.ip("link set eth0 up").unwrap();
+            }
+            if kind.v6(i) && !(kind == Fabric::Mixed && i == 1) {
                 ns.ip(&format!(
                     "-6 addr add 2001:db8:ff::{host:x}/64 dev eth0 nodad"
                 ))
                 .unwrap();
-            } else {
+            } else if !kind.ipv6_on(i) {
                 // A fabric link that carries no IPv6 at all, on both of its ends.
                 ns.sysctl("net.ipv6.conf.eth0.disable_ipv6", "1").unwrap();
                 fabric
@@ -313,9 +441,43 @@ impl World {
                     .unwrap();
             }
             if kind.v4(i) {
-                ns.ip(&format!("addr add 192.168.0.{host}/24 dev eth0"))
+                let a = if *host == ROGUE {
+                    Ipv4Addr::new(192, 168, 0, ROGUE as u8)
+                } else {
+                    kind.addr4(i)
+                };
+                ns.ip(&format!("addr add {a}/24 dev eth0")).unwrap();
+            }
+        }
+        if kind == Fabric::Mixed {
+            // Node 1's second link, on segment B: its IPv6 InternalIP.
+            w.topo
+                .link(("node1", "eth1"), ("fabric", "fab-node1-b"))
+                .unwrap();
+            fabric.ip("link set fab-node1-b master br1").unwrap();
+            w.node(1)
+                .ip(&format!("-6 addr add {}/64 dev eth1 nodad", underlay(1)))
+                .unwrap();
+            // The router between the segments (IPv4).
+            let r = w.ns("router");
+            for (leg, br, addr) in [
+                ("rtr-a", "br0", "192.168.0.254"),
+                ("rtr-b", "br1", "192.168.1.254"),
+            ] {
+                let port = format!("fab-rtr-{leg}");
+                w.topo.link(("router", leg), ("fabric", &port)).unwrap();
+                fabric.ip(&format!("link set {port} master {br}")).unwrap();
+                r.ip(&format!("addr add {addr}/24 dev {leg}")).unwrap();
+            }
+            r.sysctl("net.ipv4.ip_forward", "1").unwrap();
+            for (i, via) in [(1, "192.168.0.254"), (3, "192.168.0.254")] {
+                w.node(i)
+                    .ip(&format!("route add 192.168.1.0/24 via {via}"))
                     .unwrap();
             }
+            w.node(2)
+                .ip("route add 192.168.0.0/24 via 192.168.1.254")
+                .unwrap();
         }
         if kind == Fabric::Ipv4 {
             fabric
@@ -350,7 +512,7 @@ impl World {
             }
             // An observer that is not Lace's: counts SRv6 packets (IPv6 + routing header)
             // and SRv6 in fou (UDP to Lace's port) arriving from the fabric.
-            n.exec_stdin("nft", &["-f", "-"], &format!("table inet observe {{\n counter srv6 {{}}\n counter fou {{}}\n chain pre {{\n  type filter hook prerouting priority -300; policy accept;\n  iifname \"eth0\" ip6 nexthdr 43 counter name \"srv6\"\n  iifname \"eth0\" udp dport {FOU_PORT} counter name \"fou\"\n }}\n}}\n"))
+            n.exec_stdin("nft", &["-f", "-"], &format!("table inet observe {{\n counter srv6 {{}}\n counter fou {{}}\n chain pre {{\n  type filter hook prerouting priority -300; policy accept;\n  iifname \"eth0\" ip6 nexthdr 43 counter name \"srv6\"\n  iifname \"eth0\" meta nfproto ipv4 udp dport {FOU_PORT} counter name \"fou\"\n }}\n}}\n"))
                 .unwrap();
         }
         let inet = w.ns("internet");
@@ -367,7 +529,7 @@ impl World {
             let (node, pod) = (w.node(p.node), w.ns(p.label));
             attach_pod(node, &host_if(p), pod, p.addr).unwrap();
             add_pod_v6(node, &host_if(p), pod, p.addr6).unwrap();
-            let mtu = pod_mtu(&state, p.node);
+            let mtu = pod_mtu(&state, kind, p.node);
             node.ip(&format!("link set {} mtu {mtu}", host_if(p)))
                 .unwrap();
             pod.ip(&format!("link set eth0 mtu {mtu}")).unwrap();
@@ -469,13 +631,13 @@ impl World {
     }
 }
 
-/// The pod MTU of node `i` in `state`, from the paths its plan uses (the agent's function),
-/// on a fabric of MTU 1500.
-fn pod_mtu(state: &ClusterState, i: u32) -> u32 {
-    let p = plan(&node_label(i), state, &[]).unwrap();
+/// The pod MTU of node `i` in `state`, from the paths its plan is expected to use once its
+/// probes are answered (the agent's function), on a fabric of MTU 1500.
+fn pod_mtu(state: &ClusterState, fabric: Fabric, i: u32) -> u32 {
+    let p = plan_with(&node_label(i), state, &fabric.expected_facts(i), &[]).unwrap();
     underlay::pod_mtu(
         &p.base.underlay,
-        p.base.peers.values(),
+        p.base.expected_paths().iter(),
         Some(1500),
         Some(1500),
     )
@@ -1081,7 +1243,7 @@ fn dataplane_ipv4_fabric_srv6_in_fou_matrix_capture_guard_restart() {
     // Capture on node 2: pod packets of exactly the pod MTU arrive as IPv4 + UDP to Lace's
     // port + IPv6 with a routing header (SRH), 1500 bytes on the wire, DF set, no fragment;
     // no pod address ever appears outside the tunnel.
-    let mtu = pod_mtu(&cluster(true, Fabric::Ipv4), 1);
+    let mtu = pod_mtu(&cluster(true, Fabric::Ipv4), Fabric::Ipv4, 1);
     assert_eq!(mtu, 1500 - 64 - 28);
     let (a, b) = (pod_by("p1-system"), pod_by("p2-system"));
     let dir = tempfile::tempdir().unwrap();
@@ -1247,28 +1409,66 @@ fn dataplane_ipv4_fabric_srv6_in_fou_matrix_capture_guard_restart() {
 }
 
 #[test]
-fn dataplane_mixed_underlay_ipv6_pair_and_ipv4_pairs() {
+fn dataplane_mixed_underlay_global_ipv6_link_local_and_routed_fou() {
     require_root_and_vrf();
-    let w = World::build(Fabric::Mixed);
+    let kind = Fabric::Mixed;
+    let w = World::build(kind);
     let recs = reconcilers(&w);
-    apply_all(&recs, &plans(true, Fabric::Mixed));
+    let mut trackers = vec![Tracker::default(); NODES.len()];
+    let mut facts = vec![UnderlayFacts::default(); NODES.len()];
+    let plans = probe_and_apply(&recs, kind, &mut trackers, &mut facts, 6, as_expected(kind));
     let _servers = w.servers();
 
-    // Node 1 and node 2 reach each other over IPv6, node 3 over IPv4; node 3 has nothing but
-    // the tunnel, node 1 both.
-    let routes1 = shown(&w, 1, "-6 route show");
-    assert!(
-        routes1.contains(&format!("{} via {} dev eth0", locator(2), underlay(2))),
-        "{routes1}"
-    );
-    assert!(
-        routes1.contains(&format!(
-            "{} via ::{} dev {IPV4_TUNNEL}",
-            locator(3),
-            underlay4(3)
-        )),
-        "{routes1}"
-    );
+    // Each pair's path, as each node planned it and routes it.
+    let ll = |i: u32| link_local_address(kind.addr4(i));
+    for (k, &i) in NODES.iter().enumerate() {
+        assert_eq!(facts[k], kind.expected_facts(i), "node{i}'s probes");
+    }
+    let kinds = |k: usize| -> Vec<(String, &'static str)> {
+        plans[k]
+            .base
+            .peers
+            .iter()
+            .map(|(n, p)| (n.clone(), p.kind()))
+            .collect()
+    };
+    fn want(pairs: [(&str, &'static str); 2]) -> Vec<(String, &'static str)> {
+        pairs.map(|(n, k)| (n.to_string(), k)).to_vec()
+    }
+    assert_eq!(kinds(0), want([("node2", "ipv6"), ("node3", "link-local")]));
+    assert_eq!(kinds(1), want([("node1", "ipv6"), ("node3", "fou")]));
+    assert_eq!(kinds(2), want([("node1", "link-local"), ("node2", "fou")]));
+    for (i, needles) in [
+        (
+            1,
+            vec![
+                format!("{} via {} dev eth1", locator(2), underlay(2)),
+                format!("{} via {} dev eth0", locator(3), ll(3)),
+            ],
+        ),
+        (
+            2,
+            vec![
+                format!("{} via {} dev eth0", locator(1), underlay(1)),
+                format!("{} via ::{} dev {IPV4_TUNNEL}", locator(3), kind.addr4(3)),
+            ],
+        ),
+        (
+            3,
+            vec![
+                format!("{} via {} dev eth0", locator(1), ll(1)),
+                format!("{} via ::{} dev {IPV4_TUNNEL}", locator(2), kind.addr4(2)),
+            ],
+        ),
+    ] {
+        let routes = shown(&w, i, "-6 route show");
+        for n in needles {
+            assert!(routes.contains(&n), "node{i}: no {n:?} in\n{routes}");
+        }
+    }
+    // Node 1 needs no fou device (no peer on fou); node 3 encapsulates from its locator's
+    // address, node 1 from its IPv6 InternalIP on every path.
+    assert!(!shown(&w, 1, "link show").contains(IPV4_TUNNEL));
     let tunsrc3 = w.node(3).exec("ip", &["sr", "tunsrc", "show"]).unwrap();
     assert!(
         tunsrc3.contains(&locator_address(3).to_string()),
@@ -1286,34 +1486,47 @@ fn dataplane_mixed_underlay_ipv6_pair_and_ipv4_pairs() {
         w.diagnose(3, "p3-system")
     );
 
-    // Which path each pair took, as node 2 saw it arrive.
-    let to = pod_by("p2-system");
-    for (from, native, fou) in [("p1-system", true, false), ("p3-system", false, true)] {
+    // Which path each pair took, as the receiving node saw it arrive: 1 -> 2 natively
+    // (global IPv6), 3 -> 2 in fou (through the router), 1 -> 3 natively (link-local).
+    for (from, to, native, fou) in [
+        ("p1-system", 2, true, false),
+        ("p3-system", 2, false, true),
+        ("p1-system", 3, true, false),
+    ] {
+        let to_pod = if to == 2 { "p2-system" } else { "p3-system" };
         for f in FAMILIES {
-            let (n0, f0) = (w.srv6_in(2), w.fou_in(2));
+            let (n0, f0) = (w.srv6_in(to), w.fou_in(to));
             assert!(
-                w.ping(from, to.ip(f), PATIENT),
-                "{from} -> p2-system ({f:?})"
+                w.ping(from, pod_by(to_pod).ip(f), PATIENT),
+                "{from} -> {to_pod} ({f:?})"
             );
             assert_eq!(
-                w.srv6_in(2) > n0,
+                w.srv6_in(to) > n0,
                 native,
-                "{from} ({f:?}): native SRv6 on node 2"
+                "{from} -> node{to} ({f:?}): native SRv6"
             );
             assert_eq!(
-                w.fou_in(2) > f0,
+                w.fou_in(to) > f0,
                 fou,
-                "{from} ({f:?}): SRv6 in fou on node 2"
+                "{from} -> node{to} ({f:?}): SRv6 in fou"
             );
         }
     }
-    // Every pod fits the smallest path of its node: node 1 and 2 have an IPv4 peer too.
-    let state = cluster(true, Fabric::Mixed);
-    for i in NODES {
-        assert_eq!(pod_mtu(&state, i), 1408, "node{i}");
+    // Every pod fits the smallest path of its node: node 1 has no fou pair (1436), nodes 2
+    // and 3 have one (1408); a DF ping of exactly the pod MTU goes through on each path.
+    let state = cluster(true, kind);
+    for (i, mtu) in [(1, 1436), (2, 1408), (3, 1408)] {
+        assert_eq!(pod_mtu(&state, kind, i), mtu, "node{i}");
     }
-    let big = (1408 - 28).to_string();
-    for from in ["p1-system", "p3-system"] {
+    // A packet's path MTU is the smaller of its two pods' (the receiving veth has the
+    // receiving pod's): 1408 across each pair here.
+    for (from, to) in [
+        ("p1-system", "p2-system"),
+        ("p1-system", "p3-system"),
+        ("p3-system", "p2-system"),
+        ("p3-system", "p1-system"),
+    ] {
+        let big = (1408 - 28).to_string();
         w.ns(from)
             .exec(
                 "ping",
@@ -1326,10 +1539,243 @@ fn dataplane_mixed_underlay_ipv6_pair_and_ipv4_pairs() {
                     "do",
                     "-s",
                     &big,
-                    &to.addr.to_string(),
+                    &pod_by(to).addr.to_string(),
                 ],
             )
-            .unwrap_or_else(|e| panic!("{from}: DF ping at the pod MTU: {e}"));
+            .unwrap_or_else(|e| panic!("{from} -> {to}: DF ping at the path MTU 1408: {e}"));
     }
-    assert_eq!(apply_all(&recs, &plans(true, Fabric::Mixed)), 0);
+    assert_eq!(apply_all(&recs, &plans), 0, "re-apply must not write");
+}
+
+#[test]
+fn dataplane_link_local_fabric_matrix_capture_guard_fallback() {
+    require_root_and_vrf();
+    let kind = Fabric::LinkLocal;
+    let w = World::build(kind);
+    let recs = reconcilers(&w);
+    let mut trackers = vec![Tracker::default(); NODES.len()];
+    let mut facts = vec![UnderlayFacts::default(); NODES.len()];
+    let plans = probe_and_apply(&recs, kind, &mut trackers, &mut facts, 6, as_expected(kind));
+    let servers = w.servers();
+
+    // Every pair over link-local, on the kernel's link-locals of any kind: node 3's own is
+    // stable-privacy (no EUI-64 `ff:fe` in it), Lace's derived one sits beside it.
+    let eth0_3 = shown(&w, 3, "-6 addr show dev eth0");
+    let kernel_ll: Vec<&str> = eth0_3
+        .lines()
+        .filter(|l| l.contains("inet6 fe80::") && !l.contains("fe80::4c61:6365:"))
+        .collect();
+    assert!(
+        !kernel_ll.is_empty() && kernel_ll.iter().all(|l| !l.contains("ff:fe")),
+        "node3's link-local is not stable-privacy:\n{eth0_3}"
+    );
+    for (k, &i) in NODES.iter().enumerate() {
+        assert_eq!(facts[k], kind.expected_facts(i), "node{i}'s probes");
+        assert!(
+            shown(&w, i, "-6 addr show dev eth0")
+                .contains(&format!("{}/64", link_local_address(underlay4(i)))),
+            "node{i} holds its link-local underlay address"
+        );
+        assert!(
+            !shown(&w, i, "link show").contains(IPV4_TUNNEL),
+            "node{i}: no fou device"
+        );
+        let routes = shown(&w, i, "-6 route show");
+        for j in NODES.iter().filter(|&&j| j != i) {
+            assert_eq!(plans[k].base.peers[&node_label(*j)].kind(), "link-local");
+            let want = format!(
+                "{} via {} dev eth0",
+                locator(*j),
+                link_local_address(underlay4(*j))
+            );
+            assert!(routes.contains(&want), "node{i}: no {want:?} in\n{routes}");
+        }
+    }
+
+    // The matrix in both families; cross-node traffic arrives natively as SRv6.
+    matrix_each_family(&w, World::srv6_in, "SRv6 over link-local");
+    assert_eq!(w.fou_in(2), 0, "fou on a segment where link-local works");
+
+    // Capture on node 2: pod packets of exactly the pod MTU (1500 - 64) arrive as IPv6 + SRH
+    // of 1500 bytes, from node 1's tunnel source to node 2's locator; no IPv4 between the
+    // nodes, no fragment, nothing above the fabric MTU, no pod address outside the tunnel.
+    let mtu = pod_mtu(&cluster(true, kind), kind, 1);
+    assert_eq!(mtu, 1500 - 64);
+    let (a, b) = (pod_by("p1-system"), pod_by("p2-system"));
+    let dir = tempfile::tempdir().unwrap();
+    let pcap = dir.path().join("node2-eth0.pcap");
+    capture(w.node(2), &pcap, || {
+        for (addr, payload) in [
+            (b.ip(Family::V4), mtu - 20 - 8),
+            (b.ip(Family::V6), mtu - 40 - 8),
+        ] {
+            let size = payload.to_string();
+            w.ns(a.label)
+                .exec(
+                    "ping",
+                    &[
+                        "-c",
+                        "3",
+                        "-W",
+                        "3",
+                        "-M",
+                        "do",
+                        "-s",
+                        &size,
+                        &addr.to_string(),
+                    ],
+                )
+                .unwrap_or_else(|e| panic!("DF ping of {mtu} bytes to {addr}: {e}"));
+        }
+        bulk(&w, a.label, b.label, b.ip(Family::V4), 1 << 20);
+        bulk(&w, a.label, b.label, b.ip(Family::V6), 1 << 20);
+    });
+    let srv6 = format!(
+        "ip6 src {} and ip6 dst net {} and ip6[6] == 43",
+        locator_address(1),
+        locator(2)
+    );
+    let full = format!("{srv6} and ip6[4:2] == 1460");
+    let (all_in, full_size) = (count(&pcap, &srv6), count(&pcap, &full));
+    assert!(
+        full_size >= 6,
+        "only {full_size} full-size SRv6 packets of {all_in}; the largest:\n{}",
+        sample(&pcap, &format!("{srv6} and greater 1400"))
+    );
+    assert!(all_in > 500, "{all_in} SRv6 packets for 2 MiB");
+    assert_eq!(
+        count(&pcap, "ip"),
+        0,
+        "IPv4 between the nodes:\n{}",
+        sample(&pcap, "ip")
+    );
+    assert_eq!(
+        count(&pcap, "ip6[6] == 44"),
+        0,
+        "IPv6 fragments on the fabric"
+    );
+    assert_eq!(
+        count(&pcap, "greater 1515"),
+        0,
+        "frames above the fabric MTU"
+    );
+    assert_eq!(
+        count(&pcap, "net 10.0.0.0/8 or net fd00::/8"),
+        0,
+        "pod traffic outside the tunnel"
+    );
+
+    // A rogue host on the same bridge, IPv6 on like the nodes', routes node 1's locator via
+    // node 1's link-local underlay address and encapsulates towards its system SID from an
+    // address of its own: nothing gets into the VRF, the guard counts it.
+    let target = pod_by("p1-system").addr.to_string();
+    let rogue = w.ns("rogue");
+    rogue.ip("addr add 10.9.9.9/32 dev lo").unwrap();
+    rogue.ip("-6 addr add 2001:db8:99::99/128 dev lo").unwrap();
+    rogue
+        .exec("ip", &["sr", "tunsrc", "set", "2001:db8:99::99"])
+        .unwrap();
+    rogue
+        .ip(&format!(
+            "-6 route add {} via {} dev eth0",
+            locator(1),
+            link_local_address(underlay4(1))
+        ))
+        .unwrap();
+    rogue
+        .ip(&format!(
+            "route add {target}/32 encap seg6 mode encap segs {} dev eth0",
+            sid(1, 2)
+        ))
+        .unwrap();
+    let before = w.guard_drops(1);
+    match rogue.exec("ping", &["-c", "2", "-W", "2", "-I", "10.9.9.9", &target]) {
+        Ok(out) => panic!("the rogue reached {target} over link-local: {out}"),
+        Err(e) => assert!(
+            e.to_string().contains("2 packets transmitted, 0 received"),
+            "{e}"
+        ),
+    }
+    assert!(
+        w.guard_drops(1) >= before + 2,
+        "the guard must count the rogue's SRv6 over link-local"
+    );
+
+    // Re-applying writes nothing.
+    let events = monitored(w.node(1), || assert_eq!(apply_all(&recs, &plans), 0));
+    assert!(
+        events.trim().is_empty(),
+        "re-apply changed the kernel:\n{events}"
+    );
+
+    // IPv6 switched off on node 2's uplink: its pairs fall back to fou (node 2 at once, its
+    // peers after their probes go unanswered), the pair 1-3 stays on link-local, and traffic
+    // keeps flowing, bulk TCP too: the pods keep MTU 1436, the MSS clamp fits their segments
+    // to fou's 1408.
+    w.node(2)
+        .sysctl("net.ipv6.conf.eth0.disable_ipv6", "1")
+        .unwrap();
+    let plans = probe_and_apply(
+        &recs,
+        kind,
+        &mut trackers,
+        &mut facts,
+        MISSES as usize + 3,
+        |f| {
+            !f[1].uplink_ipv6
+                && !f[0].answering.contains("node2")
+                && !f[2].answering.contains("node2")
+        },
+    );
+    assert!(!facts[1].uplink_ipv6);
+    for (k, i) in [(0, 1), (2, 3)] {
+        assert_eq!(
+            plans[k].base.peers["node2"].kind(),
+            "fou",
+            "node{i} -> node2"
+        );
+        let routes = shown(&w, i, "-6 route show");
+        let want = format!("{} via ::{} dev {IPV4_TUNNEL}", locator(2), underlay4(2));
+        assert!(routes.contains(&want), "node{i}: no {want:?} in\n{routes}");
+    }
+    assert_eq!(plans[0].base.peers["node3"].kind(), "link-local");
+    assert!(plans[1].base.peers.values().all(|p| p.kind() == "fou"));
+    let f0 = w.fou_in(2);
+    let pair: Vec<&PodSpec> = ["p1-system", "p2-system", "p3-system"].map(pod_by).to_vec();
+    let wrong = matrix(&w, &pair, &FAMILIES);
+    assert!(
+        wrong.is_empty(),
+        "after the fallback:\n{}",
+        wrong.join("\n")
+    );
+    assert!(w.fou_in(2) > f0, "traffic to node 2 must arrive in fou now");
+    bulk(&w, a.label, b.label, b.ip(Family::V4), 1 << 20);
+    bulk(&w, b.label, a.label, a.ip(Family::V6), 1 << 20);
+
+    // IPv6 back on: the pairs return to link-local.
+    w.node(2)
+        .sysctl("net.ipv6.conf.eth0.disable_ipv6", "0")
+        .unwrap();
+    let plans = probe_and_apply(&recs, kind, &mut trackers, &mut facts, 6, as_expected(kind));
+    for p in &plans {
+        assert!(
+            p.base.peers.values().all(|p| p.kind() == "link-local"),
+            "{}: {:?}",
+            p.node,
+            p.base.peers
+        );
+    }
+    let n0 = w.srv6_in(2);
+    assert!(w.ping("p1-system", b.ip(Family::V6), PATIENT));
+    assert!(w.srv6_in(2) > n0);
+
+    // Teardown takes Lace's link-local address and leaves the kernel's.
+    drop(servers);
+    recs[0].teardown_all().unwrap();
+    let eth0 = shown(&w, 1, "-6 addr show dev eth0");
+    assert!(!eth0.contains("fe80::4c61:6365:"), "{eth0}");
+    assert!(
+        eth0.contains("inet6 fe80::"),
+        "the kernel's own link-local went too:\n{eth0}"
+    );
 }

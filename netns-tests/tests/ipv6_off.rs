@@ -17,6 +17,12 @@
 //! no IPv6 way out). Then: the pods' MTU is that of the fou path, every node carried the
 //! traffic through `lu-ipv4`, only Lace's devices have IPv6 on, and switching IPv6 off again on
 //! a VRF, on `lu-ipv4` and on a pod's veth is undone by the agent while traffic resumes.
+//!
+//! The hosts of node-1 and node-2 enable IPv6 on their uplink (`eth0`) themselves, as an admin
+//! of such a host may: their agents find each other on the bridge and take the link-local
+//! path between them (every pair with node-3 stays on fou), each saying so in its log, its
+//! metrics and `lace-agent plan --probe`. At the end node-2's uplink loses IPv6 again: the pair
+//! falls back to fou on both sides and traffic keeps flowing.
 
 mod cni_bed;
 
@@ -47,6 +53,13 @@ const INTERNET: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 254);
 const FOU_POD_MTU: u32 = 1408;
 /// Name prefixes of the devices Lace owns: VRFs, underlay devices, pod veths (host side).
 const LACE_PREFIXES: [&str; 3] = ["lv-", "lu-", "lp-"];
+/// The nodes whose host enables IPv6 on its uplink (`eth0`): the link-local pair.
+const UPLINK_IPV6: [u32; 2] = [1, 2];
+
+/// Node `i`'s link-local underlay address (`fe80::4c61:6365:<IPv4 InternalIP>`).
+fn link_local(i: u32) -> String {
+    lace::plan::underlay::link_local_address(node_ip(i)).to_string()
+}
 
 fn node_label(i: u32) -> String {
     format!("node{i}")
@@ -201,12 +214,22 @@ impl World {
             .unwrap();
         inet.ip("route add 192.168.0.0/24 via 203.0.113.1").unwrap();
 
-        // The premise: the hosts' links, loopback included, have no IPv6.
+        // The premise: the hosts' links, loopback included, have no IPv6, but where the host
+        // enables it on its uplink.
         let mut host_links = BTreeMap::new();
         for i in NODES {
-            let switches = ipv6_switches(topo.ns(&node_label(i)).unwrap());
+            let ns = topo.ns(&node_label(i)).unwrap();
+            if UPLINK_IPV6.contains(&i) {
+                ns.sysctl("net.ipv6.conf.eth0.disable_ipv6", "0").unwrap();
+            }
+            let switches = ipv6_switches(ns);
             for (dev, v) in &switches {
-                assert_eq!(v, "1", "node-{i}: {dev} has IPv6 before Lace ran");
+                let want = if UPLINK_IPV6.contains(&i) && dev == "eth0" {
+                    "0"
+                } else {
+                    "1"
+                };
+                assert_eq!(v, want, "node-{i}: {dev}'s IPv6 before Lace ran");
             }
             assert!(switches.contains_key("eth0") && switches.contains_key("lo"));
             host_links.insert(
@@ -470,7 +493,7 @@ impl World {
                     if v == "0" {
                         on.insert(dev.as_str());
                     }
-                } else {
+                } else if !(UPLINK_IPV6.contains(&i) && dev == "eth0") {
                     assert_eq!(v, "1", "node-{i}: IPv6 got enabled on {dev}, not Lace's");
                     // `sit0`: the `sit` driver's fallback device, in every namespace once
                     // `lu-ipv4` loaded the driver.
@@ -729,17 +752,63 @@ fn hosts_with_ipv6_disabled_by_default_run_every_pod_over_fou() {
         started.elapsed()
     );
 
-    // Every node reaches the others over IPv4 (fou), and the pods' MTU leaves room for it.
+    // node-1 and node-2 reach each other over link-local (once their probes answer), every
+    // other pair over IPv4 (fou); the pods' MTU leaves room for fou.
+    let route_via = |i: u32, j: u32| {
+        if UPLINK_IPV6.contains(&i) && UPLINK_IPV6.contains(&j) {
+            format!("via {} dev eth0", link_local(j))
+        } else {
+            format!("via ::{} dev lu-ipv4", node_ip(j))
+        }
+    };
     for i in NODES {
-        let routes = w.node(i).ip("-6 route show").unwrap();
         for j in NODES.iter().filter(|&&j| j != i) {
-            let via = format!("via ::{} dev lu-ipv4", node_ip(*j));
-            assert!(
-                routes.lines().any(|l| l.contains(&via)),
-                "node-{i}: no locator route {via}:\n{routes}"
+            let via = route_via(i, *j);
+            w.within(
+                i,
+                &format!("node-{i}: locator route of node-{j} {via}"),
+                || {
+                    let routes = w.node(i).ip("-6 route show").unwrap();
+                    routes.lines().any(|l| l.contains(&via))
+                },
             );
         }
     }
+    // Each agent says which path each peer takes: its log, its metrics, `plan --probe`.
+    for (i, peer, path) in [
+        (1, 2, "link-local"),
+        (2, 1, "link-local"),
+        (1, 3, "fou"),
+        (3, 1, "fou"),
+    ] {
+        let plan = agent_tool(&[
+            "plan",
+            "--manifests",
+            w.manifests().to_str().unwrap(),
+            "--node",
+            &format!("node-{i}"),
+            "--probe",
+            "--netns",
+            w.node(i).path().to_str().unwrap(),
+        ]);
+        let line = format!("peer node-{peer} {path} via ");
+        assert!(
+            plan.contains(&line),
+            "node-{i}: no {line:?} in lace-agent plan --probe:\n{plan}"
+        );
+    }
+    for i in UPLINK_IPV6 {
+        let peer = 3 - i;
+        let log = std::fs::read_to_string(w.node_dir(i).join("agent.log")).unwrap();
+        let said = format!(
+            "underlay: peer node-{peer} now link-local via {}",
+            link_local(peer)
+        );
+        assert!(log.contains(&said), "node-{i}'s log lacks {said:?}");
+        assert_eq!(w.metric(i, "lace_underlay_peers{path=\"link-local\"}"), 1);
+        assert_eq!(w.metric(i, "lace_underlay_peers{path=\"fou\"}"), 1);
+    }
+    assert_eq!(w.metric(3, "lace_underlay_peers{path=\"fou\"}"), 2);
     for p in &w.pods {
         let link = w.ns(&p.label).ip("-o link show eth0").unwrap();
         assert!(
@@ -827,6 +896,43 @@ fn hosts_with_ipv6_disabled_by_default_run_every_pod_over_fou() {
             .collect::<Vec<_>>(),
     );
     assert!(again.is_empty(), "{}", again.join("\n"));
+
+    // node-2's uplink loses IPv6: node-2 drops the link-local path at once, node-1 once its
+    // probes go unanswered; both then route the pair through lu-ipv4, and traffic between
+    // their pods keeps flowing in both families (TCP too: node-1's pods keep their MTU, which
+    // fits fou already here).
+    let before = w.fou_rx(1);
+    w.node(2)
+        .sysctl("net.ipv6.conf.eth0.disable_ipv6", "1")
+        .unwrap();
+    for (i, j) in [(1, 2), (2, 1)] {
+        let via = format!("via ::{} dev lu-ipv4", node_ip(j));
+        let took = w.within(i, &format!("node-{i}: node-{j} over fou"), || {
+            w.node(i).ip("-6 route show").unwrap().contains(&via)
+        });
+        eprintln!("node-{i}: node-{j} on fou {took:.1?} after node-2's uplink lost IPv6");
+    }
+    let log = std::fs::read_to_string(w.node_dir(1).join("agent.log")).unwrap();
+    assert!(
+        log.contains(&format!("underlay: peer node-2 now fou via {}", node_ip(2))),
+        "node-1's log does not say the pair fell back"
+    );
+    for dst in [b.v4, b.v6] {
+        assert!(
+            w.ping(&a.label, dst, PATIENT),
+            "{} -> {dst} after the fallback",
+            a.key
+        );
+        assert!(
+            tcp(&w, &a.label, dst, PATIENT).is_ok(),
+            "TCP {} -> {dst} after the fallback",
+            a.key
+        );
+    }
+    assert!(
+        w.fou_rx(1) > before,
+        "node-1: nothing from node-2 came through lu-ipv4"
+    );
     drop(servers);
     eprintln!("done after {:.1?}", started.elapsed());
 }

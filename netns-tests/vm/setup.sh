@@ -19,7 +19,7 @@ PKGS=(
   tcpdump                  # looking at the fabric
   socat                    # ad-hoc TCP exchanges
   iperf3                   # throughput checks
-  ethtool                  # throughput bench: GRO on the fabric's veths, as a NIC receives
+  ethtool                  # NIC-like fabrics (TSO off, GRO on): throughput bench, link-local netns test
   python3                  # vmrun.sh: vmlinuz -> vmlinux; netns-tests/run: cargo JSON output
   cpio                     # vmrun.sh: initramfs archive
   kmod                     # vmrun.sh: modprobe --show-depends for the initramfs modules

@@ -940,6 +940,89 @@ mod tests {
         assert_eq!(agent("node-1", dir.path()).pod_mtu(), 1436);
     }
 
+    /// examples/cluster with IPv4 InternalIPs only (as the demo's `--underlay ipv4`).
+    fn example_ipv4() -> crate::state::ClusterState {
+        let mut s = example();
+        for a in s.node_allocations.values_mut() {
+            a.underlay.ipv6 = None;
+        }
+        for n in s.nodes.values_mut() {
+            n.internal_ips.retain(|ip| ip.is_ipv4());
+        }
+        s
+    }
+
+    #[test]
+    fn the_underlay_facts_re_plan_each_pair_report_it_and_gate_readiness() {
+        use crate::plan::underlay::{PeerPath, UnderlayFacts};
+        let dir = tempfile::tempdir().unwrap();
+        let a = agent("node-1", dir.path());
+        a.set_serving();
+        a.set_state(Ok(example_ipv4()));
+        // Peers a link-local path could serve, uplink not looked at yet: not ready.
+        assert!(matches!(
+            a.not_ready_reason(),
+            Some(super::super::NotReady::UnderlayUnknown)
+        ));
+        let kinds = |a: &Arc<Agent>| -> Vec<&'static str> {
+            let l = a.loaded().unwrap();
+            l.planner
+                .base()
+                .peers
+                .values()
+                .map(PeerPath::kind)
+                .collect()
+        };
+        assert_eq!(kinds(&a), ["fou", "fou"]);
+        let generation = a.generation();
+        let facts = UnderlayFacts {
+            uplink_ipv6: true,
+            on_link: ["node-2".to_string(), "node-3".to_string()].into(),
+            answering: ["node-2".to_string()].into(),
+            answered: ["node-2".to_string()].into(),
+            uplink_mtu: Some(1500),
+        };
+        a.set_underlay_facts(facts.clone());
+        a.underlay_looked();
+        assert!(a.is_ready(), "{:?}", a.not_ready_reason());
+        assert_eq!(kinds(&a), ["link-local", "fou"]);
+        assert!(a.generation() > generation, "new facts are a new plan");
+        // The same facts again change nothing.
+        let generation = a.generation();
+        a.set_underlay_facts(facts.clone());
+        assert_eq!(a.generation(), generation);
+        // A new state keeps the facts.
+        a.set_state(Ok(example_ipv4()));
+        assert_eq!(kinds(&a), ["link-local", "fou"]);
+        let text = crate::telemetry::encode(crate::telemetry::Probes::registry(&*a));
+        for line in [
+            "lace_underlay_peers{path=\"link-local\"} 1",
+            "lace_underlay_peers{path=\"fou\"} 1",
+            "lace_underlay_path_changes_total{from=\"fou\",to=\"link-local\"} 1",
+        ] {
+            assert!(text.contains(line), "no {line:?} in\n{text}");
+        }
+        // node-3 shares the segment but never answered (its IPv6 may be off): its pair stays on
+        // fou and the pods get fou's MTU.
+        block_on(a.refresh_underlay_mtu());
+        assert_eq!(a.pod_mtu(), 1408);
+        // Both answered once: the pods get the link-local path's MTU, also while node-3 is
+        // back on fou for a moment.
+        let mut both = facts.clone();
+        both.answered.insert("node-3".into());
+        a.set_underlay_facts(both);
+        assert_eq!(kinds(&a), ["link-local", "fou"]);
+        assert_eq!(a.pod_mtu(), 1436);
+        // The uplink loses IPv6: every pair on fou, the pods' MTU for fou from then on.
+        a.set_underlay_facts(UnderlayFacts {
+            uplink_ipv6: false,
+            ..facts
+        });
+        assert_eq!(kinds(&a), ["fou", "fou"]);
+        block_on(a.refresh_underlay_mtu());
+        assert_eq!(a.pod_mtu(), 1408);
+    }
+
     #[test]
     fn host_macs_are_local_unicast_and_stable() {
         let m = host_mac("0123456789abcdef", "eth0");

@@ -36,6 +36,10 @@ pub enum NotReady {
     /// The state does not plan for this node.
     #[error(transparent)]
     Plan(Box<PlanError>),
+    /// Some peers could take the link-local underlay and the uplink has not been looked at
+    /// yet (the first probe round follows the state within a second).
+    #[error("the uplink has not been looked at yet (which peers share its L2 segment)")]
+    UnderlayUnknown,
 }
 
 /// Runs the agent until SIGINT or SIGTERM, fed by `source`.
@@ -86,6 +90,7 @@ pub async fn run(
             Arc::clone(&agent),
             config.resync_interval,
         )),
+        tokio::spawn(super::paths::run(Arc::clone(&agent))),
         source_task,
     ];
 

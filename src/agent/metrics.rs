@@ -17,7 +17,12 @@
 //! - `lace_rejected_objects{kind}`: Lace objects left out of the state because they are
 //!   invalid (the log names each);
 //! - `lace_addresses_in_use{network}`: pod addresses held on this node;
-//! - `lace_ready`: 1 when ADD can be served.
+//! - `lace_ready`: 1 when ADD can be served;
+//! - `lace_underlay_peers{path}`: the other nodes by the underlay this node reaches them over
+//!   (`ipv6`, `link-local`, `fou`, `unreachable`); which peer takes which: the log line each
+//!   change makes, and `lace-agent plan --probe` on the node;
+//! - `lace_underlay_path_changes_total{from,to}`: pairs that changed path (a new node or one
+//!   that left counts from or to `none`).
 //!
 //! `/healthz` and `/readyz` answer 200 when the agent is ready, 503 with the reason otherwise.
 
@@ -56,6 +61,17 @@ struct KindLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PathLabels {
+    path: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PathChangeLabels {
+    from: &'static str,
+    to: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct NetworkLabels {
     network: String,
 }
@@ -82,6 +98,8 @@ pub struct Metrics {
     rejected: Family<KindLabels, Gauge>,
     in_use: Family<NetworkLabels, Gauge>,
     ready: Gauge,
+    underlay_peers: Family<PathLabels, Gauge>,
+    path_changes: Family<PathChangeLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -100,6 +118,8 @@ impl Default for Metrics {
             rejected: Family::default(),
             in_use: Family::default(),
             ready: Gauge::default(),
+            underlay_peers: Family::default(),
+            path_changes: Family::default(),
         };
         let mut r = Registry::default();
         r.register(
@@ -162,6 +182,16 @@ impl Default for Metrics {
             "1 when the agent can serve CNI ADD.",
             m.ready.clone(),
         );
+        r.register(
+            "lace_underlay_peers",
+            "Other nodes by the underlay path this node reaches them over.",
+            m.underlay_peers.clone(),
+        );
+        r.register(
+            "lace_underlay_path_changes",
+            "Pairs of nodes that changed underlay path, from and to.",
+            m.path_changes.clone(),
+        );
         Self { registry: r, ..m }
     }
 }
@@ -215,6 +245,22 @@ impl Metrics {
     /// Records one periodic full resync.
     pub fn dataplane_resync(&self) {
         self.resyncs.inc();
+    }
+
+    /// Sets `lace_underlay_peers` to the counts per path.
+    pub fn set_underlay_peers(&self, counts: &BTreeMap<&'static str, usize>) {
+        for path in ["ipv6", "link-local", "fou", "unreachable"] {
+            self.underlay_peers
+                .get_or_create(&PathLabels { path })
+                .set(i64::try_from(counts.get(path).copied().unwrap_or(0)).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// Records one pair changing path.
+    pub fn underlay_path_changed(&self, from: &'static str, to: &'static str) {
+        self.path_changes
+            .get_or_create(&PathChangeLabels { from, to })
+            .inc();
     }
 
     /// Sets the rejected-object gauges to what the last admission left out.

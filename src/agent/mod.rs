@@ -49,6 +49,7 @@ pub mod install;
 pub mod ipam;
 pub mod lifecycle;
 pub mod metrics;
+pub mod paths;
 pub mod reconcile;
 pub mod server;
 pub mod source;
@@ -61,6 +62,7 @@ use std::sync::{Arc, RwLock};
 
 use tokio::sync::Notify;
 
+use crate::plan::underlay::UnderlayFacts;
 use crate::plan::{underlay, DesiredNode, PlanError, Planner};
 use crate::state::ClusterState;
 use crate::wire::{LogLevel, PluginSettings, DEFAULT_TIMEOUT_SECONDS};
@@ -162,8 +164,20 @@ pub struct Agent {
     generation: AtomicU64,
     /// The objects the last admission left out, with why (logged when the set changes).
     rejected: std::sync::Mutex<Vec<String>>,
-    /// The MTU pod interfaces get ([`Agent::refresh_underlay_mtu`]); 0 until first read.
+    /// The pods' MTU [`Agent::refresh_underlay_mtu`] last logged; 0 until first read.
     pod_mtu: AtomicU32,
+    /// The MTUs of the links holding the node's IPv4 and IPv6 underlay addresses, as last
+    /// read; 0: unknown.
+    link_mtus: [AtomicU32; 2],
+    /// What the probes found about the uplink and the peers ([`paths`]), planned with.
+    facts: std::sync::Mutex<UnderlayFacts>,
+    /// Wakes the probe loop (a new state: new peers to probe).
+    pub(crate) underlay_wanted: Notify,
+    /// Starts a probe round at once (drift: the uplink may have lost IPv6 and its addresses).
+    pub(crate) underlay_look_now: Notify,
+    /// Whether the probe loop has looked at the uplink once: until then, a node with peers a
+    /// link-local path could serve is not ready (its pods would get the MTU of fou).
+    underlay_probed: AtomicBool,
     serving: AtomicBool,
     /// Attachments whose interfaces are being created or deleted right now: GC leaves them
     /// alone, and each triggers a reconcile when done.
@@ -218,6 +232,11 @@ impl Agent {
             generation: AtomicU64::new(0),
             rejected: Default::default(),
             pod_mtu: AtomicU32::new(0),
+            link_mtus: [AtomicU32::new(0), AtomicU32::new(0)],
+            facts: Default::default(),
+            underlay_wanted: Notify::new(),
+            underlay_look_now: Notify::new(),
+            underlay_probed: AtomicBool::new(false),
             serving: AtomicBool::new(false),
             in_flight: Default::default(),
             open_connections: Default::default(),
@@ -252,8 +271,11 @@ impl Agent {
     /// planner's message as the reason.
     pub fn set_state(&self, state: Result<ClusterState, StateUnavailable>) {
         let state = state.map(|state| self.admit(state));
+        // Held until the planner is installed: facts changing meanwhile wait, then re-plan
+        // this state (set_underlay_facts), so neither install undoes the other's.
+        let facts = self.facts();
         let loaded = state.map_err(NotReady::Source).and_then(|state| {
-            match Planner::new(&self.node, &state) {
+            match Planner::with_facts(&self.node, &state, &facts) {
                 Ok(planner) => Ok(Arc::new(Loaded {
                     state: Arc::new(state),
                     planner,
@@ -267,9 +289,48 @@ impl Agent {
         if let Err(why) = &loaded {
             tracing::warn!(node = %self.node, reason = %why, "not ready");
         }
-        *self.cluster.write().unwrap_or_else(|e| e.into_inner()) = loaded;
+        self.install(loaded);
+        drop(facts);
+        self.underlay_wanted.notify_one();
+    }
+
+    /// Installs a planner (or why there is none), reporting the pairs whose path changed,
+    /// and triggers a reconcile.
+    fn install(&self, loaded: Result<Arc<Loaded>, NotReady>) {
+        let mut cluster = self.cluster.write().unwrap_or_else(|e| e.into_inner());
+        if let Ok(new) = &loaded {
+            let before = cluster.as_ref().ok().map(|l| &l.planner.base().peers);
+            paths::report(self, before, &new.planner.base().peers);
+        }
+        *cluster = loaded;
+        drop(cluster);
         self.generation.fetch_add(1, Ordering::AcqRel);
         self.reconcile_wanted.notify_one();
+    }
+
+    /// What the probes found last ([`paths`]).
+    pub fn facts(&self) -> std::sync::MutexGuard<'_, UnderlayFacts> {
+        self.facts.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Plans with new facts about the uplink and the peers, if they changed.
+    pub fn set_underlay_facts(&self, facts: UnderlayFacts) {
+        // Held until the planner is installed (see set_state).
+        let mut current = self.facts();
+        if *current == facts {
+            return;
+        }
+        *current = facts;
+        let Ok(loaded) = self.loaded() else {
+            return;
+        };
+        match Planner::with_facts(&self.node, &loaded.state, &current) {
+            Ok(planner) => self.install(Ok(Arc::new(Loaded {
+                state: Arc::clone(&loaded.state),
+                planner,
+            }))),
+            Err(e) => tracing::error!(error = %e, "cannot plan with the new underlay facts"),
+        }
     }
 
     /// [`crate::validate::admit`], logging what it left out when that changes.
@@ -315,7 +376,20 @@ impl Agent {
         if !self.serving.load(Ordering::Acquire) {
             return Some(NotReady::NotServing);
         }
-        self.loaded().err()
+        let loaded = match self.loaded() {
+            Ok(l) => l,
+            Err(e) => return Some(e),
+        };
+        let probed = self.underlay_probed.load(Ordering::Acquire);
+        if !probed && !paths::query(&self.node, &loaded.state).peers.is_empty() {
+            return Some(NotReady::UnderlayUnknown);
+        }
+        None
+    }
+
+    /// The probe loop looked at the uplink (and its facts are installed).
+    pub(crate) fn underlay_looked(&self) {
+        self.underlay_probed.store(true, Ordering::Release);
     }
 
     /// Whether ADD can be served.
@@ -327,11 +401,20 @@ impl Agent {
         self.serving.store(true, Ordering::Release);
     }
 
-    /// The pods' MTU (before the underlay was first read: a 1500-byte IPv6 underlay's).
+    /// The pods' MTU: from the paths the current plan expects to each other node and the
+    /// underlay links' MTUs as last read ([`underlay::pod_mtu`]; an unknown link counts as
+    /// 1500). Computed when asked, so an ADD right after the plan changed already fits it.
     pub fn pod_mtu(&self) -> u32 {
-        match self.pod_mtu.load(Ordering::Relaxed) {
-            0 => DEFAULT_UNDERLAY_MTU - SRV6_OVERHEAD,
-            mtu => mtu,
+        let [v4, v6] = self
+            .link_mtus
+            .each_ref()
+            .map(|m| Some(m.load(Ordering::Relaxed)).filter(|&m| m != 0));
+        match self.loaded() {
+            Ok(l) => {
+                let b = l.planner.base();
+                underlay::pod_mtu(&b.underlay, b.expected_paths().iter(), v4, v6)
+            }
+            Err(_) => DEFAULT_UNDERLAY_MTU - SRV6_OVERHEAD,
         }
     }
 
@@ -376,7 +459,10 @@ impl Agent {
                 );
             }
         }
-        let pod = underlay::pod_mtu(&base.underlay, base.peers.values(), mtu_v4, mtu_v6);
+        for (slot, mtu) in self.link_mtus.iter().zip([mtu_v4, mtu_v6]) {
+            slot.store(mtu.unwrap_or(0), Ordering::Relaxed);
+        }
+        let pod = underlay::pod_mtu(&base.underlay, base.expected_paths().iter(), mtu_v4, mtu_v6);
         let before = self.pod_mtu.swap(pod, Ordering::Relaxed);
         tracing::info!(?mtu_v4, ?mtu_v6, pod_mtu = pod, "underlay MTU");
         if before != 0 && pod < before {

@@ -34,7 +34,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 pub use crate::dataplane::DataplaneError;
-use crate::dataplane::{ApplyReport, Drift, ObservedNode, PodInterface, PodLinkState, Reconciler};
+use crate::dataplane::{
+    ApplyReport, Drift, ObservedNode, PodInterface, PodLinkState, Reconciler, UnderlayQuery,
+    UnderlayRound,
+};
 use crate::plan::DesiredNode;
 
 /// Delay before retrying a failed apply, doubled after each failure in a row up to
@@ -106,6 +109,11 @@ pub trait Dataplane: Send + Sync + 'static {
     ) -> Result<Option<PodLinkState>, DataplaneError>;
     /// The node's links, addresses, Lace's routes and rules, as the dataplane knows them now.
     fn snapshot(&self) -> Result<ObservedNode, DataplaneError>;
+    /// Looks at the uplink and probes the peers of the link-local underlay (writes nothing).
+    /// Without a kernel: nothing found, every such pair takes fou.
+    fn probe_underlay(&self, _query: UnderlayQuery) -> Result<UnderlayRound, DataplaneError> {
+        Ok(UnderlayRound::default())
+    }
 }
 
 impl Dataplane for Reconciler {
@@ -159,6 +167,10 @@ impl Dataplane for Reconciler {
 
     fn snapshot(&self) -> Result<ObservedNode, DataplaneError> {
         Reconciler::snapshot(self)
+    }
+
+    fn probe_underlay(&self, query: UnderlayQuery) -> Result<UnderlayRound, DataplaneError> {
+        Reconciler::probe_underlay(self, query)
     }
 }
 
@@ -414,6 +426,7 @@ pub async fn run(agent: Arc<super::Agent>, resync_every: Duration) {
             Some(drift) = drift_rx.recv() => {
                 let now = Instant::now();
                 agent.metrics.dataplane_drift();
+                agent.underlay_look_now.notify_one();
                 let slot = limiter.next_slot(now);
                 let throttled = (slot > now).then(|| slot - now);
                 if throttled.is_some() {

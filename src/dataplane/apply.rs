@@ -179,6 +179,7 @@ fn idempotent(op: &Op, errno: i32) -> bool {
         Op::DelLink { .. } | Op::ReplaceLink { .. } => {
             errno == libc::ENODEV || errno == libc::ENOENT
         }
+        Op::DelAddress { .. } => errno == libc::EADDRNOTAVAIL || errno == libc::ENODEV,
         _ => false,
     }
 }
@@ -210,6 +211,10 @@ fn message(
         Op::AddAddress { link, addr } => (
             RouteNetlinkMessage::NewAddress(msg::address(idx(link)?, addr)),
             NLM_F_CREATE | NLM_F_EXCL,
+        ),
+        Op::DelAddress { link, addr } => (
+            RouteNetlinkMessage::DelAddress(msg::address(idx(link)?, addr)),
+            0,
         ),
         Op::ReplaceLink { name } | Op::DelLink { name } => {
             (RouteNetlinkMessage::DelLink(msg::link_by_name(name)), 0)

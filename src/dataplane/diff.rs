@@ -15,10 +15,12 @@ use ipnet::{IpNet, Ipv6Net};
 use super::nft::{self, KnownRuleset};
 use super::tunnel::{self, link_holding};
 use super::{FouListener, HostRoute, KernelNexthop, NftState, ObservedNode, ObservedRule, SitLink};
-use crate::plan::underlay::{FOU_IPPROTO, FOU_PORT, IPV4_TUNNEL};
+use crate::plan::underlay::{
+    is_link_local_underlay, FOU_IPPROTO, FOU_PORT, IPV4_TUNNEL, LINK_LOCAL_PREFIX,
+};
 use crate::plan::{
-    disable_ipv6_key, sysctl_device, DesiredNode, Family, Nexthop, NodeBase, RouteKey, Rule,
-    RuleAction, Vrf, POD_GATEWAY_V6_PREFIX, PROBE_TABLE,
+    disable_ipv6_key, sysctl_device, DesiredNode, Nexthop, NodeBase, RouteKey, Rule, RuleAction,
+    Underpath, Vrf, POD_GATEWAY_V6_PREFIX, PROBE_TABLE,
 };
 
 /// Why no operations could be computed.
@@ -71,9 +73,15 @@ pub enum Op {
         master: String,
     },
     /// `ip addr add <addr> dev <link> nodad`: the link-local source of a pod's IPv6 probe
-    /// route, on the pod's host-side veth (see [`Nexthop::DevSrc`]), or the tunnel source on
-    /// the SRv6-over-IPv4 device.
+    /// route, on the pod's host-side veth (see [`Nexthop::DevSrc`]), the tunnel source on
+    /// the SRv6-over-IPv4 device, or the node's link-local underlay address on its uplink.
     AddAddress {
+        link: String,
+        addr: IpNet,
+    },
+    /// `ip addr del <addr> dev <link>`: a link-local underlay address of Lace's no longer
+    /// planned there (the only address Lace deletes from a link it keeps).
+    DelAddress {
         link: String,
         addr: IpNet,
     },
@@ -148,12 +156,14 @@ impl Op {
             Op::AddRule(_) => 8,
             Op::PutRoute { .. } => 9,
             Op::DelRoute { .. } => 10,
-            Op::DelRule(_) => 11,
+            // After the routes through its link that may still use it.
+            Op::DelAddress { .. } => 11,
+            Op::DelRule(_) => 12,
             // The fou port goes before its device, so a port of Lace's without a Lace device
             // (which observation would not look for) never stays behind.
-            Op::DelFou { .. } => 12,
-            Op::DelLink { .. } => 13,
-            Op::NftDelete => 14,
+            Op::DelFou { .. } => 13,
+            Op::DelLink { .. } => 14,
+            Op::NftDelete => 15,
         }
     }
 }
@@ -186,6 +196,7 @@ impl fmt::Display for Op {
             Op::SetMtu { name, mtu } => write!(f, "link set {name} mtu {mtu}"),
             Op::SetMaster { link, master } => write!(f, "link set {link} master {master} up"),
             Op::AddAddress { link, addr } => write!(f, "addr add {addr} dev {link} nodad"),
+            Op::DelAddress { link, addr } => write!(f, "addr del {addr} dev {link}"),
             Op::Sysctl { key, value } => write!(f, "sysctl {key}={value}"),
             Op::Tunsrc(a) => write!(f, "sr tunsrc set {a}"),
             Op::AddFou { listener, replace } => write!(
@@ -379,6 +390,7 @@ fn diff_in(
     };
     let base = &d.base;
     pod_link_ops(d, vrfs, observed, scope == Scope::All, &mut out.ops);
+    link_local_ops(base, observed, &mut out.ops)?;
 
     // --- nft, sysctls, tunsrc: read afresh by every reconcile, never notified -------------
     if scope == Scope::All {
@@ -633,8 +645,9 @@ fn resolve(
         Nexthop::Seg6Encap { segs, underlay } => KernelNexthop::Seg6Encap {
             segs: *segs,
             dev: match underlay {
-                Family::V6 => uplink()?,
-                Family::V4 => IPV4_TUNNEL.to_string(),
+                Underpath::Ipv6 => uplink()?,
+                Underpath::LinkLocal => uplink4(base, observed)?.0.to_string(),
+                Underpath::Fou => IPV4_TUNNEL.to_string(),
             },
         },
         Nexthop::Seg6LocalDt46 { vrf_table, vrf } => KernelNexthop::Seg6LocalDt46 {
@@ -644,6 +657,10 @@ fn resolve(
         Nexthop::Underlay { via } => KernelNexthop::Via {
             via: IpAddr::V6(*via),
             dev: uplink()?,
+        },
+        Nexthop::LinkLocal { via } => KernelNexthop::Via {
+            via: IpAddr::V6(*via),
+            dev: uplink4(base, observed)?.0.to_string(),
         },
         Nexthop::Ipv4Tunnel { via } => KernelNexthop::Via {
             via: IpAddr::V6(via.to_ipv6_compatible()),
@@ -679,9 +696,62 @@ fn resolve(
     Ok(Some(resolved))
 }
 
+/// The node's link-local underlay address on `@uplink4` when planned, and every other
+/// link-local underlay address of Lace's on any link deleted (an old InternalIP, a link that
+/// no longer holds the InternalIP, a plan without one).
+fn link_local_ops(
+    base: &NodeBase,
+    observed: &ObservedNode,
+    ops: &mut Vec<Op>,
+) -> Result<(), DiffError> {
+    let mut keep = None;
+    if let Some(addr) = base.link_local {
+        let (name, l) = uplink4(base, observed)?;
+        keep = Some((IpAddr::V6(addr), l.index));
+        if !observed.addrs.contains(&(IpAddr::V6(addr), l.index)) {
+            ops.push(Op::AddAddress {
+                link: name.to_string(),
+                addr: IpNet::V6(Ipv6Net::new_assert(addr, LINK_LOCAL_PREFIX)),
+            });
+        }
+    }
+    del_link_local_ops(observed, keep, ops);
+    Ok(())
+}
+
+/// Deletes Lace's link-local underlay addresses, but `keep`.
+fn del_link_local_ops(observed: &ObservedNode, keep: Option<(IpAddr, u32)>, ops: &mut Vec<Op>) {
+    for &(a, index) in &observed.addrs {
+        let IpAddr::V6(v6) = a else { continue };
+        if !is_link_local_underlay(v6) || keep == Some((a, index)) {
+            continue;
+        }
+        if let Some(name) = observed.link_name(index) {
+            ops.push(Op::DelAddress {
+                link: name.to_string(),
+                addr: IpNet::V6(Ipv6Net::new_assert(v6, LINK_LOCAL_PREFIX)),
+            });
+        }
+    }
+}
+
+/// The link holding the node's IPv4 InternalIP (`@uplink4`), which the link-local path uses.
+fn uplink4<'a>(
+    base: &NodeBase,
+    observed: &'a ObservedNode,
+) -> Result<(&'a str, &'a super::ObservedLink), DiffError> {
+    let v4 = IpAddr::V4(
+        base.underlay
+            .ipv4
+            .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED),
+    );
+    link_holding(observed, v4).ok_or(DiffError::NoUplink { underlay: v4 })
+}
+
 /// Everything Lace owns goes, except the l3mdev rule (shared with every VRF on the host; the
 /// kernel's VRF driver installs the same one).
 fn teardown(out: &mut Diff, observed: &ObservedNode) {
+    del_link_local_ops(observed, None, &mut out.ops);
     for (key, nh) in &observed.routes {
         out.ops.push(Op::DelRoute {
             key: *key,
@@ -911,6 +981,10 @@ pub(crate) mod tests {
                 Op::AddAddress { link, addr } => {
                     let index = o.links[link].index;
                     o.addrs.push((addr.addr(), index));
+                }
+                Op::DelAddress { link, addr } => {
+                    let index = o.links[link].index;
+                    o.addrs.retain(|e| *e != (addr.addr(), index));
                 }
                 Op::Sysctl { key, value } => {
                     o.sysctls.insert(key.clone(), Some(value.clone()));
@@ -1567,7 +1641,7 @@ pub(crate) mod tests {
                     nh,
                     Nexthop::Ipv4Tunnel { .. }
                         | Nexthop::Seg6Encap {
-                            underlay: Family::V4,
+                            underlay: crate::plan::Underpath::Fou,
                             ..
                         }
                 )
@@ -1878,5 +1952,145 @@ pub(crate) mod tests {
         let d = desired_v4(&state_v4(true));
         let e = diff(Some(&d), &bare_host(), None).unwrap_err().to_string();
         assert!(!e.contains("disable_ipv6"), "{e}");
+    }
+    // --- The link-local underlay --------------------------------------------------------------
+
+    /// n1 (IPv4 only) with n2 on its L2 segment, answering when `works`.
+    fn desired_ll(works: bool) -> DesiredNode {
+        let s = state_v4(false);
+        let facts = crate::plan::underlay::UnderlayFacts {
+            uplink_ipv6: true,
+            on_link: ["n2".to_string()].into(),
+            answering: if works {
+                ["n2".to_string()].into()
+            } else {
+                BTreeSet::new()
+            },
+            answered: ["n2".to_string()].into(),
+            uplink_mtu: Some(1500),
+        };
+        crate::plan::Planner::with_facts("n1", &s, &facts)
+            .unwrap()
+            .plan(&[])
+            .unwrap()
+    }
+
+    #[test]
+    fn the_link_local_path_holds_the_address_on_the_ipv4_uplink_and_routes_via_the_peers() {
+        use crate::plan::underlay::link_local_address;
+        let d = desired_ll(true);
+        let mut o = host_v4(false);
+        let ops = diff(Some(&d), &o, None).unwrap().ops;
+        let own = link_local_address(V4_UPLINK);
+        let peer = link_local_address(std::net::Ipv4Addr::new(192, 0, 2, 2));
+        let add = first(&ops, |o: &Op| {
+            matches!(o, Op::AddAddress { link, addr } if link == UPLINK && addr.addr() == IpAddr::V6(own) && addr.prefix_len() == 64)
+        })
+        .unwrap_or_else(|| panic!("{ops:#?}"));
+        let route = first(&ops, |o: &Op| matches!(o, Op::PutRoute { .. })).unwrap();
+        assert!(add < route, "{ops:#?}");
+        // No fou device: every peer is on the link-local path.
+        assert!(
+            !ops.iter().any(|o| matches!(o, Op::AddTunnel { .. })),
+            "{ops:#?}"
+        );
+        let put = puts(&ops);
+        let loc = RouteKey {
+            table: crate::plan::MAIN_TABLE,
+            dst: "2001:db8:100::2:0:0/96".parse().unwrap(),
+        };
+        assert_eq!(
+            put[&loc],
+            KernelNexthop::Via {
+                via: IpAddr::V6(peer),
+                dev: UPLINK.into()
+            }
+        );
+        for (k, nh) in &put {
+            if let KernelNexthop::Seg6Encap { dev, .. } = nh {
+                assert_eq!(dev, UPLINK, "{k:?}");
+            }
+        }
+        // A second apply writes nothing.
+        model(&mut o, &ops);
+        assert_eq!(diff(Some(&d), &o, None).unwrap().ops, vec![]);
+        // The address deleted by hand is drift, put back.
+        o.addrs.retain(|(a, _)| *a != IpAddr::V6(own));
+        assert!(matches!(
+            drift(&d, &o).unwrap().as_slice(),
+            [Op::AddAddress { .. }]
+        ));
+        let repair = drift(&d, &o).unwrap();
+        model(&mut o, &repair);
+        // Fallen back to fou: the routes move to lu-ipv4, the address stays (the peer's probes
+        // need it to find the path working again).
+        let fou = desired_ll(false);
+        let ops = diff(Some(&fou), &o, None).unwrap().ops;
+        assert!(
+            !ops.iter().any(|o| matches!(o, Op::DelAddress { .. })),
+            "{ops:#?}"
+        );
+        assert_eq!(
+            puts(&ops)[&loc],
+            KernelNexthop::Via {
+                via: IpAddr::V6(std::net::Ipv4Addr::new(192, 0, 2, 2).to_ipv6_compatible()),
+                dev: IPV4_TUNNEL.into()
+            }
+        );
+        model(&mut o, &ops);
+        // Without facts (no L2 neighbour): the address goes, after the routes.
+        let none = desired_v4(&state_v4(false));
+        let ops = diff(Some(&none), &o, None).unwrap().ops;
+        assert!(ops.contains(&Op::DelAddress {
+            link: UPLINK.into(),
+            addr: IpNet::V6(Ipv6Net::new_assert(own, 64))
+        }));
+        model(&mut o, &ops);
+        assert!(!o.addrs.contains(&(IpAddr::V6(own), o.links[UPLINK].index)));
+        assert_eq!(diff(Some(&none), &o, None).unwrap().ops, vec![]);
+    }
+
+    #[test]
+    fn stale_link_local_underlay_addresses_go_and_teardown_takes_them_and_never_the_kernels() {
+        use crate::plan::underlay::link_local_address;
+        let d = desired_ll(true);
+        let mut o = host_v4(false);
+        let index = o.links[UPLINK].index;
+        // An old InternalIP's address, and the kernel's own link-local: only the first is Lace's.
+        let old = link_local_address(std::net::Ipv4Addr::new(192, 0, 2, 99));
+        let kernels: Ipv6Addr = "fe80::200:ff:fe00:1".parse().unwrap();
+        o.addrs.push((IpAddr::V6(old), index));
+        o.addrs.push((IpAddr::V6(kernels), index));
+        let ops = diff(Some(&d), &o, None).unwrap().ops;
+        let dels: Vec<&Op> = ops
+            .iter()
+            .filter(|o| matches!(o, Op::DelAddress { .. }))
+            .collect();
+        assert_eq!(
+            dels,
+            [&Op::DelAddress {
+                link: UPLINK.into(),
+                addr: IpNet::V6(Ipv6Net::new_assert(old, 64))
+            }]
+        );
+        model(&mut o, &ops);
+        let ops = diff(None, &o, None).unwrap().ops;
+        let dels: Vec<IpAddr> = ops
+            .iter()
+            .filter_map(|o| match o {
+                Op::DelAddress { addr, .. } => Some(addr.addr()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(dels, [IpAddr::V6(link_local_address(V4_UPLINK))]);
+        model(&mut o, &ops);
+        assert!(o.addrs.contains(&(IpAddr::V6(kernels), index)));
+    }
+
+    #[test]
+    fn the_link_local_path_without_a_link_holding_the_ipv4_internal_ip_names_it() {
+        let d = desired_ll(true);
+        let e = diff(Some(&d), &bare_host(), None).unwrap_err().to_string();
+        assert!(e.contains("192.0.2.1"), "{e}");
     }
 }

@@ -116,6 +116,7 @@ mod apply;
 pub mod diff;
 mod fou;
 pub(crate) mod host;
+pub mod linklocal;
 mod msg;
 pub mod netns;
 mod nft;
@@ -141,6 +142,7 @@ use crate::plan::{self, DesiredNode, RouteKey};
 
 pub use diff::{diff, Diff, DiffError, Op};
 pub use fou::FouListener;
+pub use linklocal::{UnderlayQuery, UnderlayRound};
 pub use netns::{NetnsError, NetnsTarget};
 pub use nft::KnownRuleset;
 pub use observe::ObserveError;
@@ -582,6 +584,42 @@ impl Reconciler {
             session.attached(&pods);
             Ok(report)
         })?
+    }
+
+    /// Looks at the node's uplink and probes its on-link peers' link-local underlay addresses
+    /// ([`linklocal`]): reads the remembered links, addresses and host routes, the uplink's
+    /// `disable_ipv6`, and sends the probes from a thread of their own in the namespace (the
+    /// worker keeps serving reconciles and ADDs meanwhile). Writes nothing.
+    pub fn probe_underlay(&self, query: UnderlayQuery) -> Result<UnderlayRound, DataplaneError> {
+        let Some(ipv4) = query.ipv4 else {
+            return Ok(UnderlayRound::default());
+        };
+        let snapshot = self.snapshot()?;
+        let Some((uplink, index, mtu, on_link)) = linklocal::on_link(&snapshot, ipv4, &query.peers)
+        else {
+            return Ok(UnderlayRound::default());
+        };
+        let own = plan::underlay::link_local_address(ipv4);
+        let holds_address = snapshot.addrs.contains(&(IpAddr::V6(own), index));
+        let peers = linklocal::peer_addresses(&query.peers, &on_link);
+        let key = plan::disable_ipv6_key(&uplink);
+        let (uplink_ipv6, answering) = netns::run_in(self.worker.target(), move |_| {
+            let ipv6 = host::read_sysctl(&key).as_deref() == Some("0");
+            let answering = if ipv6 && holds_address {
+                linklocal::probe(own, index, &peers, linklocal::PROBE_TIMEOUT)
+            } else {
+                BTreeSet::new()
+            };
+            (ipv6, answering)
+        })?;
+        Ok(UnderlayRound {
+            uplink: Some(uplink),
+            uplink_mtu: Some(mtu),
+            uplink_ipv6,
+            holds_address,
+            on_link,
+            answering,
+        })
     }
 
     /// `ip link del <name>` for each of `names` in the namespace; returns those that existed.

@@ -12,10 +12,13 @@ use std::net::IpAddr;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use super::ruleset::build_ruleset;
-use super::underlay::{peer_path, tunnel_source, Ipv4Tunnel, PeerPath, IPV4_TUNNEL};
+use super::underlay::{
+    link_local_address, mss_clamp, peer_path, tunnel_source, Ipv4Tunnel, PeerPath, UnderlayFacts,
+    IPV4_TUNNEL,
+};
 use super::{
     disable_ipv6_key, host_net, vrf_name, vrf_table, Family, NetInfo, Networks, Nexthop, NodeBase,
-    PlanError, PodNetwork, RouteKey, Rule, RuleAction, Vrf, MAIN_TABLE, PROBE_MARK,
+    PlanError, PodNetwork, RouteKey, Rule, RuleAction, Underpath, Vrf, MAIN_TABLE, PROBE_MARK,
     PROBE_MARK_MASK, PROBE_TABLE, RULE_PRIORITY_L3MDEV, RULE_PRIORITY_PROBE,
 };
 use crate::alloc::node_blocks;
@@ -68,7 +71,11 @@ struct Reach<'a> {
 }
 
 /// The pod-independent part of node `node`'s plan.
-pub(super) fn build_base(node: &str, state: &ClusterState) -> Result<NodeBase, PlanError> {
+pub(super) fn build_base(
+    node: &str,
+    state: &ClusterState,
+    facts: &UnderlayFacts,
+) -> Result<NodeBase, PlanError> {
     let me: &NodeAllocationSpec =
         state
             .node_allocations
@@ -76,7 +83,7 @@ pub(super) fn build_base(node: &str, state: &ClusterState) -> Result<NodeBase, P
             .ok_or_else(|| PlanError::NodeNotAllocated {
                 node: node.to_string(),
             })?;
-    let (peers, ipv4_tunnel) = underlay_paths(node, state, me);
+    let (peers, ipv4_tunnel, link_local) = underlay_paths(node, state, me, facts);
     let (nets, vrfs) = networks(state, me)?;
     let pairs = allowed_pairs(state);
     let grants = service_grants(state);
@@ -96,7 +103,13 @@ pub(super) fn build_base(node: &str, state: &ClusterState) -> Result<NodeBase, P
         .get(node)
         .map(|n| n.internal_ips.as_slice())
         .unwrap_or_default();
-    let ruleset = build_ruleset(node, state, me, &nets, &pairs, &reach.egress, &grants);
+    let mut ruleset = build_ruleset(node, state, me, &nets, &pairs, &reach.egress, &grants);
+    if let Some(clamp) = mss_clamp(
+        &fou_clamp_blocks(state, &peers, facts, &nets),
+        facts.uplink_mtu,
+    ) {
+        clamp.install(&mut ruleset);
+    }
     let pod_networks = nets
         .values()
         .map(|n| {
@@ -116,6 +129,8 @@ pub(super) fn build_base(node: &str, state: &ClusterState) -> Result<NodeBase, P
         seg6_tunsrc: tunnel_source(me),
         peers,
         ipv4_tunnel,
+        link_local,
+        facts: facts.clone(),
         vrfs,
         routes: rb.finish(),
         rules,
@@ -126,19 +141,36 @@ pub(super) fn build_base(node: &str, state: &ClusterState) -> Result<NodeBase, P
     })
 }
 
-/// Per peer, the family both nodes have (IPv6 first), and Lace's SRv6-over-IPv4 device when
-/// some peer is reached over IPv4.
+/// Per peer, the path (IPv6 first, then link-local where `facts` say it works, then fou),
+/// Lace's SRv6-over-IPv4 device when some peer is reached over IPv4, and the node's
+/// link-local underlay address when some peer shares its L2 segment (so that the peer's
+/// probes find it before either uses the path).
 fn underlay_paths(
     node: &str,
     state: &ClusterState,
     me: &NodeAllocationSpec,
-) -> (BTreeMap<String, PeerPath>, Option<Ipv4Tunnel>) {
+    facts: &UnderlayFacts,
+) -> (
+    BTreeMap<String, PeerPath>,
+    Option<Ipv4Tunnel>,
+    Option<std::net::Ipv6Addr>,
+) {
     let peers: BTreeMap<String, PeerPath> = state
         .node_allocations
         .iter()
         .filter(|(n, _)| n.as_str() != node)
-        .map(|(n, a)| (n.clone(), peer_path(&me.underlay, &a.underlay)))
+        .map(|(n, a)| {
+            let ll = facts.link_local_works(n);
+            (n.clone(), peer_path(&me.underlay, &a.underlay, ll))
+        })
         .collect();
+    let link_local = me.underlay.ipv4.filter(|_| {
+        facts.uplink_ipv6
+            && peers.iter().any(|(n, p)| {
+                matches!(p, PeerPath::LinkLocal(_))
+                    || (matches!(p, PeerPath::Ipv4(_)) && facts.on_link.contains(n))
+            })
+    });
     let ipv4_tunnel = match me.underlay.ipv4 {
         Some(local) if peers.values().any(|p| matches!(p, PeerPath::Ipv4(_))) => Some(Ipv4Tunnel {
             local,
@@ -146,7 +178,33 @@ fn underlay_paths(
         }),
         _ => None,
     };
-    (peers, ipv4_tunnel)
+    (peers, ipv4_tunnel, link_local.map(link_local_address))
+}
+
+/// The pod blocks (every internal Network's) of the peers that share this node's L2 segment but
+/// are reached over fou: the TCP MSS clamp's targets ([`super::underlay::mss_clamp`]). On-link
+/// counts whether or not the uplink has IPv6 now: pods made while it had keep their MTU.
+fn fou_clamp_blocks<'a>(
+    state: &'a ClusterState,
+    peers: &'a BTreeMap<String, PeerPath>,
+    facts: &UnderlayFacts,
+    nets: &Networks<'_>,
+) -> Vec<(IpNet, &'a str)> {
+    let mut out = Vec::new();
+    for (peer, path) in peers {
+        if !matches!(path, PeerPath::Ipv4(_)) || !facts.on_link.contains(peer) {
+            continue;
+        }
+        let Some(alloc) = state.node_allocations.get(peer) else {
+            continue;
+        };
+        for n in nets.values() {
+            for b in node_blocks(alloc.index, n.spec_subnets) {
+                out.push((b, peer.as_str()));
+            }
+        }
+    }
+    out
 }
 
 /// The internal Networks by name and their VRFs by device name. Fails on a Network without
@@ -473,10 +531,11 @@ fn backend_routes(
 
 /// The route to a peer's locator along `path` and the family it uses, `None` when the peer
 /// cannot be reached.
-fn locator_route(path: &PeerPath) -> Option<(Nexthop, Family)> {
+fn locator_route(path: &PeerPath) -> Option<(Nexthop, Underpath)> {
     match *path {
-        PeerPath::Ipv6(via) => Some((Nexthop::Underlay { via }, Family::V6)),
-        PeerPath::Ipv4(via) => Some((Nexthop::Ipv4Tunnel { via }, Family::V4)),
+        PeerPath::Ipv6(via) => Some((Nexthop::Underlay { via }, Underpath::Ipv6)),
+        PeerPath::LinkLocal(via) => Some((Nexthop::LinkLocal { via }, Underpath::LinkLocal)),
+        PeerPath::Ipv4(via) => Some((Nexthop::Ipv4Tunnel { via }, Underpath::Fou)),
         PeerPath::NoCommonFamily => None,
     }
 }

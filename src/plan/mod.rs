@@ -16,8 +16,9 @@
 //! - nftables table `inet lace` ([`nft::TABLE`]);
 //! - routes in the main table are only SIDs, node locators and reply routes for pod blocks.
 //!
-//! Which underlay reaches each other node (IPv6, or SRv6 over IPv4) is decided per pair; see
-//! [`underlay`].
+//! Which underlay reaches each other node (IPv6, IPv6 link-local, or SRv6 over IPv4) is
+//! decided per pair; see [`underlay`]. What the node found out about its links
+//! ([`UnderlayFacts`]) is an input like the cluster state, so planning stays pure.
 //!
 //! Two next hops are symbolic because they name host configuration the cluster state does not
 //! carry: [`Nexthop::Underlay`] / [`Nexthop::Seg6Encap`] over IPv6 leave through the *uplink*
@@ -48,7 +49,7 @@ use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use crate::api::Underlay;
 use crate::state::{ClusterState, ObjectKey, PodAttachment};
-use underlay::{Ipv4Tunnel, PeerPath, IPV4_TUNNEL};
+use underlay::{Ipv4Tunnel, PeerPath, UnderlayFacts, IPV4_TUNNEL};
 
 /// First table id Lace owns. A Network's VRF table is `VRF_TABLE_BASE + function`, so ids
 /// are equal on all nodes and readable (`1000042` is function 42). Far above the ids distros
@@ -235,15 +236,19 @@ pub enum Nexthop {
     /// (`/`[`POD_GATEWAY_V6_PREFIX`], `nodad`) before the route; any other `src` is an address
     /// the node holds already.
     DevSrc { dev: String, src: IpAddr },
-    /// `encap seg6 mode encap segs <segs> dev <uplink | lu-ipv4>`: to a remote node's SID of
-    /// the target Network, whose locator is reached over the `underlay` family (IPv6: the
-    /// uplink; IPv4: [`IPV4_TUNNEL`]). The outer packet is routed again after encapsulation (in
-    /// the VRF's IPv6 table, hence the locator routes there), so no gateway is needed here.
-    Seg6Encap { segs: Ipv6Addr, underlay: Family },
+    /// `encap seg6 mode encap segs <segs> dev <uplink | uplink4 | lu-ipv4>`: to a remote
+    /// node's SID of the target Network, whose locator is reached over `underlay` (IPv6: the
+    /// uplink; link-local: the link holding the IPv4 InternalIP; fou: [`IPV4_TUNNEL`]). The
+    /// outer packet is routed again after encapsulation (in the VRF's IPv6 table, hence the
+    /// locator routes there), so no gateway is needed here.
+    Seg6Encap { segs: Ipv6Addr, underlay: Underpath },
     /// `encap seg6local action End.DT46 vrftable <table> dev <vrf>`: a local SID.
     Seg6LocalDt46 { vrf_table: u32, vrf: String },
     /// `via <via> dev <uplink>`: a remote node's locator through its IPv6 underlay address.
     Underlay { via: Ipv6Addr },
+    /// `via <fe80::…> dev <uplink4>`: a remote node's locator through its link-local underlay
+    /// address on the link holding this node's IPv4 InternalIP (the shared L2 segment).
+    LinkLocal { via: Ipv6Addr },
     /// `via ::<via> dev lu-ipv4`: a remote node's locator over IPv4, through Lace's
     /// SRv6-over-IPv4 device; the IPv4-compatible next hop names the outer IPv4 destination.
     Ipv4Tunnel { via: Ipv4Addr },
@@ -260,11 +265,15 @@ impl fmt::Display for Nexthop {
             Nexthop::DevSrc { dev, src } => write!(f, "dev {dev} src {src}"),
             Nexthop::Seg6Encap {
                 segs,
-                underlay: Family::V6,
+                underlay: Underpath::Ipv6,
             } => write!(f, "encap seg6 mode encap segs {segs} dev @uplink"),
             Nexthop::Seg6Encap {
                 segs,
-                underlay: Family::V4,
+                underlay: Underpath::LinkLocal,
+            } => write!(f, "encap seg6 mode encap segs {segs} dev @uplink4"),
+            Nexthop::Seg6Encap {
+                segs,
+                underlay: Underpath::Fou,
             } => write!(f, "encap seg6 mode encap segs {segs} dev {IPV4_TUNNEL}"),
             Nexthop::Seg6LocalDt46 { vrf_table, vrf } => {
                 write!(
@@ -273,6 +282,7 @@ impl fmt::Display for Nexthop {
                 )
             }
             Nexthop::Underlay { via } => write!(f, "via {via} dev @uplink"),
+            Nexthop::LinkLocal { via } => write!(f, "via {via} dev @uplink4"),
             Nexthop::Ipv4Tunnel { via } => write!(f, "via ::{via} dev {IPV4_TUNNEL}"),
             Nexthop::Host => write!(f, "via @host-route"),
             Nexthop::Unreachable => write!(f, "unreachable"),
@@ -285,6 +295,18 @@ impl fmt::Display for Nexthop {
 pub enum Family {
     V4,
     V6,
+}
+
+/// Which underlay an encapsulated packet leaves through (see [`underlay`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Underpath {
+    /// Natively over IPv6: the link holding the node's IPv6 InternalIP (`@uplink`).
+    Ipv6,
+    /// Natively over IPv6 with a link-local next hop: the link holding the node's IPv4
+    /// InternalIP (`@uplink4`).
+    LinkLocal,
+    /// In UDP over IPv4: [`IPV4_TUNNEL`].
+    Fou,
 }
 
 /// What a routing rule matches and where it looks up.
@@ -343,6 +365,12 @@ pub struct NodeBase {
     pub peers: BTreeMap<String, PeerPath>,
     /// Lace's SRv6-over-IPv4 device and fou listener, when some peer is reached over IPv4.
     pub ipv4_tunnel: Option<Ipv4Tunnel>,
+    /// This node's link-local underlay address ([`underlay::link_local_address`] of its IPv4
+    /// InternalIP), held on `@uplink4` (`/64`, `nodad`) while some peer shares its L2 segment
+    /// and the uplink has IPv6 on.
+    pub link_local: Option<Ipv6Addr>,
+    /// What the plan was made with about the uplink and the peers (the agent's probes).
+    pub facts: UnderlayFacts,
     /// By device name.
     pub vrfs: BTreeMap<String, Vrf>,
     pub routes: BTreeMap<RouteKey, Nexthop>,
@@ -356,6 +384,25 @@ pub struct NodeBase {
     /// [`POD_GATEWAY_V6`] instead: the kernel rejects a `src` outside the device's VRF.
     pub probe_src_v4: Option<IpAddr>,
     pod_networks: BTreeMap<String, PodNetwork>,
+}
+
+impl NodeBase {
+    /// The path each peer is expected to take, for sizing the pods' MTU: the one planned,
+    /// except that a pair on fou whose peer shares this node's L2 segment and answered its
+    /// probes before (fallen back for a moment) counts as link-local. Pods keep their MTU:
+    /// TCP over fou is then kept to what fou carries by the MSS clamp
+    /// ([`underlay::mss_clamp`]).
+    pub fn expected_paths(&self) -> Vec<PeerPath> {
+        self.peers
+            .iter()
+            .map(|(n, p)| match p {
+                PeerPath::Ipv4(v4) if self.facts.link_local_expected(n) => {
+                    PeerPath::LinkLocal(underlay::link_local_address(*v4))
+                }
+                p => *p,
+            })
+            .collect()
+    }
 }
 
 /// Everything one node's kernel must hold.
@@ -420,11 +467,28 @@ impl DesiredNode {
         for (peer, path) in &b.peers {
             let _ = match path {
                 PeerPath::Ipv6(via) => writeln!(out, "peer {peer} ipv6 via {via}"),
-                PeerPath::Ipv4(via) => writeln!(out, "peer {peer} ipv4 via {via}"),
+                PeerPath::LinkLocal(via) => {
+                    writeln!(out, "peer {peer} link-local via {via} dev @uplink4")
+                }
+                PeerPath::Ipv4(via) if b.facts.uplink_ipv6 && b.facts.on_link.contains(peer) => {
+                    writeln!(
+                        out,
+                        "peer {peer} fou via {via} (on this L2 segment; link-local once its {} answers)",
+                        underlay::link_local_address(*via)
+                    )
+                }
+                PeerPath::Ipv4(via) => writeln!(out, "peer {peer} fou via {via}"),
                 PeerPath::NoCommonFamily => {
                     writeln!(out, "peer {peer} unreachable: no common address family")
                 }
             };
+        }
+        if let Some(a) = b.link_local {
+            let _ = writeln!(
+                out,
+                "addr {a}/{} dev @uplink4 nodad",
+                underlay::LINK_LOCAL_PREFIX
+            );
         }
         if let Some(t) = &b.ipv4_tunnel {
             let _ = writeln!(
@@ -490,13 +554,24 @@ impl DesiredNode {
     }
 }
 
-/// Plans node `node`: the pure entry point. See [`Planner`] for the incremental form.
+/// Plans node `node`: the pure entry point. See [`Planner`] for the incremental form. Nothing
+/// is known about the node's links ([`UnderlayFacts::default`]): see [`plan_with`].
 pub fn plan(
     node: &str,
     state: &ClusterState,
     local: &[PodAttachment],
 ) -> Result<DesiredNode, PlanError> {
     Planner::new(node, state)?.plan(local)
+}
+
+/// [`plan`] with what the node found out about its uplink and peers (`facts`).
+pub fn plan_with(
+    node: &str,
+    state: &ClusterState,
+    facts: &UnderlayFacts,
+    local: &[PodAttachment],
+) -> Result<DesiredNode, PlanError> {
+    Planner::with_facts(node, state, facts)?.plan(local)
 }
 
 /// Caches the pod-independent part of a node's plan. Rebuild it with [`Planner::new`] when the
@@ -508,11 +583,21 @@ pub struct Planner {
 }
 
 impl Planner {
-    /// Computes the pod-independent part of node `node`'s plan.
+    /// Computes the pod-independent part of node `node`'s plan, knowing nothing of its links.
     pub fn new(node: &str, state: &ClusterState) -> Result<Self, PlanError> {
+        Self::with_facts(node, state, &UnderlayFacts::default())
+    }
+
+    /// Computes the pod-independent part of node `node`'s plan with `facts` about its uplink
+    /// and peers.
+    pub fn with_facts(
+        node: &str,
+        state: &ClusterState,
+        facts: &UnderlayFacts,
+    ) -> Result<Self, PlanError> {
         Ok(Self {
             node: node.to_string(),
-            base: Arc::new(base::build_base(node, state)?),
+            base: Arc::new(base::build_base(node, state, facts)?),
         })
     }
 

@@ -10,8 +10,31 @@
 //!   IPv4 address as an IPv4-compatible next hop (`via ::<peer IPv4> dev lu-ipv4`), from which
 //!   the `sit` driver takes the outer destination. A fou listener on [`FOU_PORT`] hands what
 //!   arrives to the same device.
+//! - **IPv6 link-local** between two nodes without a shared IPv6 InternalIP whose IPv4
+//!   InternalIPs are on one L2 segment (the peer's address is on-link from the link holding
+//!   the node's own: no gateway on the route to it) and whose links have IPv6 on: the SRv6
+//!   packet goes natively over IPv6 on that link, one encapsulation layer as on the IPv6 path
+//!   (so GSO and GRO work), towards a link-local next hop (`<locator> via fe80::… dev
+//!   <uplink>`). Preferred to fou, used only once known to work; see below.
 //! - A pair with no common family cannot be reached; [`PeerPath::NoCommonFamily`] says so in
 //!   the plan.
+//!
+//! ## The link-local next hop
+//! Each node holds one more address on the link holding its IPv4 InternalIP (its *uplink*):
+//! [`link_local_address`] of that InternalIP, `fe80::4c61:6365:<IPv4 as 32 bits>/64`
+//! (`4c61:6365` is "Lace"), added `nodad`. A peer derives it from the InternalIP in the
+//! NodeAllocation, so nothing needs publishing: it works the same in standalone mode and in a
+//! cluster, whatever `addr_gen_mode` made the link's own link-local (EUI-64, stable-privacy,
+//! none), with no RBAC and no controller involved, and an IPv4 InternalIP that changes moves
+//! the next hop with it. Neighbour discovery then resolves it as for any next hop.
+//!
+//! Whether a pair may use it is a fact about the kernel and the link, not the cluster state:
+//! the agent looks ([`UnderlayFacts`]: IPv6 on the uplink, which peers are on-link, which
+//! answer a probe from this node's address to theirs) and plans with what it found, so
+//! planning stays pure. A pair takes the link-local path only while the peer answers; it falls
+//! back to fou when the probes stop being answered (IPv6 switched off on either uplink, the
+//! peer's address gone, its agent stopped) or the peer is no longer on-link (moved behind a
+//! router).
 //!
 //! Why fou and not plain 6in4 (`sit` without encapsulation, IP protocol 41): UDP crosses every
 //! fabric Lace meets — one L2 segment, routed IPv4 networks, and cloud networks whose security
@@ -24,6 +47,7 @@
 //! function 0, which no Network gets), held by [`IPV4_TUNNEL`]. Every peer derives either from
 //! the node's NodeAllocation, so no node needs a global IPv6 address of its own.
 
+use std::collections::BTreeSet;
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use super::nft::{Chain, Hook, Set};
@@ -60,22 +84,120 @@ pub const IPV4_FOU_OVERHEAD: u32 = 20 + 8;
 /// Underlay MTU assumed when no link holds the node's underlay address of a family.
 pub const DEFAULT_UNDERLAY_MTU: u32 = 1500;
 
+/// The interface identifier of Lace's link-local addresses: `4c61:6365` ("Lace") followed by
+/// the node's IPv4 InternalIP.
+pub const LINK_LOCAL_MARK: [u16; 2] = [0x4c61, 0x6365];
+/// Prefix length of a node's link-local underlay address on its uplink (the link-local
+/// prefix, as the kernel's own).
+pub const LINK_LOCAL_PREFIX: u8 = 64;
+
+/// The link-local underlay address of a node whose IPv4 InternalIP is `ipv4`:
+/// `fe80::4c61:6365:<ipv4>`. Each node holds its own on its uplink; peers route to it.
+pub fn link_local_address(ipv4: Ipv4Addr) -> Ipv6Addr {
+    let [a, b, c, d] = ipv4.octets();
+    Ipv6Addr::new(
+        0xfe80,
+        0,
+        0,
+        0,
+        LINK_LOCAL_MARK[0],
+        LINK_LOCAL_MARK[1],
+        u16::from_be_bytes([a, b]),
+        u16::from_be_bytes([c, d]),
+    )
+}
+
+/// Whether `a` is a link-local underlay address of Lace's ([`link_local_address`] of some
+/// IPv4 address): the addresses the reconciler owns on the host's links.
+pub fn is_link_local_underlay(a: Ipv6Addr) -> bool {
+    let s = a.segments();
+    s[..4] == [0xfe80, 0, 0, 0] && s[4..6] == LINK_LOCAL_MARK
+}
+
+/// What the node found out about its uplink and its peers by looking at the kernel and
+/// probing: the only input of the plan that does not come from the cluster state. The agent
+/// gathers it (see `agent::underlay`); with the default (nothing known) every pair without
+/// IPv6 InternalIPs takes fou.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct UnderlayFacts {
+    /// IPv6 is on at the uplink (`net.ipv6.conf.<uplink>.disable_ipv6` is 0): the node may hold
+    /// its link-local underlay address there.
+    pub uplink_ipv6: bool,
+    /// The peers (by node name) whose IPv4 InternalIP is on-link from the uplink: no gateway
+    /// on the route to it.
+    pub on_link: BTreeSet<String>,
+    /// The peers whose link-local underlay address answers this node's probes (known to work).
+    pub answering: BTreeSet<String>,
+    /// The on-link peers that answered at least once since they are on-link: their pair is
+    /// expected on the link-local path (sizes the pods' MTU) even while it is on fou.
+    pub answered: BTreeSet<String>,
+    /// The uplink's MTU, when known (sizes the TCP MSS clamp towards peers over fou, see
+    /// [`mss_clamp`]).
+    pub uplink_mtu: Option<u32>,
+}
+
+impl UnderlayFacts {
+    /// Whether the pair with `peer` may take the link-local path now.
+    pub fn link_local_works(&self, peer: &str) -> bool {
+        self.uplink_ipv6 && self.on_link.contains(peer) && self.answering.contains(peer)
+    }
+
+    /// Whether the pair with `peer` is expected to take the link-local path: it shares the
+    /// node's L2 segment, the node's uplink has IPv6, and the peer answers or answered before
+    /// (a pair fallen back to fou for a moment).
+    pub fn link_local_expected(&self, peer: &str) -> bool {
+        self.uplink_ipv6
+            && self.on_link.contains(peer)
+            && (self.answering.contains(peer) || self.answered.contains(peer))
+    }
+}
+
 /// How this node reaches one other node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum PeerPath {
     /// Natively over IPv6, towards the peer's IPv6 InternalIP.
     Ipv6(Ipv6Addr),
+    /// Natively over IPv6 on the shared L2 segment, towards the peer's link-local underlay
+    /// address ([`link_local_address`] of its IPv4 InternalIP) on the uplink.
+    LinkLocal(Ipv6Addr),
     /// Over IPv4 (fou) through [`IPV4_TUNNEL`], towards the peer's IPv4 InternalIP.
     Ipv4(Ipv4Addr),
     /// The two nodes share no address family: the peer's pods are unreachable from here.
     NoCommonFamily,
 }
 
+impl PeerPath {
+    /// The path's name in logs, metrics and `lace-agent plan`: `ipv6`, `link-local`, `fou`,
+    /// `unreachable`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            PeerPath::Ipv6(_) => "ipv6",
+            PeerPath::LinkLocal(_) => "link-local",
+            PeerPath::Ipv4(_) => "fou",
+            PeerPath::NoCommonFamily => "unreachable",
+        }
+    }
+}
+
+impl std::fmt::Display for PeerPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PeerPath::Ipv6(via) => write!(f, "ipv6 via {via}"),
+            PeerPath::LinkLocal(via) => write!(f, "link-local via {via}"),
+            PeerPath::Ipv4(via) => write!(f, "fou via {via}"),
+            PeerPath::NoCommonFamily => write!(f, "unreachable: no common address family"),
+        }
+    }
+}
+
 /// The path between a node with underlay `me` and a peer with underlay `peer`: IPv6 when both
-/// have an IPv6 address, else IPv4 when both have an IPv4 address.
-pub fn peer_path(me: &Underlay, peer: &Underlay) -> PeerPath {
+/// have an IPv6 address; else, when both have an IPv4 address, the link-local path if
+/// `link_local` (the peer shares the L2 segment and answers, see
+/// [`UnderlayFacts::link_local_works`]), fou otherwise.
+pub fn peer_path(me: &Underlay, peer: &Underlay, link_local: bool) -> PeerPath {
     match (me.ipv6, peer.ipv6, me.ipv4, peer.ipv4) {
         (Some(_), Some(v6), _, _) => PeerPath::Ipv6(v6),
+        (_, _, Some(_), Some(v4)) if link_local => PeerPath::LinkLocal(link_local_address(v4)),
         (_, _, Some(_), Some(v4)) => PeerPath::Ipv4(v4),
         _ => PeerPath::NoCommonFamily,
     }
@@ -132,6 +254,80 @@ pub fn node_sets(state: &ClusterState) -> [Set; 2] {
         }
     }
     [v6, v4]
+}
+
+/// The TCP MSS clamp towards peers that share this node's L2 segment but are on fou for now
+/// (their link-local path is pending at start-up, or stopped working): pods size their MTU
+/// for the link-local path (uplink - [`SRV6_OVERHEAD`]) and keep it, so their TCP segments
+/// would not fit fou (uplink - [`SRV6_OVERHEAD`] - [`IPV4_FOU_OVERHEAD`]); SRv6 encapsulates
+/// at route input, so no ICMP "too big" ever reaches them. SYNs from pods towards `blocks` (the
+/// pod blocks of those peers, with the peer's name) get their MSS lowered to what fou carries,
+/// in `prerouting`, before the route encapsulates them. `None` when `blocks` is empty (no rule
+/// at all then). Other protocols than TCP keep the pods' MTU; the pair leaves fou as soon as
+/// the probes answer again.
+pub fn mss_clamp(blocks: &[(ipnet::IpNet, &str)], uplink_mtu: Option<u32>) -> Option<MssClamp> {
+    if blocks.is_empty() {
+        return None;
+    }
+    let fou_mtu = uplink_mtu
+        .unwrap_or(DEFAULT_UNDERLAY_MTU)
+        .saturating_sub(SRV6_OVERHEAD + IPV4_FOU_OVERHEAD);
+    let mut v4 = Set::new(
+        "fou_clamp_v4",
+        "ipv4_addr",
+        true,
+        "pod blocks of peers on this L2 segment reached over fou for now: TCP MSS clamped",
+    );
+    let mut v6 = Set::new(
+        "fou_clamp_v6",
+        "ipv6_addr",
+        true,
+        "pod blocks of peers on this L2 segment reached over fou for now: TCP MSS clamped",
+    );
+    for (b, peer) in blocks {
+        let set = if b.addr().is_ipv4() { &mut v4 } else { &mut v6 };
+        set.add(b.to_string(), None, &format!("node {peer}"));
+    }
+    let rule = |fam: &str, set: &str, mss: u32| {
+        (
+            format!("{fam} daddr @{set} tcp flags & (syn | rst) == syn tcp option maxseg size > {mss} tcp option maxseg size set {mss}"),
+            format!("TCP from pods to peers on fou for now: MSS for the fou path's MTU ({fou_mtu})"),
+        )
+    };
+    Some(MssClamp {
+        sets: [v4, v6],
+        rules: [
+            rule("ip", "fou_clamp_v4", fou_mtu.saturating_sub(40)),
+            rule("ip6", "fou_clamp_v6", fou_mtu.saturating_sub(60)),
+        ],
+    })
+}
+
+/// The sets and `prerouting` rules of the TCP MSS clamp ([`mss_clamp`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MssClamp {
+    pub sets: [Set; 2],
+    /// (statement, comment).
+    pub rules: [(String, String); 2],
+}
+
+impl MssClamp {
+    /// Adds the clamp to `ruleset`: its sets, and its rules in `prerouting` right after the
+    /// guard (before the policy, which only accepts or drops).
+    pub fn install(self, ruleset: &mut super::nft::Ruleset) {
+        ruleset.sets.extend(self.sets);
+        if let Some(pre) = ruleset.chains.iter_mut().find(|c| c.name == "prerouting") {
+            let at = pre
+                .rules
+                .iter()
+                .position(|r| r.statement.contains("@link_scope_v6"))
+                .unwrap_or(pre.rules.len());
+            for (i, (statement, comment)) in self.rules.into_iter().enumerate() {
+                pre.rules
+                    .insert(at + i, super::nft::Rule { statement, comment });
+            }
+        }
+    }
 }
 
 /// IPv6 in IPv4 (protocol 41), by number: nft resolves protocol names through
@@ -220,9 +416,9 @@ pub fn untracked() -> [Chain; 2] {
 /// The pods' MTU on a node whose `peers` are reached as listed and whose own underlay is
 /// `me`, given the MTUs of the links holding its IPv4 and IPv6 underlay addresses: the
 /// smallest of what each path in use leaves (IPv6: the link's MTU minus [`SRV6_OVERHEAD`];
-/// IPv4: minus [`SRV6_OVERHEAD`] and [`IPV4_FOU_OVERHEAD`]). A node without peers counts the
-/// path it would use (IPv6 if it has an IPv6 underlay). An unknown link MTU counts as
-/// [`DEFAULT_UNDERLAY_MTU`].
+/// link-local: the IPv4 uplink's MTU minus [`SRV6_OVERHEAD`]; fou: minus [`SRV6_OVERHEAD`]
+/// and [`IPV4_FOU_OVERHEAD`]). A node without peers counts the path it would use (IPv6 if it
+/// has an IPv6 underlay). An unknown link MTU counts as [`DEFAULT_UNDERLAY_MTU`].
 ///
 /// SRv6 encapsulation happens at route input, so a pod never learns a smaller path MTU from
 /// the kernel: the MTU must fit the smallest path from the start.
@@ -232,29 +428,34 @@ pub fn pod_mtu<'a>(
     mtu_v4: Option<u32>,
     mtu_v6: Option<u32>,
 ) -> u32 {
-    let (mut v4, mut v6) = (false, false);
+    let (mut v4, mut v6, mut ll) = (false, false, false);
     for p in peers {
         match p {
             PeerPath::Ipv6(_) => v6 = true,
+            PeerPath::LinkLocal(_) => ll = true,
             PeerPath::Ipv4(_) => v4 = true,
             PeerPath::NoCommonFamily => {}
         }
     }
-    if !v4 && !v6 {
+    if !v4 && !v6 && !ll {
         v6 = me.ipv6.is_some();
         v4 = !v6;
     }
     let over_v6 = mtu_v6
         .unwrap_or(DEFAULT_UNDERLAY_MTU)
         .saturating_sub(SRV6_OVERHEAD);
+    let over_ll = mtu_v4
+        .unwrap_or(DEFAULT_UNDERLAY_MTU)
+        .saturating_sub(SRV6_OVERHEAD);
     let over_v4 = mtu_v4
         .unwrap_or(DEFAULT_UNDERLAY_MTU)
         .saturating_sub(SRV6_OVERHEAD + IPV4_FOU_OVERHEAD);
-    match (v4, v6) {
-        (true, true) => over_v4.min(over_v6),
-        (true, false) => over_v4,
-        _ => over_v6,
-    }
+    [(v6, over_v6), (ll, over_ll), (v4, over_v4)]
+        .into_iter()
+        .filter(|(used, _)| *used)
+        .map(|(_, mtu)| mtu)
+        .min()
+        .unwrap_or(over_v6)
 }
 
 #[cfg(test)]
@@ -283,15 +484,75 @@ mod tests {
             (v4, v6, PeerPath::NoCommonFamily),
         ];
         for (me, peer, want) in cases {
-            assert_eq!(peer_path(&me, &peer), want, "{me:?} -> {peer:?}");
+            assert_eq!(peer_path(&me, &peer, false), want, "{me:?} -> {peer:?}");
             // Symmetric in the family chosen.
-            let back = peer_path(&peer, &me);
+            let back = peer_path(&peer, &me, false);
             assert_eq!(
                 std::mem::discriminant(&back),
                 std::mem::discriminant(&want),
                 "{peer:?} -> {me:?}"
             );
         }
+    }
+
+    #[test]
+    fn link_local_replaces_fou_only_where_it_works_and_never_ipv6() {
+        let dual = ul(Some("192.0.2.1"), Some("2001:db8::1"));
+        let dual2 = ul(Some("192.0.2.2"), Some("2001:db8::2"));
+        let v4 = ul(Some("192.0.2.3"), None);
+        let v6 = ul(None, Some("2001:db8::4"));
+        let ll = |a: &str| PeerPath::LinkLocal(link_local_address(a.parse().unwrap()));
+        assert_eq!(peer_path(&v4, &dual, true), ll("192.0.2.1"));
+        assert_eq!(peer_path(&dual, &v4, true), ll("192.0.2.3"));
+        // Global IPv6 between the two wins.
+        assert_eq!(
+            peer_path(&dual, &dual2, true),
+            PeerPath::Ipv6("2001:db8::2".parse().unwrap())
+        );
+        // No IPv4 on one side: nothing to derive the next hop from.
+        assert_eq!(peer_path(&v6, &v4, true), PeerPath::NoCommonFamily);
+        assert_eq!(
+            peer_path(&v4, &dual, false),
+            PeerPath::Ipv4("192.0.2.1".parse().unwrap())
+        );
+    }
+
+    #[test]
+    fn the_link_local_address_carries_the_ipv4_internal_ip() {
+        let a = link_local_address("192.168.0.12".parse().unwrap());
+        assert_eq!(a, "fe80::4c61:6365:c0a8:c".parse::<Ipv6Addr>().unwrap());
+        assert!(a.is_unicast_link_local());
+        assert!(is_link_local_underlay(a));
+        // The kernel's own (EUI-64, stable-privacy) are not Lace's.
+        for other in [
+            "fe80::1",
+            "fe80::200:ff:fe00:1",
+            "fe80::4c61:6366:c0a8:c",
+            "fe81::4c61:6365:0:1",
+        ] {
+            assert!(!is_link_local_underlay(other.parse().unwrap()), "{other}");
+        }
+    }
+
+    #[test]
+    fn facts_need_ipv6_on_the_uplink_the_peer_on_link_and_answering() {
+        let mut f = UnderlayFacts {
+            uplink_ipv6: true,
+            on_link: ["a".to_string(), "b".to_string()].into(),
+            answering: ["a".to_string(), "c".to_string()].into(),
+            answered: ["b".to_string()].into(),
+            uplink_mtu: None,
+        };
+        assert!(f.link_local_works("a"));
+        assert!(!f.link_local_works("b"), "on-link, not answering");
+        assert!(f.link_local_expected("b"), "answered before");
+        f.answered.clear();
+        assert!(!f.link_local_expected("b"), "never answered: fou");
+        assert!(f.link_local_expected("a"));
+        assert!(!f.link_local_works("c"), "answering, but behind a router");
+        f.uplink_ipv6 = false;
+        assert!(!f.link_local_works("a"));
+        assert!(!f.link_local_expected("a"));
     }
 
     #[test]
@@ -333,5 +594,10 @@ mod tests {
         let v4 = ul(Some("192.0.2.1"), None);
         assert_eq!(pod_mtu(&v4, &[], Some(1450), None), 1450 - 92);
         assert_eq!(pod_mtu(&v4, &[none], None, None), 1408);
+        // Link-local: the IPv4 uplink's MTU - 64, as over IPv6; fou beside it decides.
+        let ll = PeerPath::LinkLocal(link_local_address("192.0.2.3".parse().unwrap()));
+        assert_eq!(pod_mtu(&v4, &[ll], Some(1500), None), 1436);
+        assert_eq!(pod_mtu(&v4, &[ll, p4], Some(1500), None), 1408);
+        assert_eq!(pod_mtu(&v4, &[ll], Some(9000), None), 9000 - 64);
     }
 }
