@@ -171,32 +171,32 @@ spec:
         if sh is None or sh.poll() is not None:
             sh = subprocess.Popen([self.kubectl, "-n", ns, "exec", "-i", pod, "--", "sh"],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True, bufsize=1)
+                                  stderr=subprocess.STDOUT)
             shells[(ns, pod)] = sh
         return sh
 
     def in_pod(self, ns, pod, script, timeout=180):
         """Runs the shell script in pod (through shell()); returns its output."""
         sh = self.shell(ns, pod)
-        marker = f"__lace_check_done_{time.time_ns()}__"
+        marker = f"__lace_check_done_{time.time_ns()}__".encode()
         try:
-            sh.stdin.write(f"{{ {script}\n}} 2>&1; echo {marker}\n")
+            sh.stdin.write(f"{{ {script}\n}} 2>&1; echo {marker.decode()}\n".encode())
             sh.stdin.flush()
         except BrokenPipeError:
             self.state["shells"].pop((ns, pod), None)
             raise CheckFailed(f"the shell in {ns}/{pod} closed")
-        out, deadline = [], time.time() + timeout
-        while True:
+        # Raw reads: select() sees only the pipe, not what a buffered reader already took in.
+        out, deadline = b"", time.time() + timeout
+        while (marker + b"\n") not in out:
             left = deadline - time.time()
             if left <= 0 or not select.select([sh.stdout], [], [], left)[0]:
                 sh.kill()
                 raise CheckFailed(f"no answer from {ns}/{pod} within {timeout}s to: {script}")
-            line = sh.stdout.readline()
-            if not line:
-                raise CheckFailed(f"the shell in {ns}/{pod} ended: {''.join(out)[-300:]}")
-            if line.strip() == marker:
-                return "".join(out)
-            out.append(line)
+            chunk = os.read(sh.stdout.fileno(), 65536)
+            if not chunk:
+                raise CheckFailed(f"the shell in {ns}/{pod} ended: {out.decode(errors='replace')[-300:]}")
+            out += chunk
+        return out[:out.index(marker + b"\n")].decode(errors="replace")
 
     def reach(self, ns, pod, targets, timeout_s=3):
         """From pod, tries each target ("tcp IP PORT" or "icmp IP"); returns
