@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[3]
 SYSTEM_NS = "kube-system"
 E2E_NS = "lace-e2e"
 AGNHOST = "registry.k8s.io/e2e-test-images/agnhost:2.66.1"
+PAUSE = "registry.k8s.io/pause:3.10.1"
 # Everything Lace-made in a cluster: names and label of what the charts install.
 AGENT_LABELS = "app.kubernetes.io/name=lace-cni,app.kubernetes.io/component=node"
 CONTROLLER_LABELS = "app.kubernetes.io/name=lace-cni,app.kubernetes.io/component=controller"

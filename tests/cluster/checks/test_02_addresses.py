@@ -1,13 +1,14 @@
 """2. Pods get their addresses from the Network their binding policy picks: kube-system pods
 from the system Network (10.244.0.0/18), others from the default Network (10.244.128.0/17).
 Creates the agnhost pods the later checks use: sys-N in kube-system and def-N in lace-e2e, one
-per node, each serving HTTP on 8080 with readiness and liveness probes."""
+per node, each serving HTTP on 8080 with readiness and liveness probes. Then 30 pods of one
+Deployment at once: the time from create to Ready (p50, max), each with its own address."""
 
 import ipaddress
 import calendar
 import time
 
-from conftest import E2E_NS, SYSTEM_NS
+from conftest import E2E_NS, PAUSE, SYSTEM_NS
 
 SYSTEM_SUBNET = ipaddress.ip_network("10.244.0.0/18")
 DEFAULT_SUBNET = ipaddress.ip_network("10.244.128.0/17")
@@ -48,6 +49,44 @@ def test_pods_get_addresses_from_their_networks(cluster):
         )
         ips[name] = v4[0]
     cluster.state["ips"] = ips
+
+
+BURST = 30
+
+
+def test_a_burst_of_pods_gets_ready(cluster):
+    cluster.apply(f"""apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: burst, namespace: {E2E_NS}}}
+spec:
+  replicas: {BURST}
+  selector: {{matchLabels: {{app: lace-burst}}}}
+  template:
+    metadata: {{labels: {{app: lace-burst}}}}
+    spec:
+      terminationGracePeriodSeconds: 0
+      containers: [{{name: pause, image: "{PAUSE}"}}]
+""")
+    start = time.time()
+    cluster.wait_pods_ready(E2E_NS, "app=lace-burst", BURST, timeout=900)
+    took = time.time() - start
+    pods = cluster.pods(E2E_NS, "app=lace-burst")
+    latencies = sorted(_seconds(cluster.condition(p, "Ready")["lastTransitionTime"])
+                       - _seconds(p["metadata"]["creationTimestamp"]) for p in pods)
+    print(f"\n{len(pods)} pods of one Deployment created -> Ready: p50 "
+          f"{latencies[len(latencies) // 2]:.0f} s, max {latencies[-1]:.0f} s "
+          f"(all Ready after {took:.0f} s, on {len({p['spec']['nodeName'] for p in pods})} nodes)")
+    v4 = [a["ip"] for p in pods for a in p["status"]["podIPs"] if ":" not in a["ip"]]
+    assert len(v4) == BURST and len(set(v4)) == BURST, (
+        f"expected {BURST} distinct IPv4 addresses, saw {sorted(v4)}")
+    outside = [a for a in v4 if ipaddress.ip_address(a) not in DEFAULT_SUBNET]
+    assert not outside, f"expected every burst pod in {DEFAULT_SUBNET}, saw {outside}"
+    cluster.k("delete", "deployment", "-n", E2E_NS, "burst", "--wait=true", timeout=600)
+
+    def gone():
+        left = cluster.pods(E2E_NS, "app=lace-burst")
+        return not left, [p["metadata"]["name"] for p in left]
+    cluster.wait("the burst's pods deleted", gone, timeout=600)
 
 
 def _seconds(ts):
