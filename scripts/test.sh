@@ -15,8 +15,6 @@
 #   netns-6.12 netns-tests/run --kernel 6.12 with the tests that apply Lace's real ruleset
 #              (three-node dataplane, nft element updates) besides smoke: newer kernels refuse
 #              bytecode 6.1 accepts (nft_byteorder since 6.12.115)
-#   datapath-6.1, datapath-6.12  tests/vm/datapath.sh in the VM on each kernel: golden plans
-#              applied, real traffic
 #   demo    scripts/demo.sh (the README's demo; fails if traffic differs from the policies)
 #   charts  scripts/test-charts.sh
 #   image   scripts/test-image.sh (builds the image with buildah + mmdebstrap, checks inside it);
@@ -220,17 +218,6 @@ count_netns "$LOGDIR/netns-6.1.log"
 # and carry traffic through it. A filter that matches no test fails the tier.
 netns_tier netns-6.12 --kernel 6.12 --filter smoke --filter dataplane_three_nodes --filter nft_element_change
 count_netns "$LOGDIR/netns-6.12.log"
-# The planner's golden plans applied to namespaces with ip/nft, checked with real traffic
-# (the only tier that sends Service traffic through the backend grants): on both kernels.
-count_datapath() {
-  read -r p f < <(awk '/^[0-9]+ passed, [0-9]+ failed$/ { p = $1; f = $3 } END { print p+0, f+0 }' "$1")
-  PASSED=$((PASSED + p)) FAILED=$((FAILED + f))
-}
-VM_DATAPATH=$(limit_of vm:datapath)
-tier datapath-6.1 netns-tests/vm/with-kernel.sh --kernel 6.1 -t "$VM_DATAPATH" -- bash tests/vm/datapath.sh
-count_datapath "$LOGDIR/datapath-6.1.log"
-tier datapath-6.12 netns-tests/vm/with-kernel.sh --kernel 6.12 -t "$VM_DATAPATH" -- bash tests/vm/datapath.sh
-count_datapath "$LOGDIR/datapath-6.12.log"
 
 # ---- the README's demo: 3 nodes, real agents, pods by the real CNI plugin, policy vs pings
 tier demo scripts/demo.sh

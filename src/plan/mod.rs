@@ -27,10 +27,6 @@
 //! when applying, and sizes [`underlay::IPV4_TUNNEL`] after the link holding the node's IPv4
 //! underlay address.
 //!
-//! `tests/vm/datapath.sh` applies the node-1/node-2 golden plans to namespaces on a Debian
-//! 6.1 kernel and checks real traffic: pairs, replies, leaks, egress masquerade, Service
-//! grants through a kube-proxy stand-in, kubelet probes (IPv4 and IPv6), the SRv6 guard.
-//!
 //! For the incremental case, [`Planner`] keeps the pod-independent part (which is almost all
 //! of it: remote blocks grow with nodes × Networks) behind an [`Arc`] and recomputes only the
 //! routes of the local pods when attachments change.
