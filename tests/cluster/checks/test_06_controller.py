@@ -9,8 +9,11 @@ from conftest import AGENT_LABELS, CONTROLLER_LABELS, SYSTEM_NS, CheckFailed
 
 
 def allocations(cluster):
-    nodes = {o["metadata"]["name"]: o for o in cluster.items("nodeallocations.lace.io")}
-    nets = {o["metadata"]["name"]: o for o in cluster.items("networkallocations.lace.io")}
+    # kubectl leaves managedFields out of its output unless asked.
+    nodes = {o["metadata"]["name"]: o
+             for o in cluster.items("nodeallocations.lace.io", "--show-managed-fields")}
+    nets = {o["metadata"]["name"]: o
+            for o in cluster.items("networkallocations.lace.io", "--show-managed-fields")}
     return nodes, nets
 
 
