@@ -1110,6 +1110,40 @@ fn dataplane_three_nodes_policies_srv6_teardown_restart() {
     assert_eq!(recs[0].teardown_all().unwrap().writes, 0);
 }
 
+/// Captures on node 2's `eth0` while pod p1-system sends DF pings of exactly the pod MTU
+/// (both families) and 1 MiB over TCP in each family to p2-system; returns the capture (and
+/// the directory holding it, removed when dropped).
+fn capture_at_pod_mtu(w: &World, mtu: u32) -> (tempfile::TempDir, std::path::PathBuf) {
+    let (a, b) = (pod_by("p1-system"), pod_by("p2-system"));
+    let dir = tempfile::tempdir().unwrap();
+    let pcap = dir.path().join("node2-eth0.pcap");
+    capture(w.node(2), &pcap, || {
+        for (addr, payload) in [
+            (b.ip(Family::V4), mtu - 20 - 8),
+            (b.ip(Family::V6), mtu - 40 - 8),
+        ] {
+            let size = payload.to_string();
+            let args = [
+                "-c",
+                "3",
+                "-W",
+                "3",
+                "-M",
+                "do",
+                "-s",
+                &size,
+                &addr.to_string(),
+            ];
+            w.ns(a.label)
+                .exec("ping", &args)
+                .unwrap_or_else(|e| panic!("DF ping of {mtu} bytes to {addr}: {e}"));
+        }
+        bulk(w, a.label, b.label, b.ip(Family::V4), 1 << 20);
+        bulk(w, a.label, b.label, b.ip(Family::V6), 1 << 20);
+    });
+    (dir, pcap)
+}
+
 /// Captures on `ns`'s `eth0` (headers only) while `f` runs, into `pcap`.
 fn capture(ns: &Netns, pcap: &std::path::Path, f: impl FnOnce()) {
     let mut child = Command::new("ip")
@@ -1245,35 +1279,7 @@ fn dataplane_ipv4_fabric_srv6_in_fou_matrix_capture_guard_restart() {
     // no pod address ever appears outside the tunnel.
     let mtu = pod_mtu(&cluster(true, Fabric::Ipv4), Fabric::Ipv4, 1);
     assert_eq!(mtu, 1500 - 64 - 28);
-    let (a, b) = (pod_by("p1-system"), pod_by("p2-system"));
-    let dir = tempfile::tempdir().unwrap();
-    let pcap = dir.path().join("node2-eth0.pcap");
-    capture(w.node(2), &pcap, || {
-        for (addr, payload) in [
-            (b.ip(Family::V4), mtu - 20 - 8),
-            (b.ip(Family::V6), mtu - 40 - 8),
-        ] {
-            let size = payload.to_string();
-            w.ns(a.label)
-                .exec(
-                    "ping",
-                    &[
-                        "-c",
-                        "3",
-                        "-W",
-                        "3",
-                        "-M",
-                        "do",
-                        "-s",
-                        &size,
-                        &addr.to_string(),
-                    ],
-                )
-                .unwrap_or_else(|e| panic!("DF ping of {mtu} bytes to {addr}: {e}"));
-        }
-        bulk(&w, a.label, b.label, b.ip(Family::V4), 1 << 20);
-        bulk(&w, a.label, b.label, b.ip(Family::V6), 1 << 20);
-    });
+    let (_dir, pcap) = capture_at_pod_mtu(&w, mtu);
     let srv6_in_fou = format!(
         "ip dst {} and ip src {} and udp dst port {FOU_PORT} and udp[8] & 0xf0 == 0x60 and udp[14] == 43",
         underlay4(2),
@@ -1601,35 +1607,7 @@ fn dataplane_link_local_fabric_matrix_capture_guard_fallback() {
     // nodes, no fragment, nothing above the fabric MTU, no pod address outside the tunnel.
     let mtu = pod_mtu(&cluster(true, kind), kind, 1);
     assert_eq!(mtu, 1500 - 64);
-    let (a, b) = (pod_by("p1-system"), pod_by("p2-system"));
-    let dir = tempfile::tempdir().unwrap();
-    let pcap = dir.path().join("node2-eth0.pcap");
-    capture(w.node(2), &pcap, || {
-        for (addr, payload) in [
-            (b.ip(Family::V4), mtu - 20 - 8),
-            (b.ip(Family::V6), mtu - 40 - 8),
-        ] {
-            let size = payload.to_string();
-            w.ns(a.label)
-                .exec(
-                    "ping",
-                    &[
-                        "-c",
-                        "3",
-                        "-W",
-                        "3",
-                        "-M",
-                        "do",
-                        "-s",
-                        &size,
-                        &addr.to_string(),
-                    ],
-                )
-                .unwrap_or_else(|e| panic!("DF ping of {mtu} bytes to {addr}: {e}"));
-        }
-        bulk(&w, a.label, b.label, b.ip(Family::V4), 1 << 20);
-        bulk(&w, a.label, b.label, b.ip(Family::V6), 1 << 20);
-    });
+    let (_dir, pcap) = capture_at_pod_mtu(&w, mtu);
     let srv6 = format!(
         "ip6 src {} and ip6 dst net {} and ip6[6] == 43",
         locator_address(1),
@@ -1749,6 +1727,7 @@ fn dataplane_link_local_fabric_matrix_capture_guard_fallback() {
         wrong.join("\n")
     );
     assert!(w.fou_in(2) > f0, "traffic to node 2 must arrive in fou now");
+    let (a, b) = (pod_by("p1-system"), pod_by("p2-system"));
     bulk(&w, a.label, b.label, b.ip(Family::V4), 1 << 20);
     bulk(&w, b.label, a.label, a.ip(Family::V6), 1 << 20);
 
