@@ -18,11 +18,14 @@ Environment:
 
 import base64
 import json
-import select
 import os
+import re
+import select
 import shlex
+import socket
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -232,3 +235,40 @@ def cluster():
 
 def b64(s):
     return base64.b64encode(s.encode()).decode()
+
+
+def agent_metrics(cluster, node):
+    """The /metrics text of the agent on node (through kubectl port-forward)."""
+    agent = next(p for p in cluster.pods(SYSTEM_NS, AGENT_LABELS) if p["spec"]["nodeName"] == node)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    pf = subprocess.Popen([cluster.kubectl, "-n", SYSTEM_NS, "port-forward", f"pod/{agent['metadata']['name']}",
+                           f"{port}:9964"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+            except OSError:
+                if time.time() > deadline:
+                    raise CheckFailed(f"cannot read the agent's metrics on {node} through kubectl port-forward")
+                time.sleep(1)
+    finally:
+        pf.terminate()
+        pf.wait()
+
+
+def metric(text, name, **labels):
+    """The sum of the samples of name in a /metrics text whose labels include labels."""
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name):
+            continue
+        m = re.match(r'([a-z_]+)(\{[^}]*\})? ([0-9.e+]+)', line)
+        if not m or m.group(1) != name:
+            continue
+        got = dict(re.findall(r'(\w+)="([^"]*)"', m.group(2) or ""))
+        if all(got.get(k) == v for k, v in labels.items()):
+            total += float(m.group(3))
+    return total

@@ -8,7 +8,7 @@ import ipaddress
 import calendar
 import time
 
-from conftest import E2E_NS, PAUSE, SYSTEM_NS
+from conftest import E2E_NS, PAUSE, SYSTEM_NS, agent_metrics, metric
 
 SYSTEM_SUBNET = ipaddress.ip_network("10.244.0.0/18")
 DEFAULT_SUBNET = ipaddress.ip_network("10.244.128.0/17")
@@ -54,7 +54,18 @@ def test_pods_get_addresses_from_their_networks(cluster):
 BURST = 30
 
 
+def add_seconds(cluster):
+    """Per node: (seconds the agent spent on CNI ADDs, how many), from its metrics."""
+    out = {}
+    for node in cluster.nodes():
+        m = agent_metrics(cluster, node)
+        out[node] = (metric(m, "lace_cni_request_duration_seconds_sum", verb="ADD"),
+                     metric(m, "lace_cni_request_duration_seconds_count", verb="ADD"))
+    return out
+
+
 def test_a_burst_of_pods_gets_ready(cluster):
+    before = add_seconds(cluster)
     cluster.apply(f"""apiVersion: apps/v1
 kind: Deployment
 metadata: {{name: burst, namespace: {E2E_NS}}}
@@ -76,6 +87,11 @@ spec:
     print(f"\n{len(pods)} pods of one Deployment created -> Ready: p50 "
           f"{latencies[len(latencies) // 2]:.0f} s, max {latencies[-1]:.0f} s "
           f"(all Ready after {took:.0f} s, on {len({p['spec']['nodeName'] for p in pods})} nodes)")
+    after = add_seconds(cluster)
+    spent = sum(after[n][0] - before[n][0] for n in after)
+    adds = sum(after[n][1] - before[n][1] for n in after)
+    print(f"Lace's agents handled their {adds:.0f} ADDs in {spent / max(adds, 1) * 1000:.0f} ms "
+          "each on average (the rest of create -> Ready is the scheduler, kubelet and runtime)")
     v4 = [a["ip"] for p in pods for a in p["status"]["podIPs"] if ":" not in a["ip"]]
     assert len(v4) == BURST and len(set(v4)) == BURST, (
         f"expected {BURST} distinct IPv4 addresses, saw {sorted(v4)}")
