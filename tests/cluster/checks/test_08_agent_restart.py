@@ -2,7 +2,6 @@
 nothing while the DaemonSet replaces it (the datapath is the kernel's; the agent is only its
 programmer)."""
 
-import subprocess
 import time
 
 from conftest import AGENT_LABELS, SYSTEM_NS, CheckFailed
@@ -10,18 +9,18 @@ from conftest import AGENT_LABELS, SYSTEM_NS, CheckFailed
 
 def ping_while(cluster, src, dst_ip, action, interval=0.2):
     """Pings dst_ip from kube-system/src every `interval` s while action() runs; returns
-    (sent, received)."""
-    p = subprocess.Popen([cluster.kubectl, "-n", SYSTEM_NS, "exec", src, "--", "ping", "-i",
-                          str(interval), "-W", "2", dst_ip], stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True)
+    (sent, received, ping's output)."""
+    # In the background of the pod's kept-open shell, stopped with the shell's own kill (the
+    # image has no pkill, and kubectl exec forwards no signal to the remote process).
+    cluster.in_pod(SYSTEM_NS, src, f"ping -i {interval} -W 2 {dst_ip} >/tmp/lace-ping.out 2>&1 & "
+                   "echo $! >/tmp/lace-ping.pid")
     try:
         time.sleep(5)
         action()
         time.sleep(5)
     finally:
-        # kubectl exec forwards no signal to the remote ping: stop it from inside.
-        cluster.in_pod(SYSTEM_NS, src, "pkill -INT ping")
-        out, _ = p.communicate(timeout=60)
+        out = cluster.in_pod(SYSTEM_NS, src, "kill -INT $(cat /tmp/lace-ping.pid); sleep 1; "
+                             "cat /tmp/lace-ping.out")
     for line in out.splitlines():
         if "packets transmitted" in line:
             parts = line.split()
