@@ -60,6 +60,11 @@ for line in lines:
     elif section == "sysctls":
         k, v = [x.strip() for x in line.split("=")]
         sysctls.append((k, v))
+    elif section == "vrfs" and line.startswith("link "):
+        # A VRF's ingress device: `link li-x type dummy master lv-x up`.
+        _, name, _, kind, _, master, _ = line.split()
+        run("ip", "link", "add", name, "type", kind)
+        run("ip", "link", "set", name, "master", master, "up")
     elif section == "vrfs":
         name, _, _net, _, tid = line.split()[:5]
         run("ip", "link", "add", name, "type", "vrf", "table", tid)
