@@ -311,7 +311,14 @@ pub(super) fn accept_from_ingress(chain: &mut Chain) {
 }
 
 /// `ingress_snat`: the source NAT of NodePort connections kube-proxy marked for masquerade,
-/// before kube-proxy's own masquerade (which would find no address on the VRF device).
+/// before kube-proxy's own masquerade (which would take an address of the pod's veth or none).
+///
+/// Forwarded into the VRF device, such a packet traverses postrouting twice: with the VRF as
+/// output device, where (seen on 6.1) the nat chains are not evaluated, and again on the VRF's
+/// transmit path with the device its table chose, the pod's veth or, for a remote backend,
+/// the ingress device (seg6's output hook, `nf_hooks_lwtunnel`), where they are. So the rule
+/// names no output device: what it takes is told by the connection (translated, from outside
+/// the cluster, marked) and its destination (a pod of a Network in the map).
 pub(super) fn snat_chain() -> Chain {
     let mut chain = Chain {
         name: "ingress_snat".into(),
@@ -326,7 +333,7 @@ pub(super) fn snat_chain() -> Chain {
     let masq = mark_is(KUBE_PROXY_MASQUERADE_MARK);
     for (ip, v) in [("ip", "v4"), ("ip6", "v6")] {
         chain.rule(
-            format!("oifname @vrfs {ip} saddr != @cluster_{v} ct status dnat {masq} snat {ip} to {ip} daddr map @ingress_snat_{v}"),
+            format!("{ip} saddr != @cluster_{v} ct status dnat {masq} snat {ip} to {ip} daddr map @ingress_snat_{v}"),
             "kube-proxy's masquerade mark (externalTrafficPolicy Cluster): the backend's reply comes back to this node",
         );
     }
