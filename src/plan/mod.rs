@@ -11,10 +11,12 @@
 //! - table ids [`VRF_TABLE_BASE`]`..=`[`PROBE_TABLE`] (one VRF table per Network: base + the
 //!   Network's SID function, so every node uses the same id for the same Network);
 //! - rule priorities [`RULE_PRIORITY_PROBE`]`..=`[`RULE_PRIORITY_L3MDEV`];
-//! - interface names starting with [`VRF_PREFIX`] (VRFs) and [`underlay::TUNNEL_PREFIX`] (the
-//!   SRv6-over-IPv4 device), and the fou listener on [`underlay::FOU_PORT`];
+//! - interface names starting with [`VRF_PREFIX`] (VRFs), [`INGRESS_PREFIX`] (a VRF's ingress
+//!   device, see [`ingress`]) and [`underlay::TUNNEL_PREFIX`] (the SRv6-over-IPv4 device), and
+//!   the fou listener on [`underlay::FOU_PORT`];
 //! - nftables table `inet lace` ([`nft::TABLE`]);
-//! - routes in the main table are only SIDs, node locators and reply routes for pod blocks.
+//! - routes in the main table are only SIDs, node locators, reply routes for pod blocks and
+//!   the subnets of Networks that receive NodePort traffic from outside ([`ingress`]).
 //!
 //! Which underlay reaches each other node (IPv6, IPv6 link-local, or SRv6 over IPv4) is
 //! decided per pair; see [`underlay`]. What the node found out about its links
