@@ -205,6 +205,7 @@ mod tests {
                 ports: vec![ServicePort {
                     protocol: "TCP".into(),
                     port: 80,
+                    node_port: None,
                 }],
             },
         }

@@ -607,7 +607,7 @@ status: {podIP: 10.0.0.5}
 apiVersion: v1
 kind: Service
 metadata: {name: s, namespace: ns}
-spec: {clusterIP: None, ports: [{port: 53, protocol: UDP}, {port: 80}]}
+spec: {clusterIP: None, ports: [{port: 53, protocol: UDP}, {port: 80, nodePort: 30080}]}
 ---
 apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
@@ -654,11 +654,13 @@ endpoints: [{addresses: [10.9.9.9]}]
             [
                 ServicePort {
                     protocol: "UDP".into(),
-                    port: 53
+                    port: 53,
+                    node_port: None,
                 },
                 ServicePort {
                     protocol: "TCP".into(),
-                    port: 80
+                    port: 80,
+                    node_port: Some(30080),
                 }
             ]
         );
@@ -673,7 +675,8 @@ endpoints: [{addresses: [10.9.9.9]}]
             ep.ports,
             [ServicePort {
                 protocol: "TCP".into(),
-                port: 8080
+                port: 8080,
+                node_port: None,
             }]
         );
     }

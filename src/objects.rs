@@ -400,6 +400,9 @@ pub struct PortBody {
     /// Optional in EndpointSlices ("all ports"); required in Services.
     #[serde(default)]
     pub port: Option<u16>,
+    /// Services of type NodePort and LoadBalancer only.
+    #[serde(default, rename = "nodePort")]
+    pub node_port: Option<u16>,
 }
 
 fn tcp() -> String {
@@ -428,6 +431,7 @@ impl Body for ServiceBody {
                 Some(port) => Ok(ServicePort {
                     protocol: p.protocol,
                     port,
+                    node_port: p.node_port,
                 }),
                 None => Err(ObjectError::MissingPort { index: i }),
             })
@@ -496,6 +500,7 @@ impl Body for EndpointSliceBody {
                     Some(ServicePort {
                         protocol: p.protocol,
                         port: p.port?,
+                        node_port: None,
                     })
                 })
                 .collect();

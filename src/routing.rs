@@ -257,6 +257,7 @@ mod tests {
             ports: vec![ServicePort {
                 protocol: "UDP".into(),
                 port: 53,
+                node_port: None,
             }],
         };
         s.services
@@ -278,6 +279,7 @@ mod tests {
                 ports: vec![ServicePort {
                     protocol: "UDP".into(),
                     port: 5353,
+                    node_port: None,
                 }],
             },
         );
@@ -375,7 +377,8 @@ mod tests {
             g.target_ports,
             &[ServicePort {
                 protocol: "UDP".into(),
-                port: 5353
+                port: 5353,
+                node_port: None,
             }]
         );
     }

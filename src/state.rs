@@ -59,6 +59,10 @@ pub struct Pod {
 pub struct ServicePort {
     pub protocol: String,
     pub port: u16,
+    /// `nodePort` of a NodePort or LoadBalancer Service's port (kube-proxy opens it on every
+    /// node's addresses); `None` for other Services and for EndpointSlice ports.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_port: Option<u16>,
 }
 
 /// A core Service as far as Lace cares.

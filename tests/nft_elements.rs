@@ -144,7 +144,7 @@ fn element_changes_applied_to_a_leave_the_table_a_fresh_b_leaves() {
         .find(|s| s.name == "pairs_v6")
         .expect("pairs_v6");
     let first = pairs.elements.values_mut().next().expect("a v6 pair");
-    first.verdict = Some("drop".into());
+    first.value = Some("drop".into());
 
     for (label, b) in [
         ("pair added", &pair_added),

@@ -246,6 +246,8 @@ fn vrfs_rules_and_sysctls() {
         vec![
             format!("-4 pref 990 fwmark {PROBE_MARK:#x}/{PROBE_MARK_MASK:#x} lookup {PROBE_TABLE}"),
             format!("-6 pref 990 fwmark {PROBE_MARK:#x}/{PROBE_MARK_MASK:#x} lookup {PROBE_TABLE}"),
+            "-4 pref 995 fwmark 0x800/0x800 lookup 254".to_string(),
+            "-6 pref 995 fwmark 0x800/0x800 lookup 254".to_string(),
             "-4 pref 1000 l3mdev".to_string(),
             "-6 pref 1000 l3mdev".to_string(),
         ]
@@ -297,7 +299,7 @@ fn nft_elements_name_their_policies() {
             "pairs_v4 {k}"
         );
         if want.is_some() {
-            assert_eq!(pairs.elements[k].verdict.as_deref(), Some("accept"));
+            assert_eq!(pairs.elements[k].value.as_deref(), Some("accept"));
         }
     }
     let egress = nft.set("egress_v4").expect("egress_v4");

@@ -172,7 +172,9 @@ fn errno_text(errno: i32) -> String {
 /// The errors that mean "already as wanted": creating what exists, deleting what is gone.
 fn idempotent(op: &Op, errno: i32) -> bool {
     match op {
-        Op::AddVrf { .. } | Op::AddRule(_) | Op::AddAddress { .. } => errno == libc::EEXIST,
+        Op::AddVrf { .. } | Op::AddDummy { .. } | Op::AddRule(_) | Op::AddAddress { .. } => {
+            errno == libc::EEXIST
+        }
         // IPv4 answers a missing route with ESRCH, IPv6 with ENOENT; a deleted VRF takes its
         // device routes with it.
         Op::DelRoute { .. } | Op::DelRule(_) => errno == libc::ENOENT || errno == libc::ESRCH,
@@ -194,6 +196,10 @@ fn message(
     Ok(Some(match op {
         Op::AddVrf { name, table } => (
             RouteNetlinkMessage::NewLink(msg::vrf(name, *table)),
+            NLM_F_CREATE | NLM_F_EXCL,
+        ),
+        Op::AddDummy { name } => (
+            RouteNetlinkMessage::NewLink(msg::dummy(name)),
             NLM_F_CREATE | NLM_F_EXCL,
         ),
         Op::AddTunnel { name, sit, mtu } => (

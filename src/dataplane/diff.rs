@@ -53,6 +53,10 @@ pub enum Op {
         name: String,
         table: u32,
     },
+    /// `ip link add <name> type dummy`: a VRF's ingress device, enslaved by [`Op::SetMaster`].
+    AddDummy {
+        name: String,
+    },
     /// `ip link add <name> mtu <mtu> type sit ...` (the SRv6-over-IPv4 device), left down until
     /// [`Op::TunnelUp`], after the ruleset that guards it is in.
     AddTunnel {
@@ -67,7 +71,7 @@ pub enum Op {
         name: String,
         mtu: u32,
     },
-    /// Enslave a pod's host-side veth to its Network's VRF and bring it up.
+    /// Enslave a pod's host-side veth, or a VRF's ingress device, to the VRF and bring it up.
     SetMaster {
         link: String,
         master: String,
@@ -139,7 +143,7 @@ impl Op {
     pub fn phase(&self) -> u8 {
         match self {
             Op::ReplaceLink { .. } => 0,
-            Op::AddVrf { .. } | Op::AddTunnel { .. } => 1,
+            Op::AddVrf { .. } | Op::AddDummy { .. } | Op::AddTunnel { .. } => 1,
             Op::LinkUp { .. } | Op::SetMtu { .. } => 2,
             Op::SetMaster { .. } => 3,
             // Before sysctls: the ruleset's `ct` expressions load conntrack, which registers
@@ -181,6 +185,7 @@ impl fmt::Display for Op {
         match self {
             Op::ReplaceLink { name } => write!(f, "link del {name} (to re-create it as planned)"),
             Op::AddVrf { name, table } => write!(f, "link add {name} type vrf table {table}"),
+            Op::AddDummy { name } => write!(f, "link add {name} type dummy"),
             Op::AddTunnel { name, sit, mtu } => write!(
                 f,
                 "link add {name} mtu {mtu} type sit remote {} local {} ttl {} {}pmtudisc encap {} encap-sport {} encap-dport {}",
@@ -361,6 +366,7 @@ fn diff_in(
             out.ops.push(Op::DelLink { name: name.clone() });
         }
     }
+    super::ingress::ops(vrfs, observed, &mut fresh, &mut out.ops);
 
     // --- Links: the SRv6-over-IPv4 device and its fou port ----------------------------------
     let tunnel = desired.and_then(|d| d.base.ipv4_tunnel.as_ref());
@@ -650,6 +656,10 @@ fn resolve(
                 Underpath::Fou => IPV4_TUNNEL.to_string(),
             },
         },
+        Nexthop::Seg6EncapIngress { segs, dev } => KernelNexthop::Seg6Encap {
+            segs: *segs,
+            dev: dev.clone(),
+        },
         Nexthop::Seg6LocalDt46 { vrf_table, vrf } => KernelNexthop::Seg6LocalDt46 {
             vrf_table: *vrf_table,
             dev: vrf.clone(),
@@ -871,6 +881,7 @@ pub(crate) mod tests {
             index,
             vrf_table: None,
             sit: None,
+            dummy: false,
             master: None,
             up: true,
             mtu: 1500,
@@ -936,6 +947,17 @@ pub(crate) mod tests {
                         name.clone(),
                         ObservedLink {
                             vrf_table: Some(*table),
+                            ..link(index)
+                        },
+                    );
+                }
+                Op::AddDummy { name } => {
+                    let index = 100 + o.links.len() as u32;
+                    o.links.insert(
+                        name.clone(),
+                        ObservedLink {
+                            dummy: true,
+                            up: false,
                             ..link(index)
                         },
                     );
@@ -1779,6 +1801,7 @@ pub(crate) mod tests {
     fn lace_link(name: &str) -> bool {
         [
             crate::plan::VRF_PREFIX,
+            crate::plan::INGRESS_PREFIX,
             crate::plan::underlay::TUNNEL_PREFIX,
             super::super::POD_LINK_PREFIX,
         ]

@@ -146,6 +146,7 @@ mod tests {
                 index: 77,
                 vrf_table: None,
                 sit: None,
+                dummy: false,
                 master: None,
                 up: true,
                 mtu: 1500,

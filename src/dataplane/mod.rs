@@ -44,8 +44,9 @@
 //!   ([`plan::VRF_TABLE_BASE`]`..=`[`plan::PROBE_TABLE`]) or in the main table (SIDs, locators,
 //!   reply routes), deleted with the protocol set so the kernel never matches a foreign route;
 //! - FIB rules with a priority in [`plan::RULE_PRIORITY_PROBE`]`..=`[`plan::RULE_PRIORITY_L3MDEV`];
-//! - links named [`plan::VRF_PREFIX`]`*` (VRFs) and [`underlay::TUNNEL_PREFIX`]`*` (the
-//!   SRv6-over-IPv4 device [`underlay::IPV4_TUNNEL`], with its address and sysctl). Pod veths
+//! - links named [`plan::VRF_PREFIX`]`*` (VRFs), [`plan::INGRESS_PREFIX`]`*` (a VRF's ingress
+//!   device: a dummy enslaved to it, see [`plan::ingress`]) and [`underlay::TUNNEL_PREFIX`]`*`
+//!   (the SRv6-over-IPv4 device [`underlay::IPV4_TUNNEL`], with its address and sysctl). Pod veths
 //!   ([`POD_LINK_PREFIX`]`*`, created and deleted by the CNI) are enslaved to their VRF,
 //!   brought up, given the link-local source of their IPv6 probe route
 //!   ([`plan::POD_GATEWAY_V6`]) and, when enslaved, their proxy ARP sysctls and (pods with
@@ -116,6 +117,7 @@ mod apply;
 pub mod diff;
 mod fou;
 pub(crate) mod host;
+mod ingress;
 pub mod linklocal;
 mod msg;
 pub mod netns;
@@ -217,6 +219,8 @@ pub struct ObservedLink {
     pub vrf_table: Option<u32>,
     /// The tunnel's parameters, if the link is a `sit` device.
     pub sit: Option<SitLink>,
+    /// Whether the link is a `dummy` device.
+    pub dummy: bool,
     /// Index of the link's master (VRF), if enslaved.
     pub master: Option<u32>,
     pub up: bool,
@@ -307,6 +311,13 @@ impl ObservedNode {
         self.links
             .iter()
             .filter(|(n, _)| n.starts_with(plan::VRF_PREFIX))
+    }
+
+    /// Lace's VRF ingress devices (`li-*`).
+    pub fn ingress_links(&self) -> impl Iterator<Item = (&String, &ObservedLink)> {
+        self.links
+            .iter()
+            .filter(|(n, _)| n.starts_with(plan::INGRESS_PREFIX))
     }
 
     /// Lace's underlay tunnel links (`lu-*`).

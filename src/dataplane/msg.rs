@@ -77,6 +77,16 @@ pub fn vrf(name: &str, table: u32) -> LinkMessage {
     m
 }
 
+/// `ip link add <name> type dummy`, down (enslaving it to its VRF brings it up).
+pub fn dummy(name: &str) -> LinkMessage {
+    let mut m = link_by_name(name);
+    m.attributes
+        .push(LinkAttribute::LinkInfo(vec![LinkInfo::Kind(
+            InfoKind::Dummy,
+        )]));
+    m
+}
+
 /// `ip link add <name> mtu <mtu> type sit remote <remote|any> local <local|any> [dev <link>]
 /// ttl <ttl> [no]pmtudisc encap <type> encap-sport <sport> encap-dport <dport>`, down (it is
 /// brought up once the guard that protects it is in place).

@@ -151,6 +151,7 @@ pub fn parse_link(l: &LinkMessage) -> Option<(String, ObservedLink)> {
     let mut master = None;
     let mut vrf_table = None;
     let mut sit = None;
+    let mut dummy = false;
     let mut mtu = 0;
     for a in &l.attributes {
         match a {
@@ -161,6 +162,9 @@ pub fn parse_link(l: &LinkMessage) -> Option<(String, ObservedLink)> {
                 let is_sit = infos
                     .iter()
                     .any(|i| matches!(i, LinkInfo::Kind(InfoKind::SitTun)));
+                dummy = infos
+                    .iter()
+                    .any(|i| matches!(i, LinkInfo::Kind(InfoKind::Dummy)));
                 for i in infos {
                     match i {
                         LinkInfo::Data(InfoData::Vrf(v)) => {
@@ -186,6 +190,7 @@ pub fn parse_link(l: &LinkMessage) -> Option<(String, ObservedLink)> {
             index: l.header.index,
             vrf_table,
             sit,
+            dummy,
             master,
             up: l.header.flags.contains(LinkFlags::Up),
             mtu,

@@ -11,15 +11,17 @@ use std::net::IpAddr;
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
-use super::ruleset::build_ruleset;
+use super::ingress::{self, ingress_device, Ingress};
+use super::ruleset::{build_ruleset, Policies};
 use super::underlay::{
     link_local_address, mss_clamp, peer_path, tunnel_source, Ipv4Tunnel, PeerPath, UnderlayFacts,
     IPV4_TUNNEL,
 };
 use super::{
     disable_ipv6_key, host_net, vrf_name, vrf_table, Family, NetInfo, Networks, Nexthop, NodeBase,
-    PlanError, PodNetwork, RouteKey, Rule, RuleAction, Underpath, Vrf, MAIN_TABLE, PROBE_MARK,
-    PROBE_MARK_MASK, PROBE_TABLE, RULE_PRIORITY_L3MDEV, RULE_PRIORITY_PROBE,
+    PlanError, PodNetwork, RouteKey, Rule, RuleAction, Underpath, Vrf, INGRESS_MARK,
+    INGRESS_MARK_MASK, MAIN_TABLE, PROBE_MARK, PROBE_MARK_MASK, PROBE_TABLE,
+    RULE_PRIORITY_INGRESS_REPLY, RULE_PRIORITY_L3MDEV, RULE_PRIORITY_PROBE,
 };
 use crate::alloc::node_blocks;
 use crate::api::NodeAllocationSpec;
@@ -36,17 +38,18 @@ fn default_net(v6: bool) -> IpNet {
 }
 
 /// Routes collected with a precedence; the highest precedence wins per key.
-struct RouteBuilder {
+pub(super) struct RouteBuilder {
     routes: Vec<(RouteKey, u8, Nexthop)>,
 }
 
 /// Precedence of route kinds when two want the same key.
 const PREC_FALLBACK: u8 = 0; // unreachable default / unreachable cluster subnets
 const PREC_EGRESS: u8 = 1; // default via host
-const PREC_REACH: u8 = 2; // blocks, leaks, underlay, SIDs, backends
+pub(super) const PREC_REACH: u8 = 2; // blocks, leaks, underlay, SIDs, backends
+pub(super) const PREC_INGRESS: u8 = 3; // remote NodePort backends through the ingress device
 
 impl RouteBuilder {
-    fn add(&mut self, table: u32, dst: IpNet, prec: u8, nh: Nexthop) {
+    pub(super) fn add(&mut self, table: u32, dst: IpNet, prec: u8, nh: Nexthop) {
         self.routes.push((RouteKey { table, dst }, prec, nh));
     }
 
@@ -84,10 +87,16 @@ pub(super) fn build_base(
                 node: node.to_string(),
             })?;
     let (peers, ipv4_tunnel, link_local) = underlay_paths(node, state, me, facts);
-    let (nets, vrfs) = networks(state, me)?;
+    let (nets, mut vrfs) = networks(state, me)?;
     let pairs = allowed_pairs(state);
     let grants = service_grants(state);
     let reach = reach(state, &nets, &pairs, &grants);
+    let ingress = Ingress::new(state, &nets, &grants);
+    for n in ingress.networks.iter().filter_map(|n| nets.get(n)) {
+        if let Some(v) = vrfs.get_mut(&n.vrf) {
+            v.ingress = Some(ingress_device(&n.vrf));
+        }
+    }
 
     let mut rb = RouteBuilder { routes: Vec::new() };
     fallback_and_egress_routes(&mut rb, &nets, &reach.egress);
@@ -95,6 +104,7 @@ pub(super) fn build_base(
     local_sid_routes(&mut rb, me, &nets);
     block_routes(&mut rb, state, &peers, &nets, &reach.pairs);
     backend_routes(&mut rb, node, state, &peers, &nets, &grants);
+    ingress::routes(&mut rb, node, state, &peers, &nets, &ingress);
 
     let rules = rules();
     let sysctls = sysctls(&vrfs, ipv4_tunnel.is_some());
@@ -103,7 +113,13 @@ pub(super) fn build_base(
         .get(node)
         .map(|n| n.internal_ips.as_slice())
         .unwrap_or_default();
-    let mut ruleset = build_ruleset(node, state, me, &nets, &pairs, &reach.egress, &grants);
+    let policies = Policies {
+        pairs: &pairs,
+        egress: &reach.egress,
+        grants: &grants,
+        ingress: &ingress,
+    };
+    let mut ruleset = build_ruleset(node, state, me, &nets, &policies);
     if let Some(clamp) = mss_clamp(
         &fou_clamp_blocks(state, &peers, facts, &nets),
         facts.uplink_mtu,
@@ -240,6 +256,7 @@ fn networks<'a>(
                 table,
                 function,
                 sid: sid(me.locator, function),
+                ingress: None,
             },
         ) {
             return Err(PlanError::VrfNameCollision {
@@ -531,7 +548,7 @@ fn backend_routes(
 
 /// The route to a peer's locator along `path` and the family it uses, `None` when the peer
 /// cannot be reached.
-fn locator_route(path: &PeerPath) -> Option<(Nexthop, Underpath)> {
+pub(super) fn locator_route(path: &PeerPath) -> Option<(Nexthop, Underpath)> {
     match *path {
         PeerPath::Ipv6(via) => Some((Nexthop::Underlay { via }, Underpath::Ipv6)),
         PeerPath::LinkLocal(via) => Some((Nexthop::LinkLocal { via }, Underpath::LinkLocal)),
@@ -540,7 +557,7 @@ fn locator_route(path: &PeerPath) -> Option<(Nexthop, Underpath)> {
     }
 }
 
-/// The l3mdev and kubelet-probe rules, for both families.
+/// The l3mdev, kubelet-probe and NodePort reply rules, for both families.
 fn rules() -> BTreeSet<Rule> {
     let mut rules = BTreeSet::new();
     for family in [Family::V4, Family::V6] {
@@ -556,6 +573,15 @@ fn rules() -> BTreeSet<Rule> {
                 mark: PROBE_MARK,
                 mask: PROBE_MARK_MASK,
                 table: PROBE_TABLE,
+            },
+        });
+        rules.insert(Rule {
+            priority: RULE_PRIORITY_INGRESS_REPLY,
+            family,
+            action: RuleAction::Fwmark {
+                mark: INGRESS_MARK,
+                mask: INGRESS_MARK_MASK,
+                table: MAIN_TABLE,
             },
         });
     }
@@ -596,11 +622,15 @@ fn sysctls(vrfs: &BTreeMap<String, Vrf>, ipv4_tunnel: bool) -> BTreeMap<String, 
     ] {
         sysctls.insert(k.to_string(), v.to_string());
     }
-    for vrf in vrfs.keys() {
+    for (name, vrf) in vrfs {
         // Decapsulated packets enter through the VRF device; the kernel uses max(all, dev).
-        sysctls.insert(format!("net.ipv4.conf.{vrf}.rp_filter"), "0".to_string());
+        sysctls.insert(format!("net.ipv4.conf.{name}.rp_filter"), "0".to_string());
         // Its SIDs (`End.DT46 ... dev <vrf>`) and IPv6 routes through it need IPv6 on it.
-        sysctls.insert(disable_ipv6_key(vrf), "0".to_string());
+        sysctls.insert(disable_ipv6_key(name), "0".to_string());
+        if let Some(dev) = &vrf.ingress {
+            // The IPv6 routes to remote NodePort backends go through it.
+            sysctls.insert(disable_ipv6_key(dev), "0".to_string());
+        }
     }
     if ipv4_tunnel {
         // The tunnel carries IPv6 even where the host disables it by default.

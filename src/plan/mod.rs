@@ -11,10 +11,12 @@
 //! - table ids [`VRF_TABLE_BASE`]`..=`[`PROBE_TABLE`] (one VRF table per Network: base + the
 //!   Network's SID function, so every node uses the same id for the same Network);
 //! - rule priorities [`RULE_PRIORITY_PROBE`]`..=`[`RULE_PRIORITY_L3MDEV`];
-//! - interface names starting with [`VRF_PREFIX`] (VRFs) and [`underlay::TUNNEL_PREFIX`] (the
-//!   SRv6-over-IPv4 device), and the fou listener on [`underlay::FOU_PORT`];
+//! - interface names starting with [`VRF_PREFIX`] (VRFs), [`INGRESS_PREFIX`] (a VRF's ingress
+//!   device, see [`ingress`]) and [`underlay::TUNNEL_PREFIX`] (the SRv6-over-IPv4 device), and
+//!   the fou listener on [`underlay::FOU_PORT`];
 //! - nftables table `inet lace` ([`nft::TABLE`]);
-//! - routes in the main table are only SIDs, node locators and reply routes for pod blocks.
+//! - routes in the main table are only SIDs, node locators, reply routes for pod blocks and
+//!   the subnets of Networks that receive NodePort traffic from outside ([`ingress`]).
 //!
 //! Which underlay reaches each other node (IPv6, IPv6 link-local, or SRv6 over IPv4) is
 //! decided per pair; see [`underlay`]. What the node found out about its links
@@ -32,6 +34,7 @@
 //! routes of the local pods when attachments change.
 
 mod base;
+pub mod ingress;
 pub mod nft;
 mod ruleset;
 pub mod underlay;
@@ -58,6 +61,10 @@ pub const MAIN_TABLE: u32 = 254;
 /// Priority of the fwmark rule that sends kubelet probes to [`PROBE_TABLE`]. Before the
 /// l3mdev rule (1000) so a marked packet never enters a VRF lookup.
 pub const RULE_PRIORITY_PROBE: u32 = 990;
+/// Priority of the fwmark rule that sends replies to clients outside the cluster (NodePort
+/// connections, marked [`INGRESS_MARK`] by the ruleset) to the main table: after the probe
+/// rule, before the l3mdev rule, which would look their destination up in the pod's VRF.
+pub const RULE_PRIORITY_INGRESS_REPLY: u32 = 995;
 /// Priority of the l3mdev rule: the same rule the kernel's VRF driver installs, declared here
 /// so it is ensured (and not counted as foreign) by the reconciler.
 pub const RULE_PRIORITY_L3MDEV: u32 = 1000;
@@ -76,6 +83,31 @@ pub const PROBE_MARK: u32 = 0x1000;
 /// 0x1000`): only Lace's bit is looked at, so marks other components set in other bits neither
 /// hide nor fake it.
 pub const PROBE_MARK_MASK: u32 = 0x1000;
+/// The mark Lace's ruleset sets, in prerouting, on replies to connections opened from outside
+/// the cluster (kube-proxy's NodePort DNAT towards a pod); the rule at
+/// [`RULE_PRIORITY_INGRESS_REPLY`] routes them in the main table: bit 11.
+///
+/// The low 16 bits are where the components a node may run beside Lace keep their marks (see
+/// [`PROBE_MARK`]); Lace already holds 0x1000 and 0x2000, kube-proxy 0x4000 and 0x8000, which
+/// fills the 0xf000 nibble. Of the rest, bit 11 is the one no component in that list sets on
+/// its own: Istio's marks (0x539, 0x111, 0x220, 0x210, 0x200, 0x100, 0x40), Antrea's 0xff,
+/// AWS VPC CNI's 0x80 stay below it; only Cilium's 0x0f00 "magic" nibble covers it, and Cilium
+/// is a CNI that never runs beside another one's datapath on a node. The upper 16 bits are
+/// Calico's, Cilium's identities, Weave's, kube-router's and Tailscale's. The mark is set only
+/// on reply packets of such connections and read only by that rule.
+pub const INGRESS_MARK: u32 = 0x800;
+/// The mask to match [`INGRESS_MARK`] with: only Lace's bit.
+pub const INGRESS_MARK_MASK: u32 = 0x800;
+/// The masquerade mark kube-proxy (iptables and nftables modes, `--iptables-masquerade-bit`
+/// 14, the default) sets on the connections it wants masqueraded, among them NodePort
+/// connections of `externalTrafficPolicy: Cluster`. Lace source-NATs those that go to a pod to
+/// its own address in the pod's Network ([`ingress::ingress_address`]) before kube-proxy's
+/// masquerade would run.
+pub const KUBE_PROXY_MASQUERADE_MARK: u32 = 0x4000;
+/// Prefix of the dummy device Lace enslaves to the VRF of each Network that receives
+/// NodePort traffic (`li-` + the VRF name after `lv-`): the device of the seg6 encap routes
+/// towards remote backends of that traffic ([`Nexthop::Seg6EncapIngress`]).
+pub const INGRESS_PREFIX: &str = "li-";
 /// The pods' IPv6 default gateway (a permanent neighbour in every pod, pointing at the host
 /// end of its veth), and the source of IPv6 kubelet probes.
 ///
@@ -213,6 +245,9 @@ pub struct Vrf {
     pub function: u16,
     /// `locator::function` on this node, decapsulating into this VRF.
     pub sid: Ipv6Addr,
+    /// The VRF's ingress device ([`INGRESS_PREFIX`]), while its Network receives NodePort
+    /// traffic: a dummy enslaved to the VRF, up.
+    pub ingress: Option<String>,
 }
 
 /// A route's identity in the kernel (Lace uses one metric, no TOS).
@@ -238,6 +273,15 @@ pub enum Nexthop {
     /// outer packet is routed again after encapsulation (in the VRF's IPv6 table, hence the
     /// locator routes there), so no gateway is needed here.
     Seg6Encap { segs: Ipv6Addr, underlay: Underpath },
+    /// `encap seg6 mode encap segs <segs> dev <li-…>`: a remote backend of a Service granted
+    /// from an external Network, in its Network's table, through the Network's ingress device
+    /// ([`INGRESS_PREFIX`]). NodePort traffic reaches this route from the main table through
+    /// the VRF device's transmit path (after its source NAT in postrouting), where a seg6
+    /// encap route works only with a device enslaved to the VRF (checked on 6.1: with the
+    /// uplink the lookup falls through to the main table, with the VRF itself the packet is
+    /// received again and leaves without its source NAT). Pods' packets through the same
+    /// route are encapsulated at route input, as through [`Nexthop::Seg6Encap`].
+    Seg6EncapIngress { segs: Ipv6Addr, dev: String },
     /// `encap seg6local action End.DT46 vrftable <table> dev <vrf>`: a local SID.
     Seg6LocalDt46 { vrf_table: u32, vrf: String },
     /// `via <via> dev <uplink>`: a remote node's locator through its IPv6 underlay address.
@@ -271,6 +315,9 @@ impl fmt::Display for Nexthop {
                 segs,
                 underlay: Underpath::Fou,
             } => write!(f, "encap seg6 mode encap segs {segs} dev {IPV4_TUNNEL}"),
+            Nexthop::Seg6EncapIngress { segs, dev } => {
+                write!(f, "encap seg6 mode encap segs {segs} dev {dev}")
+            }
             Nexthop::Seg6LocalDt46 { vrf_table, vrf } => {
                 write!(
                     f,
@@ -516,6 +563,9 @@ impl DesiredNode {
                 "{name:<15} network {:<12} table {}  sid {}",
                 v.network, v.table, v.sid
             );
+            if let Some(dev) = &v.ingress {
+                let _ = writeln!(out, "link {dev} type dummy master {name} up");
+            }
         }
         let _ = writeln!(out, "\n## rules");
         for r in &b.rules {

@@ -14,20 +14,20 @@ pub const TABLE: &str = "lace";
 /// One element of a set or map.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Element {
-    /// For verdict maps: the verdict (`accept`, `drop`, `jump x`).
-    pub verdict: Option<String>,
+    /// For maps: the value (for verdict maps the verdict: `accept`, `drop`, `jump x`).
+    pub value: Option<String>,
     /// Why the element exists: the policies (sorted, comma-separated) or the object behind it.
     pub comment: String,
 }
 
-/// A named set, or a verdict map when `verdict_map` is set.
+/// A named set, or a map when `value_type` is set.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Set {
     pub name: String,
     /// nft key type, e.g. `ipv4_addr . ipv4_addr`.
     pub key_type: String,
-    /// Maps the key to a verdict (`type K : verdict`).
-    pub verdict_map: bool,
+    /// Maps the key to a value of this type (`type K : V`; `verdict` for a verdict map).
+    pub value_type: Option<String>,
     /// Keys contain prefixes (`flags interval`).
     pub interval: bool,
     pub comment: String,
@@ -41,7 +41,7 @@ impl Set {
         Self {
             name: name.into(),
             key_type: key_type.into(),
-            verdict_map: false,
+            value_type: None,
             interval,
             comment: comment.into(),
             elements: BTreeMap::new(),
@@ -50,16 +50,28 @@ impl Set {
 
     /// An empty verdict map.
     pub fn new_vmap(name: &str, key_type: &str, interval: bool, comment: &str) -> Self {
+        Self::new_map(name, key_type, "verdict", interval, comment)
+    }
+
+    /// An empty map from `key_type` to `value_type`.
+    pub fn new_map(
+        name: &str,
+        key_type: &str,
+        value_type: &str,
+        interval: bool,
+        comment: &str,
+    ) -> Self {
         Self {
-            verdict_map: true,
+            value_type: Some(value_type.into()),
             ..Self::new(name, key_type, interval, comment)
         }
     }
 
-    /// Adds `key` (nft syntax) for `reason`; a key added again collects the extra reason.
-    pub fn add(&mut self, key: String, verdict: Option<&str>, reason: &str) {
+    /// Adds `key` (nft syntax) for `reason`, with `value` in a map; a key added again
+    /// collects the extra reason.
+    pub fn add(&mut self, key: String, value: Option<&str>, reason: &str) {
         let e = self.elements.entry(key).or_default();
-        e.verdict = verdict.map(str::to_string);
+        e.value = value.map(str::to_string);
         if !e.comment.split(", ").any(|c| c == reason) {
             if !e.comment.is_empty() {
                 e.comment.push_str(", ");
@@ -119,9 +131,9 @@ fn quote(s: &str) -> String {
     format!("\"{}\"", s.replace('"', "'"))
 }
 
-/// One element as nft writes it inside `{ }`: key, comment and (maps) verdict.
+/// One element as nft writes it inside `{ }`: key, comment and (maps) value.
 fn element_text(key: &str, e: &Element) -> String {
-    match &e.verdict {
+    match &e.value {
         Some(v) => format!("{key} comment {} : {v}", quote(&e.comment)),
         None => format!("{key} comment {}", quote(&e.comment)),
     }
@@ -132,7 +144,7 @@ impl Set {
     fn same_declaration(&self, other: &Set) -> bool {
         self.name == other.name
             && self.key_type == other.key_type
-            && self.verdict_map == other.verdict_map
+            && self.value_type == other.value_type
             && self.interval == other.interval
             && self.comment == other.comment
     }
@@ -140,7 +152,7 @@ impl Set {
 
 /// The element changes that turn one ruleset into another of the same shape (same chains and
 /// rules, same set declarations): what to delete and what to add, by set. An element whose
-/// comment or verdict changed is deleted and added again: nft cannot update one in place.
+/// comment or value changed is deleted and added again: nft cannot update one in place.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ElementChanges<'a> {
     /// (set name, key) of elements to delete.
@@ -235,12 +247,11 @@ impl Ruleset {
         let _ = writeln!(out, "delete table inet {TABLE}");
         let _ = writeln!(out, "table inet {TABLE} {{");
         for s in &self.sets {
-            let kind = if s.verdict_map { "map" } else { "set" };
+            let kind = if s.value_type.is_some() { "map" } else { "set" };
             let _ = writeln!(out, "\t{kind} {} {{", s.name);
-            let ty = if s.verdict_map {
-                format!("{} : verdict", s.key_type)
-            } else {
-                s.key_type.clone()
+            let ty = match &s.value_type {
+                Some(v) => format!("{} : {v}", s.key_type),
+                None => s.key_type.clone(),
             };
             let _ = writeln!(out, "\t\ttype {ty}");
             if s.interval {
@@ -321,7 +332,7 @@ mod tests {
         let added: Vec<(&str, &str, Option<&str>, &str)> = c
             .added
             .iter()
-            .map(|(s, k, e)| (*s, *k, e.verdict.as_deref(), e.comment.as_str()))
+            .map(|(s, k, e)| (*s, *k, e.value.as_deref(), e.comment.as_str()))
             .collect();
         assert_eq!(
             added,

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 
 use ipnet::IpNet;
 
+use super::ingress::{self, Ingress};
 use super::nft::{self, Chain, Hook, Set};
 use super::{underlay, Networks, PROBE_MARK, PROBE_MARK_MASK};
 use crate::api::NodeAllocationSpec;
@@ -22,6 +23,16 @@ fn by_policies(kind: &str, policies: &[&str]) -> String {
     format!("{kind} {}", policies.join(", "))
 }
 
+/// What the routing policies allow, as the ruleset needs it.
+pub(super) struct Policies<'a> {
+    /// Allowed pairs of Networks, with the NetworkRoutingPolicies behind each.
+    pub pairs: &'a BTreeMap<(&'a str, &'a str), Vec<&'a str>>,
+    /// Networks allowed to external Networks, with the policies.
+    pub egress: &'a BTreeMap<&'a str, Vec<&'a str>>,
+    pub grants: &'a [ServiceGrant<'a>],
+    pub ingress: &'a Ingress<'a, 'a>,
+}
+
 /// The ruleset of node `node` (allocation `me`): the sets hold what the Networks, pairs,
 /// egress and Service grants name, the chains are fixed.
 pub(super) fn build_ruleset(
@@ -29,10 +40,14 @@ pub(super) fn build_ruleset(
     state: &ClusterState,
     me: &NodeAllocationSpec,
     nets: &Networks<'_>,
-    pairs: &BTreeMap<(&str, &str), Vec<&str>>,
-    egress: &BTreeMap<&str, Vec<&str>>,
-    grants: &[ServiceGrant<'_>],
+    policies: &Policies<'_>,
 ) -> nft::Ruleset {
+    let Policies {
+        pairs,
+        egress,
+        grants,
+        ingress,
+    } = *policies;
     let [underlays, underlays_v4] = underlay::node_sets(state);
     let sids = local_sids(node, me);
     let link_scope = link_scope();
@@ -40,6 +55,8 @@ pub(super) fn build_ruleset(
     let [p4, p6] = pair_maps(nets, pairs);
     let [e4, e6] = egress_sets(nets, egress);
     let [[s4, s6], [x4, x6], [b4, b6]] = service_sets(node, nets, grants);
+    let [[snat4, snat6], [i4, i6], [np4, np6], [ib4, ib6]] =
+        ingress::sets(node, state, me, nets, ingress);
 
     let [raw_prerouting, raw_output] = underlay::untracked();
     let [from_pods, to_pods, forward] = policy_chains();
@@ -64,6 +81,14 @@ pub(super) fn build_ruleset(
             x6,
             b4,
             b6,
+            snat4,
+            snat6,
+            i4,
+            i6,
+            np4,
+            np6,
+            ib4,
+            ib6,
         ],
         // Jump targets first, so every chain a rule jumps to is already declared.
         chains: vec![
@@ -77,6 +102,7 @@ pub(super) fn build_ruleset(
             input,
             forward,
             output,
+            ingress::snat_chain(),
             masquerade(),
         ],
     }
@@ -302,6 +328,7 @@ fn prerouting() -> Chain {
         rules: Vec::new(),
     };
     underlay::guard(&mut prerouting);
+    ingress::mark_replies(&mut prerouting);
     // The VRF driver runs a pod's neighbour discovery frames through prerouting a second time
     // with the VRF as input device, untracked (vrf_ip6_rcv): from_pods would drop the
     // advertisements answering the host, which then cannot resolve IPv6 pods (seen in a VM).
@@ -373,7 +400,9 @@ fn policy_chains() -> [Chain; 3] {
             "ip6 saddr . ip6 daddr . ct protocol . th dport @backends_v6 accept",
             "ServiceRoutingPolicy grants: backends on this node (DNAT happened on the client's node)",
         );
+        ingress::accept_from_ingress(c);
     }
+    ingress::accept_nodeports(&mut to_pods);
     from_pods.rule(
         "ip saddr @egress_v4 ip daddr != @cluster_v4 accept",
         "NetworkRoutingPolicy to an external Network",
@@ -443,6 +472,10 @@ fn host_to_pods_chains() -> [Chain; 2] {
         format!("{mark} accept"),
         "kubelet probes: socket mark set by Lace's cgroup program",
     );
+    // NodePort connections forwarded into a VRF keep the client's source when kube-proxy
+    // does not masquerade them (externalTrafficPolicy Local), and the VRF's transmit path
+    // runs this hook for them.
+    ingress::accept_nodeports(&mut from_host);
     from_host.rule(
         "counter drop",
         "host processes other than the kubelet do not open connections to pods",

@@ -177,6 +177,7 @@ pub fn mk_service(
             ports: vec![ServicePort {
                 protocol: port.0.into(),
                 port: port.1,
+                node_port: None,
             }],
         },
     );
@@ -187,6 +188,7 @@ pub fn mk_service(
             ports: vec![ServicePort {
                 protocol: port.0.into(),
                 port: port.2,
+                node_port: None,
             }],
         },
     );
@@ -202,6 +204,15 @@ pub fn mk_service(
             ..Default::default()
         },
     );
+}
+
+/// Gives the first port of Service `key` node port `node_port` (type NodePort).
+pub fn set_node_port(state: &mut ClusterState, key: (&str, &str), node_port: u16) {
+    let svc = state
+        .services
+        .get_mut(&ObjectKey::new(key.0, key.1))
+        .expect("fixture: the Service exists");
+    svc.ports[0].node_port = Some(node_port);
 }
 
 pub fn mk_service_route(
@@ -267,6 +278,9 @@ pub fn golden_cluster_mixed() -> ClusterState {
 /// - `tenant-a` (10.30.0.0/16, fd00:30::/48) reaches itself and `system`.
 /// - `internet` external; `default/kubernetes` is bound to it and granted to `system`.
 /// - `kube-system/kube-dns` bound to `system`, granted to `tenant-a` (backends on node-2/3).
+/// - NodePort Services bound to `default`: `apps/web` (node port 30080, backends web-0 on
+///   node-1 and web-1 on node-2) granted from the `internet`, `apps/admin` (30081, backend on
+///   node-2) granted to no one.
 pub fn golden_cluster() -> ClusterState {
     let mut s = ClusterState::default();
     s.config.srv6_locator_prefix = Some("2001:db8:100::/48".parse().unwrap());
@@ -331,6 +345,31 @@ pub fn golden_cluster() -> ClusterState {
         "system",
         ("kube-system", "kube-dns"),
     );
+    mk_service(
+        &mut s,
+        ("apps", "web"),
+        "default",
+        "10.96.0.80",
+        ("TCP", 80, 8080),
+        &["10.20.1.2", "10.20.2.2"],
+    );
+    set_node_port(&mut s, ("apps", "web"), 30080);
+    mk_service_route(
+        &mut s,
+        "internet-to-web",
+        "internet",
+        "default",
+        ("apps", "web"),
+    );
+    mk_service(
+        &mut s,
+        ("apps", "admin"),
+        "default",
+        "10.96.0.81",
+        ("TCP", 81, 8081),
+        &["10.20.2.3"],
+    );
+    set_node_port(&mut s, ("apps", "admin"), 30081);
     s
 }
 

@@ -1,0 +1,510 @@
+//! NodePort from outside the cluster against a real kernel: three node namespaces and a host
+//! outside the cluster on one fabric (a bridge; IPv4 and IPv6), the nodes programmed by the
+//! real planner and reconciler, and a kube-proxy stand-in on every node (its nft DNAT with the
+//! masquerade mark 0x4000 and its masquerade, for the node ports below, as kube-proxy's
+//! nftables mode writes them).
+//!
+//! The nodes reach each other over IPv6 (their IPv4 and IPv6 InternalIPs) or, in the second
+//! test, over IPv4 only (SRv6 in fou); the host outside uses both families either way.
+//!
+//! Network `default` (dual-stack, does not reach itself) holds the one backend pod, `web` on
+//! node 2. Service `test/web` (node port 30080, externalTrafficPolicy Cluster) and
+//! `test/web-local` (30081, Local: node 2 only, no masquerade mark) are bound to `default` and
+//! granted from the external `internet` Network; `test/admin` (30082, same backend) is bound
+//! to `default` and granted to no one.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+use lace::api::{
+    NetworkSpec, NodeAllocationSpec, ServiceBindingPolicySpec, ServiceRef,
+    ServiceRoutingPolicySpec, Underlay,
+};
+use lace::dataplane::{NetnsTarget, Reconciler};
+use lace::plan::{plan, DesiredNode};
+use lace::state::{ClusterState, Endpoints, Node, ObjectKey, PodAttachment, Service, ServicePort};
+use lace_netns_tests::bed::number_after;
+use lace_netns_tests::cluster::add_dual_stack_network;
+use lace_netns_tests::pods::{add_pod_v6, attach_pod};
+use lace_netns_tests::{require_root_and_vrf, Netns, Topology};
+
+const NODES: [u16; 3] = [1, 2, 3];
+/// The backend pod (node 2, Network `default`) and its port.
+const WEB_V4: Ipv4Addr = Ipv4Addr::new(10, 1, 2, 10);
+const WEB_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 1, 0, 2, 0, 0, 0, 10);
+const TARGET_PORT: u16 = 8080;
+/// Node ports: web (Cluster), web-local (Local, node 2), admin (not granted).
+const WEB: u16 = 30080;
+const WEB_LOCAL: u16 = 30081;
+const ADMIN: u16 = 30082;
+/// The host outside the cluster, on the fabric.
+const OUTSIDE_V4: Ipv4Addr = Ipv4Addr::new(192, 168, 0, 100);
+const OUTSIDE_V6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0xff, 0, 0, 0, 0, 0x100);
+/// How long a check that must fail waits; one that must pass waits [`PATIENT`].
+const TIMEOUT: Duration = Duration::from_secs(3);
+const PATIENT: Duration = Duration::from_secs(15);
+
+fn label(i: u16) -> String {
+    format!("node{i}")
+}
+
+fn node_v4(i: u16) -> Ipv4Addr {
+    Ipv4Addr::new(192, 168, 0, i as u8)
+}
+
+fn node_v6(i: u16) -> Ipv6Addr {
+    Ipv6Addr::new(0x2001, 0xdb8, 0xff, 0, 0, 0, 0, i)
+}
+
+/// Node `i`'s ingress address in `default`: the first address of its blocks.
+fn ingress(i: u16, v6: bool) -> IpAddr {
+    if v6 {
+        IpAddr::V6(Ipv6Addr::new(0xfd00, 1, 0, i, 0, 0, 0, 0))
+    } else {
+        IpAddr::V4(Ipv4Addr::new(10, 1, i as u8, 0))
+    }
+}
+
+/// A Service bound to `default` (by its own ServiceBindingPolicy) with the one backend.
+fn add_service(s: &mut ClusterState, name: &str, node_port: u16) {
+    let key = ObjectKey::new("test", name);
+    s.services.insert(
+        key.clone(),
+        Service {
+            cluster_ips: vec![],
+            ports: vec![ServicePort {
+                protocol: "TCP".into(),
+                port: 80,
+                node_port: Some(node_port),
+            }],
+            ..Default::default()
+        },
+    );
+    s.endpoints.insert(
+        key,
+        Endpoints {
+            addresses: vec![IpAddr::V4(WEB_V4), IpAddr::V6(WEB_V6)],
+            ports: vec![ServicePort {
+                protocol: "TCP".into(),
+                port: TARGET_PORT,
+                node_port: None,
+            }],
+        },
+    );
+    s.service_bindings.insert(
+        name.into(),
+        ServiceBindingPolicySpec {
+            network: "default".into(),
+            services: vec![ServiceRef {
+                namespace: "test".into(),
+                name: name.into(),
+            }],
+            ..Default::default()
+        },
+    );
+}
+
+/// How the nodes reach each other (what their InternalIPs are): the fabric carries both
+/// families either way, for the host outside.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Underpath {
+    /// IPv4 and IPv6 InternalIPs: SRv6 natively over IPv6.
+    Ipv6,
+    /// IPv4 InternalIPs only: SRv6 in UDP over IPv4 (`lu-ipv4`), as the planner chooses without
+    /// probes (the output path of the ingress device's routes over `lu-ipv4`).
+    Fou,
+}
+
+impl Underpath {
+    /// The pods' MTU on a 1500-byte fabric.
+    fn pod_mtu(self) -> u32 {
+        match self {
+            Underpath::Ipv6 => 1436,
+            Underpath::Fou => 1408,
+        }
+    }
+}
+
+/// The cluster; `granted`: the ServiceRoutingPolicy `internet -> default [web, web-local]`.
+fn cluster(granted: bool, under: Underpath) -> ClusterState {
+    let mut s = ClusterState::default();
+    add_dual_stack_network(&mut s, "default", 1, 1);
+    s.networks.insert(
+        "internet".into(),
+        NetworkSpec {
+            subnets: vec![],
+            external: true,
+        },
+    );
+    for i in NODES {
+        let ul = Underlay {
+            ipv4: Some(node_v4(i)),
+            ipv6: (under == Underpath::Ipv6).then(|| node_v6(i)),
+        };
+        s.nodes.insert(
+            label(i),
+            Node {
+                labels: Default::default(),
+                internal_ips: [IpAddr::V4(node_v4(i))]
+                    .into_iter()
+                    .chain(ul.ipv6.map(IpAddr::V6))
+                    .collect(),
+            },
+        );
+        s.node_allocations.insert(
+            label(i),
+            NodeAllocationSpec {
+                // Index i + 1 holds block i: 10.1.<i>.0/24, fd00:1:0:<i>::/64.
+                index: u32::from(i) + 1,
+                locator: format!("2001:db8:100::{i}:0:0/96").parse().unwrap(),
+                underlay: ul,
+            },
+        );
+    }
+    add_service(&mut s, "web", WEB);
+    add_service(&mut s, "web-local", WEB_LOCAL);
+    add_service(&mut s, "admin", ADMIN);
+    if granted {
+        s.service_routes.insert(
+            "internet-to-web".into(),
+            ServiceRoutingPolicySpec {
+                from: "internet".into(),
+                to: "default".into(),
+                services: ["web", "web-local"]
+                    .map(|n| ServiceRef {
+                        namespace: "test".into(),
+                        name: n.into(),
+                    })
+                    .to_vec(),
+                ..Default::default()
+            },
+        );
+    }
+    s
+}
+
+fn attachments(i: u16) -> Vec<PodAttachment> {
+    if i != 2 {
+        return vec![];
+    }
+    vec![PodAttachment {
+        pod: ObjectKey::new("test", "web"),
+        container_id: "c-web".into(),
+        host_ifname: "lp-web".into(),
+        network: "default".into(),
+        ips: vec![
+            IpNet::V4(Ipv4Net::from(WEB_V4)),
+            IpNet::V6(Ipv6Net::from(WEB_V6)),
+        ],
+    }]
+}
+
+fn plans(granted: bool, under: Underpath) -> Vec<DesiredNode> {
+    let s = cluster(granted, under);
+    NODES
+        .iter()
+        .map(|&i| plan(&label(i), &s, &attachments(i)).unwrap())
+        .collect()
+}
+
+/// Applies `plans`; the number of writes.
+fn apply(recs: &[Reconciler], plans: &[DesiredNode]) -> u64 {
+    recs.iter()
+        .zip(plans)
+        .map(|(r, p)| {
+            let rep = r
+                .reconcile(p)
+                .unwrap_or_else(|e| panic!("reconcile {}: {e}", p.node));
+            assert!(rep.skipped.is_empty(), "{}: {:?}", p.node, rep.skipped);
+            rep.writes
+        })
+        .sum()
+}
+
+/// kube-proxy's nftables mode, reduced to what these node ports need: DNAT of a local
+/// address's node port to the backend (with the masquerade mark for Cluster), masquerade of
+/// what carries the mark.
+fn kube_proxy(i: u16) -> String {
+    let mut dnat = String::new();
+    let mut ports = vec![(WEB, true), (ADMIN, true)];
+    if i == 2 {
+        ports.push((WEB_LOCAL, false));
+    }
+    for (port, masq) in ports {
+        let mark = if masq {
+            "meta mark set mark | 0x4000 "
+        } else {
+            ""
+        };
+        dnat.push_str(&format!(
+            "  fib daddr type local tcp dport {port} {mark}meta nfproto ipv4 dnat ip to {WEB_V4}:{TARGET_PORT}\n  fib daddr type local tcp dport {port} {mark}meta nfproto ipv6 dnat ip6 to [{WEB_V6}]:{TARGET_PORT}\n"
+        ));
+    }
+    format!(
+        "table inet kube-proxy {{\n chain nat-prerouting {{\n  type nat hook prerouting priority dstnat; policy accept;\n{dnat} }}\n chain nat-postrouting {{\n  type nat hook postrouting priority srcnat; policy accept;\n  meta mark & 0x4000 == 0x4000 meta mark set mark xor 0x4000 masquerade\n }}\n}}\n"
+    )
+}
+
+struct World {
+    topo: Topology,
+}
+
+impl World {
+    fn ns(&self, l: &str) -> &Netns {
+        self.topo.ns(l).unwrap()
+    }
+
+    fn node(&self, i: u16) -> &Netns {
+        self.ns(&label(i))
+    }
+
+    fn build(under: Underpath) -> World {
+        let mut topo = Topology::new();
+        for l in ["fabric", "outside", "web"] {
+            topo.add(l).unwrap();
+        }
+        for i in NODES {
+            topo.add(&label(i)).unwrap();
+        }
+        let w = World { topo };
+        let fabric = w.ns("fabric");
+        fabric.ip("link add br0 type bridge").unwrap();
+        fabric.ip("link set br0 up").unwrap();
+        let hosts: Vec<(String, Ipv4Addr, Ipv6Addr)> = NODES
+            .iter()
+            .map(|&i| (label(i), node_v4(i), node_v6(i)))
+            .chain([("outside".to_string(), OUTSIDE_V4, OUTSIDE_V6)])
+            .collect();
+        for (l, v4, v6) in &hosts {
+            let port = format!("fab-{l}");
+            w.topo.link((l, "eth0"), ("fabric", &port)).unwrap();
+            fabric.ip(&format!("link set {port} master br0")).unwrap();
+            let ns = w.ns(l);
+            ns.ip(&format!("addr add {v4}/24 dev eth0")).unwrap();
+            ns.ip(&format!("-6 addr add {v6}/64 dev eth0 nodad"))
+                .unwrap();
+        }
+        for i in NODES {
+            let n = w.node(i);
+            // A default route as nodes have: what kube-proxy translates towards a pod that no
+            // Lace route takes still goes through forward (and Lace's policy) that way.
+            n.ip(&format!("route add default via {OUTSIDE_V4} dev eth0"))
+                .unwrap();
+            n.ip(&format!("-6 route add default via {OUTSIDE_V6} dev eth0"))
+                .unwrap();
+            n.exec_stdin("nft", &["-f", "-"], &kube_proxy(i)).unwrap();
+        }
+        let (node2, web) = (w.node(2), w.ns("web"));
+        attach_pod(node2, "lp-web", web, WEB_V4).unwrap();
+        add_pod_v6(node2, "lp-web", web, WEB_V6).unwrap();
+        for (ns, dev) in [(node2, "lp-web"), (web, "eth0")] {
+            ns.ip(&format!("link set {dev} mtu {}", under.pod_mtu()))
+                .unwrap();
+        }
+        w
+    }
+
+    /// The packets Lace's `to_pods` chain on node `i` dropped (no policy allows them).
+    fn to_pods_drops(&self, i: u16) -> u64 {
+        let out = self
+            .node(i)
+            .exec("nft", &["list", "chain", "inet", "lace", "to_pods"])
+            .unwrap();
+        let line = out
+            .lines()
+            .find(|l| l.contains("counter") && l.contains("drop"))
+            .expect("to_pods' counted drop");
+        number_after(line, "packets").unwrap()
+    }
+
+    /// Node `i`'s Lace table and routes, for failure messages.
+    fn diagnose(&self, i: u16) -> String {
+        let n = self.node(i);
+        let mut out = String::new();
+        for args in [
+            "route show table all",
+            "-6 route show table all",
+            "rule",
+            "-d link",
+        ] {
+            out.push_str(&format!(
+                "--- node{i}: ip {args}\n{}\n",
+                n.ip(args).unwrap_or_else(|e| e.to_string())
+            ));
+        }
+        let nft = n.exec("nft", &["list", "ruleset"]).unwrap_or_default();
+        out.push_str(&format!("--- node{i}: nft list ruleset\n{nft}"));
+        out
+    }
+}
+
+/// A TCP server in the backend pod answering each connection with the peer's address.
+struct Server {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Server {
+    fn start(ns: &Netns, addr: IpAddr) -> Server {
+        let bind: SocketAddr = (addr, TARGET_PORT).into();
+        let listener = ns
+            .enter(|| TcpListener::bind(bind))
+            .unwrap()
+            .unwrap_or_else(|e| panic!("bind {bind}: {e}"));
+        listener.set_nonblocking(true).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            while !stopped.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((conn, peer)) => {
+                        let _ = conn.set_nonblocking(false);
+                        let _ = (&conn).write_all(format!("{}\n", peer.ip()).as_bytes());
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        std::thread::sleep(Duration::from_millis(10))
+                    }
+                    Err(e) => panic!("accept on {bind}: {e}"),
+                }
+            }
+        });
+        Server {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Connects from the outside host to `to`:`port`; the address the backend saw.
+fn connect(w: &World, to: IpAddr, port: u16, timeout: Duration) -> Result<IpAddr, String> {
+    let server: SocketAddr = (to, port).into();
+    let client = w
+        .ns("outside")
+        .enter(|| TcpStream::connect_timeout(&server, timeout))
+        .unwrap()
+        .map_err(|e| format!("connect: {e}"))?;
+    client.set_read_timeout(Some(timeout)).unwrap();
+    let mut answer = String::new();
+    BufReader::new(&client)
+        .read_line(&mut answer)
+        .map_err(|e| format!("receive: {e}"))?;
+    answer
+        .trim()
+        .parse()
+        .map_err(|e| format!("answer {answer:?}: {e}"))
+}
+
+fn node_addr(i: u16, v6: bool) -> IpAddr {
+    if v6 {
+        IpAddr::V6(node_v6(i))
+    } else {
+        IpAddr::V4(node_v4(i))
+    }
+}
+
+/// Every NodePort check of the grant in force (`granted`): what differs from the policy.
+fn check(w: &World, granted: bool) -> Vec<String> {
+    let mut wrong = Vec::new();
+    for v6 in [false, true] {
+        let outside = if v6 {
+            IpAddr::V6(OUTSIDE_V6)
+        } else {
+            IpAddr::V4(OUTSIDE_V4)
+        };
+        // (ingress node, node port, whom the backend must see when allowed)
+        let mut cases: Vec<(u16, u16, Option<IpAddr>)> = NODES
+            .iter()
+            .map(|&i| (i, WEB, granted.then(|| ingress(i, v6))))
+            .collect();
+        cases.push((2, WEB_LOCAL, granted.then_some(outside)));
+        cases.push((1, ADMIN, None));
+        for (i, port, want) in cases {
+            let to = node_addr(i, v6);
+            let wait = if want.is_some() { PATIENT } else { TIMEOUT };
+            let before = w.to_pods_drops(i);
+            let got = connect(w, to, port, wait);
+            let what = format!("outside -> node{i} {to} port {port}");
+            match (want, got) {
+                (Some(want), Ok(seen)) if seen != want => {
+                    wrong.push(format!("{what}: the backend saw {seen}, not {want}"))
+                }
+                (Some(_), Ok(_)) => {}
+                (Some(_), Err(e)) => wrong.push(format!("{what}: allowed, but {e}")),
+                (None, Ok(seen)) => wrong.push(format!(
+                    "{what}: denied, but connected (the backend saw {seen})"
+                )),
+                (None, Err(_)) => {
+                    if w.to_pods_drops(i) == before {
+                        wrong.push(format!("{what}: denied, but node{i} counted no drop"));
+                    }
+                }
+            }
+        }
+    }
+    wrong
+}
+
+/// The grant in force `phases` one after the other, each applied (twice: the second writes
+/// nothing) and checked with real traffic.
+fn run(under: Underpath, phases: &[bool]) {
+    require_root_and_vrf();
+    let w = World::build(under);
+    let recs: Vec<Reconciler> = NODES
+        .iter()
+        .map(|&i| Reconciler::new(NetnsTarget::Path(w.node(i).path())).unwrap())
+        .collect();
+    let _servers = [
+        Server::start(w.ns("web"), IpAddr::V4(WEB_V4)),
+        Server::start(w.ns("web"), IpAddr::V6(WEB_V6)),
+    ];
+    for &granted in phases {
+        let p = plans(granted, under);
+        assert!(apply(&recs, &p) > 0);
+        assert_eq!(
+            apply(&recs, &p),
+            0,
+            "applying the plan twice writes nothing"
+        );
+        for i in NODES {
+            let dev = w.node(i).ip("link show li-default");
+            assert_eq!(
+                dev.is_ok(),
+                granted,
+                "node{i}: the ingress device exists exactly while the grant does"
+            );
+        }
+        let wrong = check(&w, granted);
+        assert!(
+            wrong.is_empty(),
+            "{under:?}, granted {granted}:\n{}\n{}\n{}",
+            wrong.join("\n"),
+            w.diagnose(1),
+            w.diagnose(2)
+        );
+    }
+}
+
+/// Granted, the grant deleted, granted again.
+#[test]
+fn node_ports_from_outside_follow_the_grant_from_the_internet() {
+    run(Underpath::Ipv6, &[true, false, true]);
+}
+
+/// The same between IPv4-only nodes (SRv6 in fou), granted and then not.
+#[test]
+fn node_ports_from_outside_between_ipv4_only_nodes() {
+    run(Underpath::Fou, &[true, false]);
+}
