@@ -12,6 +12,7 @@
 
 pub mod bed;
 pub mod cluster;
+pub mod echo;
 pub mod pods;
 
 use std::collections::BTreeMap;

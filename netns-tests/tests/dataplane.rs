@@ -24,8 +24,8 @@ use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
@@ -37,6 +37,7 @@ use lace::plan::{plan, plan_with, DesiredNode};
 use lace::state::{ClusterState, Node, ObjectKey, PodAttachment};
 use lace_netns_tests::bed::number_after;
 use lace_netns_tests::cluster::add_dual_stack_network;
+use lace_netns_tests::echo::{self, PeerEcho};
 use lace_netns_tests::pods::{add_pod_v6, attach_pod};
 use lace_netns_tests::{require_root_and_vrf, Netns, Topology};
 
@@ -555,14 +556,25 @@ impl World {
     }
 
     /// Starts a TCP server on every pod's addresses (both families) and on the internet's.
-    fn servers(&self) -> Vec<Server> {
-        let mut all: Vec<Server> = PODS
+    fn servers(&self) -> Vec<PeerEcho> {
+        let mut all: Vec<PeerEcho> = PODS
             .iter()
-            .flat_map(|p| FAMILIES.map(|f| Server::start(self.ns(p.label), p.ip(f))))
+            .flat_map(|p| {
+                FAMILIES
+                    .map(|f| PeerEcho::start(self.ns(p.label), (p.ip(f), TCP_PORT).into(), PATIENT))
+            })
             .collect();
         let inet = self.ns("internet");
-        all.push(Server::start(inet, IpAddr::V4(INTERNET_V4)));
-        all.push(Server::start(inet, IpAddr::V6(INTERNET_V6)));
+        all.push(PeerEcho::start(
+            inet,
+            (IpAddr::V4(INTERNET_V4), TCP_PORT).into(),
+            PATIENT,
+        ));
+        all.push(PeerEcho::start(
+            inet,
+            (IpAddr::V6(INTERNET_V6), TCP_PORT).into(),
+            PATIENT,
+        ));
         all
     }
 
@@ -799,89 +811,10 @@ fn matrix_each_family(w: &World, arrived: fn(&World, u32) -> u64, what: &str) {
     }
 }
 
-/// A TCP server on one address in one namespace (port [`TCP_PORT`]): reads one line and
-/// answers with the address it saw the client come from. Stops when dropped.
-struct Server {
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Server {
-    fn start(ns: &Netns, addr: IpAddr) -> Server {
-        let bind: SocketAddr = (addr, TCP_PORT).into();
-        let listener = ns
-            .enter(|| TcpListener::bind(bind))
-            .unwrap()
-            .unwrap_or_else(|e| panic!("bind {bind} in {}: {e}", ns.name()));
-        listener.set_nonblocking(true).unwrap();
-        let stop = Arc::new(AtomicBool::new(false));
-        let stopped = Arc::clone(&stop);
-        let thread = std::thread::spawn(move || {
-            while !stopped.load(Ordering::Relaxed) {
-                match listener.accept() {
-                    Ok((conn, peer)) => {
-                        // One thread per connection: a client that never sends must not stall
-                        // the others.
-                        std::thread::spawn(move || {
-                            let _ = serve(conn, peer);
-                        });
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                        std::thread::sleep(Duration::from_millis(10))
-                    }
-                    Err(e) => panic!("accept on {bind}: {e}"),
-                }
-            }
-        });
-        Server {
-            stop,
-            thread: Some(thread),
-        }
-    }
-}
-
-fn serve(conn: TcpStream, peer: SocketAddr) -> std::io::Result<()> {
-    conn.set_nonblocking(false)?;
-    conn.set_read_timeout(Some(PATIENT))?;
-    let mut line = String::new();
-    BufReader::new(&conn).read_line(&mut line)?;
-    if line == "ping\n" {
-        (&conn).write_all(format!("{}\n", peer.ip()).as_bytes())?;
-    }
-    Ok(())
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-/// Opens a TCP connection from pod `from` to a [`Server`] at `to`, sends a request and reads
-/// the answer, waiting up to `timeout` for each: the address the server saw (so both
-/// directions carried data), or the error.
+/// Opens a TCP connection from pod `from` to the [`PeerEcho`] at `to` (port [`TCP_PORT`]):
+/// the address the server saw (so both directions carried data), or the error.
 fn tcp(w: &World, from: &str, to: IpAddr, timeout: Duration) -> Result<IpAddr, String> {
-    let server: SocketAddr = (to, TCP_PORT).into();
-    let client = w
-        .ns(from)
-        .enter(|| TcpStream::connect_timeout(&server, timeout))
-        .unwrap();
-    let client = client.map_err(|e| format!("connect: {e}"))?;
-    client.set_read_timeout(Some(timeout)).unwrap();
-    (&client)
-        .write_all(b"ping\n")
-        .map_err(|e| format!("send: {e}"))?;
-    let mut answer = String::new();
-    BufReader::new(&client)
-        .read_line(&mut answer)
-        .map_err(|e| format!("receive: {e}"))?;
-    answer
-        .trim()
-        .parse()
-        .map_err(|e| format!("answer {answer:?}: {e}"))
+    echo::ask(w.ns(from), (to, TCP_PORT).into(), timeout)
 }
 
 fn pod_by(label: &str) -> &'static PodSpec {

@@ -27,15 +27,16 @@
 mod cni_bed;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader, Write};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::io::Write;
+use std::net::{IpAddr, Ipv4Addr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use cni_bed::{binary, workspace, DEADLINE};
+use lace_netns_tests::echo::{self, PeerEcho};
 use lace_netns_tests::{require_root_and_vrf, Netns, Topology};
 use serde_json::Value;
 
@@ -570,82 +571,10 @@ fn agent_tool(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// A TCP server on one address in one namespace (port [`TCP_PORT`]): reads a line and answers
-/// with the address the client came from. Stops when dropped.
-struct Server {
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Server {
-    fn start(ns: &Netns, addr: IpAddr) -> Server {
-        let bind: SocketAddr = (addr, TCP_PORT).into();
-        let listener = ns
-            .enter(|| TcpListener::bind(bind))
-            .unwrap()
-            .unwrap_or_else(|e| panic!("bind {bind} in {}: {e}", ns.name()));
-        listener.set_nonblocking(true).unwrap();
-        let stop = Arc::new(AtomicBool::new(false));
-        let stopped = Arc::clone(&stop);
-        let thread = std::thread::spawn(move || {
-            while !stopped.load(Ordering::Relaxed) {
-                match listener.accept() {
-                    Ok((conn, peer)) => {
-                        std::thread::spawn(move || {
-                            let _ = conn.set_nonblocking(false);
-                            let _ = conn.set_read_timeout(Some(PATIENT));
-                            let mut line = String::new();
-                            if BufReader::new(&conn).read_line(&mut line).is_ok()
-                                && line == "ping\n"
-                            {
-                                let _ = (&conn).write_all(format!("{}\n", peer.ip()).as_bytes());
-                            }
-                        });
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                        std::thread::sleep(Duration::from_millis(10))
-                    }
-                    Err(e) => panic!("accept on {bind}: {e}"),
-                }
-            }
-        });
-        Server {
-            stop,
-            thread: Some(thread),
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-/// A TCP exchange from namespace `from` with the [`Server`] at `to`: the address the server
+/// A TCP exchange from namespace `from` with the [`PeerEcho`] at `to`: the address the server
 /// saw, or what failed.
 fn tcp(w: &World, from: &str, to: IpAddr, timeout: Duration) -> Result<IpAddr, String> {
-    let server: SocketAddr = (to, TCP_PORT).into();
-    let client = w
-        .ns(from)
-        .enter(|| TcpStream::connect_timeout(&server, timeout))
-        .unwrap()
-        .map_err(|e| format!("connect: {e}"))?;
-    client.set_read_timeout(Some(timeout)).unwrap();
-    (&client)
-        .write_all(b"ping\n")
-        .map_err(|e| format!("send: {e}"))?;
-    let mut answer = String::new();
-    BufReader::new(&client)
-        .read_line(&mut answer)
-        .map_err(|e| format!("receive: {e}"))?;
-    answer
-        .trim()
-        .parse()
-        .map_err(|e| format!("answer {answer:?}: {e}"))
+    echo::ask(w.ns(from), (to, TCP_PORT).into(), timeout)
 }
 
 /// One check: ICMP echo or TCP exchange from a pod to an address, and what the policies say.
@@ -820,12 +749,19 @@ fn hosts_with_ipv6_disabled_by_default_run_every_pod_over_fou() {
     w.assert_only_lace_devices_have_ipv6();
 
     // The matrix, both families, ICMP and TCP.
-    let mut servers: Vec<Server> = w
+    let mut servers: Vec<PeerEcho> = w
         .pods
         .iter()
-        .flat_map(|p| [false, true].map(|v6| Server::start(w.ns(&p.label), p.ip(v6))))
+        .flat_map(|p| {
+            [false, true]
+                .map(|v6| PeerEcho::start(w.ns(&p.label), (p.ip(v6), TCP_PORT).into(), PATIENT))
+        })
         .collect();
-    servers.push(Server::start(w.ns("internet"), IpAddr::V4(INTERNET)));
+    servers.push(PeerEcho::start(
+        w.ns("internet"),
+        (IpAddr::V4(INTERNET), TCP_PORT).into(),
+        PATIENT,
+    ));
     let rx_before: Vec<u64> = NODES.iter().map(|&i| w.fou_rx(i)).collect();
     let checks = matrix(&w);
     let allowed = checks.iter().filter(|c| c.allowed).count();

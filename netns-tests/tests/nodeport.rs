@@ -13,10 +13,7 @@
 //! granted from the external `internet` Network; `test/admin` (30082, same backend) is bound
 //! to `default` and granted to no one.
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
@@ -29,6 +26,7 @@ use lace::plan::{plan, DesiredNode};
 use lace::state::{ClusterState, Endpoints, Node, ObjectKey, PodAttachment, Service, ServicePort};
 use lace_netns_tests::bed::number_after;
 use lace_netns_tests::cluster::add_dual_stack_network;
+use lace_netns_tests::echo::{self, PeerEcho};
 use lace_netns_tests::pods::{add_pod_v6, attach_pod};
 use lace_netns_tests::{require_root_and_vrf, Netns, Topology};
 
@@ -342,69 +340,9 @@ impl World {
     }
 }
 
-/// A TCP server in the backend pod answering each connection with the peer's address.
-struct Server {
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Server {
-    fn start(ns: &Netns, addr: IpAddr) -> Server {
-        let bind: SocketAddr = (addr, TARGET_PORT).into();
-        let listener = ns
-            .enter(|| TcpListener::bind(bind))
-            .unwrap()
-            .unwrap_or_else(|e| panic!("bind {bind}: {e}"));
-        listener.set_nonblocking(true).unwrap();
-        let stop = Arc::new(AtomicBool::new(false));
-        let stopped = Arc::clone(&stop);
-        let thread = std::thread::spawn(move || {
-            while !stopped.load(Ordering::Relaxed) {
-                match listener.accept() {
-                    Ok((conn, peer)) => {
-                        let _ = conn.set_nonblocking(false);
-                        let _ = (&conn).write_all(format!("{}\n", peer.ip()).as_bytes());
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                        std::thread::sleep(Duration::from_millis(10))
-                    }
-                    Err(e) => panic!("accept on {bind}: {e}"),
-                }
-            }
-        });
-        Server {
-            stop,
-            thread: Some(thread),
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
 /// Connects from the outside host to `to`:`port`; the address the backend saw.
 fn connect(w: &World, to: IpAddr, port: u16, timeout: Duration) -> Result<IpAddr, String> {
-    let server: SocketAddr = (to, port).into();
-    let client = w
-        .ns("outside")
-        .enter(|| TcpStream::connect_timeout(&server, timeout))
-        .unwrap()
-        .map_err(|e| format!("connect: {e}"))?;
-    client.set_read_timeout(Some(timeout)).unwrap();
-    let mut answer = String::new();
-    BufReader::new(&client)
-        .read_line(&mut answer)
-        .map_err(|e| format!("receive: {e}"))?;
-    answer
-        .trim()
-        .parse()
-        .map_err(|e| format!("answer {answer:?}: {e}"))
+    echo::ask(w.ns("outside"), (to, port).into(), timeout)
 }
 
 fn node_addr(i: u16, v6: bool) -> IpAddr {
@@ -467,8 +405,16 @@ fn run(under: Underpath, phases: &[bool]) {
         .map(|&i| Reconciler::new(NetnsTarget::Path(w.node(i).path())).unwrap())
         .collect();
     let _servers = [
-        Server::start(w.ns("web"), IpAddr::V4(WEB_V4)),
-        Server::start(w.ns("web"), IpAddr::V6(WEB_V6)),
+        PeerEcho::start(
+            w.ns("web"),
+            (IpAddr::V4(WEB_V4), TARGET_PORT).into(),
+            PATIENT,
+        ),
+        PeerEcho::start(
+            w.ns("web"),
+            (IpAddr::V6(WEB_V6), TARGET_PORT).into(),
+            PATIENT,
+        ),
     ];
     for &granted in phases {
         let p = plans(granted, under);

@@ -1,0 +1,98 @@
+//! A TCP server that tells each client the address it came from, and its client: a check
+//! that a connection carried data both ways, and of the source address the server saw (after
+//! any NAT on the way).
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::Netns;
+
+/// What a client sends before the server answers.
+const REQUEST: &[u8] = b"ping\n";
+
+/// Listens on one address in one namespace; answers each connection that sends [`REQUEST`]
+/// with the client's address. Stops when dropped.
+#[derive(Debug)]
+pub struct PeerEcho {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl PeerEcho {
+    /// Starts listening on `bind` in `ns`; a client gets `patience` to send its request.
+    pub fn start(ns: &Netns, bind: SocketAddr, patience: Duration) -> PeerEcho {
+        let listener = ns
+            .enter(|| TcpListener::bind(bind))
+            .unwrap()
+            .unwrap_or_else(|e| panic!("bind {bind} in {}: {e}", ns.name()));
+        listener.set_nonblocking(true).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            while !stopped.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    // One thread per connection: a client that never sends must not stall
+                    // the others.
+                    Ok((conn, peer)) => {
+                        std::thread::spawn(move || {
+                            let _ = answer(conn, peer, patience);
+                        });
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        std::thread::sleep(Duration::from_millis(10))
+                    }
+                    Err(e) => panic!("accept on {bind}: {e}"),
+                }
+            }
+        });
+        PeerEcho {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+fn answer(conn: TcpStream, peer: SocketAddr, patience: Duration) -> std::io::Result<()> {
+    conn.set_nonblocking(false)?;
+    conn.set_read_timeout(Some(patience))?;
+    let mut line = String::new();
+    BufReader::new(&conn).read_line(&mut line)?;
+    if line.as_bytes() == REQUEST {
+        (&conn).write_all(format!("{}\n", peer.ip()).as_bytes())?;
+    }
+    Ok(())
+}
+
+impl Drop for PeerEcho {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Connects from `ns` to a [`PeerEcho`] at `server`, sends the request and reads the answer,
+/// waiting up to `timeout` for each: the address the server saw, or what failed.
+pub fn ask(ns: &Netns, server: SocketAddr, timeout: Duration) -> Result<IpAddr, String> {
+    let client = ns
+        .enter(|| TcpStream::connect_timeout(&server, timeout))
+        .unwrap()
+        .map_err(|e| format!("connect: {e}"))?;
+    client.set_read_timeout(Some(timeout)).unwrap();
+    (&client)
+        .write_all(REQUEST)
+        .map_err(|e| format!("send: {e}"))?;
+    let mut answer = String::new();
+    BufReader::new(&client)
+        .read_line(&mut answer)
+        .map_err(|e| format!("receive: {e}"))?;
+    answer
+        .trim()
+        .parse()
+        .map_err(|e| format!("answer {answer:?}: {e}"))
+}
