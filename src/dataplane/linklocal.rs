@@ -134,24 +134,14 @@ pub fn peer_addresses(
 mod tests {
     use super::*;
     use crate::dataplane::diff::tests::UPLINK;
-    use crate::dataplane::{HostRoute, ObservedLink};
+    use crate::dataplane::HostRoute;
 
     fn host(routes: Vec<(&str, Option<&str>, &str)>) -> ObservedNode {
         let mut o = crate::dataplane::diff::tests::bare_host();
         o.addrs
             .push(("192.168.0.11".parse().unwrap(), o.links[UPLINK].index));
-        o.links.insert(
-            "eth1".into(),
-            ObservedLink {
-                index: 77,
-                vrf_table: None,
-                sit: None,
-                dummy: false,
-                master: None,
-                up: true,
-                mtu: 1500,
-            },
-        );
+        o.links
+            .insert("eth1".into(), crate::dataplane::diff::tests::link(77));
         o.host_routes = routes
             .into_iter()
             .map(|(dst, gw, dev)| HostRoute {
