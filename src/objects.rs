@@ -409,6 +409,15 @@ fn tcp() -> String {
     "TCP".to_string()
 }
 
+/// A list Kubernetes may send as `null` (Go's nil slice in a field without `omitempty`).
+fn null_as_empty<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Ok(Option::<Vec<T>>::deserialize(d)?.unwrap_or_default())
+}
+
 impl Body for ServiceBody {
     const KIND: Kind = Kind::Service;
     fn into_object(self, meta: Meta) -> Result<Option<Object>, ObjectError> {
@@ -451,15 +460,16 @@ impl Body for ServiceBody {
 pub struct EndpointSliceBody {
     #[serde(default)]
     pub address_type: String,
-    #[serde(default)]
+    /// The API server sends `null` for a slice without endpoints (a Go nil slice).
+    #[serde(default, deserialize_with = "null_as_empty")]
     pub endpoints: Vec<EndpointBody>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_empty")]
     pub ports: Vec<PortBody>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
 pub struct EndpointBody {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_empty")]
     pub addresses: Vec<String>,
     #[serde(default)]
     pub conditions: EndpointConditions,
@@ -698,5 +708,15 @@ mod tests {
             .into_object(meta("ns", "s-1", &[]))
             .unwrap();
         assert_eq!(unowned, None, "a slice of no Service");
+        // A Service without ready pods: the API server sends null lists, which mean empty.
+        let empty = body::<EndpointSliceBody>(serde_json::json!({
+            "addressType": "IPv4", "endpoints": null, "ports": null
+        }))
+        .into_object(meta("ns", "s-1", &[(SERVICE_NAME_LABEL, "web")]))
+        .unwrap();
+        let Some(Object::EndpointSlice { endpoints, .. }) = empty else {
+            panic!("a slice with null lists decodes: {empty:?}")
+        };
+        assert!(endpoints.addresses.is_empty() && endpoints.ports.is_empty());
     }
 }
