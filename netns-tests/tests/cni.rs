@@ -160,10 +160,11 @@ fn lifecycle_add_check_del_del() {
     // The host side out of its VRF: the agent's drift repair puts it back within about a
     // second, so CHECK may come after the repair and pass; take it out again until a CHECK
     // sees it out (each try is one `ip` and one plugin exec: far quicker than the repair).
-    let mut seen = Vec::new();
+    let (mut seen, mut failed_checks) = (Vec::new(), 1);
     let caught = (0..10).any(|_| {
         ip(&["-n", &bed.node.0, "link", "set", &host_a, "nomaster"]);
         let (ok, out) = bed.cni("CHECK", "ctr-a", &a.path(), &a.0, check_conf.clone());
+        failed_checks += usize::from(!ok);
         seen.push(out.clone());
         !ok && out["msg"].as_str().is_some_and(|m| m.contains(VRF))
     });
@@ -174,8 +175,11 @@ fn lifecycle_add_check_del_del() {
     // Repaired by the agent (drift), so CHECK passes again.
     let repaired = (0..50).any(|_| {
         std::thread::sleep(std::time::Duration::from_millis(200));
-        bed.cni("CHECK", "ctr-a", &a.path(), &a.0, check_conf.clone())
-            .0
+        let ok = bed
+            .cni("CHECK", "ctr-a", &a.path(), &a.0, check_conf.clone())
+            .0;
+        failed_checks += usize::from(!ok);
+        ok
     });
     assert!(
         repaired,
@@ -227,7 +231,9 @@ fn lifecycle_add_check_del_del() {
         );
     }
     assert!(
-        metrics.contains("lace_cni_requests_total{verb=\"CHECK\",result=\"100\"} 2"),
+        metrics.contains(&format!(
+            "lace_cni_requests_total{{verb=\"CHECK\",result=\"100\"}} {failed_checks}\n"
+        )),
         "{metrics}"
     );
 }
