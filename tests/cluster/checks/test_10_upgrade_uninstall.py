@@ -8,7 +8,7 @@ import time
 
 from conftest import AGNHOST, SYSTEM_NS, CheckFailed
 from test_06_controller import assert_no_forbidden
-from test_08_agent_restart import ping_while
+from test_08_agent_restart import ping_while, pingers
 
 CRDS = ["networks.lace.io", "networkbindingpolicies.lace.io", "servicebindingpolicies.lace.io",
         "networkroutingpolicies.lace.io", "serviceroutingpolicies.lace.io",
@@ -16,7 +16,6 @@ CRDS = ["networks.lace.io", "networkbindingpolicies.lace.io", "servicebindingpol
 
 
 def test_upgrade_both_charts_under_traffic(cluster):
-    ips = cluster.check_pods()
 
     def upgrade():
         for release, chart in (("lace", "chart"), ("lace-networks", "chart-networks")):
@@ -24,15 +23,16 @@ def test_upgrade_both_charts_under_traffic(cluster):
                              SYSTEM_NS, "--reuse-values")
         cluster.k("-n", SYSTEM_NS, "rollout", "status", "daemonset/lace-node", "--timeout=900s", timeout=960)
         cluster.k("-n", SYSTEM_NS, "rollout", "status", "deployment/lace-controller", "--timeout=600s", timeout=660)
-    sent, received, out = ping_while(cluster, "sys-1", ips["sys-2"], upgrade)
-    print(f"\npings sys-1 -> sys-2 during both upgrades: {sent} sent, {received} received")
+    p = pingers(cluster)
+    sent, received, out = ping_while(cluster, "pinger-1", p["pinger-2"], upgrade)
+    print(f"\npings pinger-1 -> pinger-2 during both upgrades: {sent} sent, {received} received")
     if received != sent:
         raise CheckFailed(f"expected no lost ping during helm upgrade, saw {sent} sent, {received} received")
     assert_no_forbidden(cluster)
 
 
 def test_uninstall_removes_lace_objects_and_leaves_what_the_readme_lists(cluster):
-    ips = cluster.check_pods()
+    to = pingers(cluster)["pinger-2"]
     cluster.helm_run("uninstall", "lace-networks", "--namespace", SYSTEM_NS)
     cluster.helm_run("uninstall", "lace", "--namespace", SYSTEM_NS, "--wait", "--timeout=600s")
 
@@ -45,8 +45,8 @@ def test_uninstall_removes_lace_objects_and_leaves_what_the_readme_lists(cluster
                           "-A", "-l", "app.kubernetes.io/name=lace-cni", "-o", "name")
     assert not leftovers.strip(), f"expected no object of the lace-cni chart left, saw:\n{leftovers}"
     # Running pods keep their connectivity until recreated.
-    r = cluster.reach(SYSTEM_NS, "sys-1", [f"tcp {ips['sys-2']} 8080", f"icmp {ips['sys-2']}"])
-    assert all(r.values()), f"expected sys-1 -> sys-2 to keep working after uninstall, saw {r}"
+    r = cluster.reach(SYSTEM_NS, "pinger-1", [f"tcp {to} 8080", f"icmp {to}"])
+    assert all(r.values()), f"expected pinger-1 -> pinger-2 to keep working after uninstall, saw {r}"
 
     node = cluster.nodes()[0]
     cluster.apply(f"""apiVersion: v1
