@@ -12,7 +12,8 @@ def ping_while(cluster, src, dst_ip, action, interval=0.2):
     (sent, received, ping's output)."""
     # In the background of the pod's kept-open shell, stopped with the shell's own kill (the
     # image has no pkill, and kubectl exec forwards no signal to the remote process).
-    cluster.in_pod(SYSTEM_NS, src, f"ping -i {interval} -W 2 {dst_ip} >/tmp/lace-ping.out 2>&1 & "
+    # (The agnhost image has no /tmp.)
+    cluster.in_pod(SYSTEM_NS, src, f"mkdir -p /tmp; ping -i {interval} -W 2 {dst_ip} >/tmp/lace-ping.out 2>&1 & "
                    "echo $! >/tmp/lace-ping.pid")
     try:
         time.sleep(5)
