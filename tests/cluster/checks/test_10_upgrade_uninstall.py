@@ -40,10 +40,13 @@ def test_uninstall_removes_lace_objects_and_leaves_what_the_readme_lists(cluster
         left = [c for c in CRDS if cluster.run([cluster.kubectl, "get", "crd", c], check=False).returncode == 0]
         return not left, left
     cluster.wait("every lace.io CRD (and with it every Lace object) gone", gone, timeout=300)
-    leftovers = cluster.k("get", "all,serviceaccounts,clusterroles,clusterrolebindings,"
-                                 "validatingadmissionpolicies,validatingadmissionpolicybindings",
-                          "-A", "-l", "app.kubernetes.io/name=lace-cni", "-o", "name")
-    assert not leftovers.strip(), f"expected no object of the lace-cni chart left, saw:\n{leftovers}"
+    # The DaemonSet's and Deployment's pods go after them, by garbage collection.
+    def chart_objects_gone():
+        left = cluster.k("get", "all,serviceaccounts,clusterroles,clusterrolebindings,"
+                                "validatingadmissionpolicies,validatingadmissionpolicybindings",
+                         "-A", "-l", "app.kubernetes.io/name=lace-cni", "-o", "name").strip()
+        return not left, left
+    cluster.wait("no object of the lace-cni chart left", chart_objects_gone, timeout=300)
     # Running pods keep their connectivity until recreated.
     r = cluster.reach(SYSTEM_NS, "pinger-1", [f"tcp {to} 8080", f"icmp {to}"])
     assert all(r.values()), f"expected pinger-1 -> pinger-2 to keep working after uninstall, saw {r}"
