@@ -10,7 +10,7 @@ use std::fs::File;
 use std::path::PathBuf;
 use std::sync::mpsc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::nl::{Nl, NlError};
 
@@ -139,7 +139,7 @@ pub fn run_in<T: Send>(
 
 impl<S: 'static> Worker<S> {
     /// Starts the worker: enters `target` and opens its state there with `open`; then runs
-    /// jobs, and `idle` after every `idle_after` without one.
+    /// jobs, and `idle` every `idle_after` (between jobs, however often they come).
     pub fn start(
         target: NetnsTarget,
         open: impl FnOnce() -> Result<S, NlError> + Send + 'static,
@@ -162,11 +162,20 @@ impl<S: 'static> Worker<S> {
                         return;
                     }
                 };
+                // `idle` runs every `idle_after` whether jobs come or not: jobs arriving
+                // more often than that (a CNI CHECK every few hundred milliseconds) must not
+                // starve it, or drift seen in between would wait for them to stop.
+                let mut next_idle = Instant::now() + idle_after;
                 loop {
-                    match rx.recv_timeout(idle_after) {
+                    let wait = next_idle.saturating_duration_since(Instant::now());
+                    match rx.recv_timeout(wait) {
                         Ok(job) => job(&mut state),
-                        Err(mpsc::RecvTimeoutError::Timeout) => idle(&mut state),
+                        Err(mpsc::RecvTimeoutError::Timeout) => {}
                         Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                    }
+                    if Instant::now() >= next_idle {
+                        idle(&mut state);
+                        next_idle = Instant::now() + idle_after;
                     }
                 }
             })
@@ -218,5 +227,53 @@ impl<S> Drop for Worker<S> {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// State of a worker that counts its idles and its jobs.
+    #[derive(Default)]
+    struct Counts {
+        idles: u32,
+        jobs: u32,
+    }
+
+    #[test]
+    fn idle_runs_on_time_while_jobs_keep_coming() {
+        let idle_after = Duration::from_millis(100);
+        let worker = Worker::start(
+            NetnsTarget::Current,
+            || Ok(Counts::default()),
+            |c: &mut Counts| c.idles += 1,
+            idle_after,
+        )
+        .unwrap();
+        // A job every 20 ms for 600 ms: never a gap of `idle_after` between two.
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_millis(600) {
+            worker.run(|c| c.jobs += 1).unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let (idles, jobs) = worker.run(|c| (c.idles, c.jobs)).unwrap();
+        assert!(jobs >= 10, "{jobs} jobs");
+        // Six periods passed; a loaded test machine may lose some, but not all of them.
+        assert!(idles >= 3, "idle ran {idles} times in 600 ms of jobs every 20 ms");
+    }
+
+    #[test]
+    fn idle_runs_when_no_job_comes() {
+        let worker = Worker::start(
+            NetnsTarget::Current,
+            || Ok(Counts::default()),
+            |c: &mut Counts| c.idles += 1,
+            Duration::from_millis(50),
+        )
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        let idles = worker.run(|c| c.idles).unwrap();
+        assert!(idles >= 2, "idle ran {idles} times in 300 ms without jobs");
     }
 }
