@@ -260,7 +260,10 @@ mod tests {
         let (idles, jobs) = worker.run(|c| (c.idles, c.jobs)).unwrap();
         assert!(jobs >= 10, "{jobs} jobs");
         // Six periods passed; a loaded test machine may lose some, but not all of them.
-        assert!(idles >= 3, "idle ran {idles} times in 600 ms of jobs every 20 ms");
+        assert!(
+            idles >= 3,
+            "idle ran {idles} times in 600 ms of jobs every 20 ms"
+        );
     }
 
     #[test]
