@@ -2,7 +2,9 @@
 //! (the one source of truth for the schema). The chart templates the YAML from
 //! [`crds_yaml`].
 
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceDefinition, JSONSchemaProps, JSONSchemaPropsOrArray, JSONSchemaPropsOrBool,
+};
 use kube::CustomResourceExt;
 
 use crate::api::{
@@ -22,7 +24,58 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         NodeAllocation::crd(),
     ];
     crds.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    for crd in &mut crds {
+        for version in &mut crd.spec.versions {
+            if let Some(schema) = version
+                .schema
+                .as_mut()
+                .and_then(|s| s.open_api_v3_schema.as_mut())
+            {
+                drop_unknown_formats(schema);
+            }
+        }
+    }
     crds
+}
+
+/// Whether the API server knows `format` on a schema of type `ty` (as its
+/// `GetUnrecognizedFormats` decides for numbers and the rest; string formats are left as
+/// they are). schemars writes `uint8`, `uint16`, `uint32` and `uint64` for Rust's unsigned
+/// integers, which the server warns about on every install ("unrecognized format"); the
+/// `minimum`/`maximum` it writes beside them keep the ranges.
+fn known_format(ty: Option<&str>, format: &str) -> bool {
+    match ty {
+        None | Some("string") => true,
+        Some("integer") => matches!(format, "int32" | "int64"),
+        Some("number") => matches!(format, "float" | "double"),
+        Some(_) => false,
+    }
+}
+
+fn drop_unknown_formats(schema: &mut JSONSchemaProps) {
+    if let Some(format) = &schema.format {
+        if !known_format(schema.type_.as_deref(), format) {
+            schema.format = None;
+        }
+    }
+    let props = schema.properties.iter_mut().flat_map(|p| p.values_mut());
+    let extra = schema
+        .additional_properties
+        .iter_mut()
+        .filter_map(|a| match a {
+            JSONSchemaPropsOrBool::Schema(s) => Some(s.as_mut()),
+            JSONSchemaPropsOrBool::Bool(_) => None,
+        });
+    let items = schema.items.iter_mut().flat_map(|i| match i {
+        JSONSchemaPropsOrArray::Schema(s) => std::slice::from_mut(s.as_mut()),
+        JSONSchemaPropsOrArray::Schemas(v) => v.as_mut_slice(),
+    });
+    let combined = [&mut schema.all_of, &mut schema.any_of, &mut schema.one_of]
+        .into_iter()
+        .flat_map(|v| v.iter_mut().flatten());
+    for sub in props.chain(extra).chain(items).chain(combined) {
+        drop_unknown_formats(sub);
+    }
 }
 
 /// All CRDs as one multi-document YAML text, in [`crds`] order (deterministic).
@@ -118,6 +171,53 @@ mod tests {
                 .unwrap_or_default()
                 .is_empty());
         }
+    }
+
+    /// Every `format` in `schema` with the path to it and its schema's type.
+    fn formats(schema: &Value, path: &str, out: &mut Vec<(String, String, String)>) {
+        match schema {
+            Value::Object(map) => {
+                if let Some(Value::String(f)) = map.get("format") {
+                    let ty = map.get("type").and_then(Value::as_str).unwrap_or("");
+                    out.push((path.to_string(), ty.to_string(), f.clone()));
+                }
+                for (k, v) in map {
+                    formats(v, &format!("{path}.{k}"), out);
+                }
+            }
+            Value::Array(items) => {
+                for (i, v) in items.iter().enumerate() {
+                    formats(v, &format!("{path}[{i}]"), out);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    #[test]
+    fn the_api_server_recognises_every_format_in_the_schemas() {
+        // The API server's rule (apiextensions-apiserver `GetUnrecognizedFormats`): integers
+        // take int32 or int64, numbers float or double; anything else warns on install.
+        let mut found = Vec::new();
+        for (kind, ..) in KINDS {
+            formats(&schema(kind), kind, &mut found);
+        }
+        let unknown: Vec<_> = found
+            .iter()
+            .filter(|(_, ty, f)| match ty.as_str() {
+                "integer" => !["int32", "int64"].contains(&f.as_str()),
+                "number" => !["float", "double"].contains(&f.as_str()),
+                "string" | "" => false,
+                _ => true,
+            })
+            .collect();
+        assert!(unknown.is_empty(), "{unknown:?}");
+        // The unsigned fields keep their ranges without the format.
+        let block = &schema("Network")["properties"]["spec"]["properties"]["subnets"]["items"]
+            ["properties"]["blockPrefix"];
+        assert_eq!(block["type"], "integer", "{block}");
+        assert_eq!(block["maximum"], 255.0, "{block}");
+        assert_eq!(block["minimum"], 0.0, "{block}");
     }
 
     #[test]
