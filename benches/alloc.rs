@@ -4,6 +4,7 @@
 //! the state holds one allocation while `allocate` builds the next).
 //!
 //! Run: `cargo bench -p lace --bench alloc`.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use std::collections::BTreeMap;
 use std::hint::black_box;

@@ -4,7 +4,7 @@
 //! The seam is **state → plan → diff → apply**: [`state`] holds the cluster state without
 //! Kubernetes types, the planner turns it into one node's desired kernel state, and only the
 //! reconciler talks to the kernel.
-// `unsafe` is denied workspace-wide; only the syscall wrapper module (setns, bpf) may allow it.
+// `unsafe` is denied workspace-wide; only the bpf(2) wrapper (`probe::bpf`) may allow it.
 #![deny(unsafe_code)]
 
 #[cfg(feature = "agent")]
@@ -16,6 +16,7 @@ pub mod binding;
 pub mod crd;
 #[cfg(feature = "agent")]
 pub mod dataplane;
+pub mod durable;
 pub mod index;
 #[cfg(feature = "kube")]
 pub mod k8s;
@@ -28,8 +29,6 @@ pub mod routing;
 pub mod selector;
 pub mod sid;
 pub mod state;
-#[cfg(feature = "agent")]
-pub mod sys;
 #[cfg(feature = "serve")]
 pub mod telemetry;
 pub mod validate;

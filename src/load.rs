@@ -368,20 +368,17 @@ pub fn allocations_yaml(alloc: &Allocation) -> Result<String, LoadError> {
     Ok(out)
 }
 
-/// Writes `alloc` to `dir/lace-allocations.yaml`, atomically (a temporary file in the same
-/// directory, then a rename), so a reader never sees half a file. Returns the path written.
+/// Writes `alloc` to `dir/lace-allocations.yaml` durably ([`crate::durable::write`]), so a
+/// reader never sees half a file (the temporary file is not `*.yaml`: a concurrent
+/// `load_dir` never reads it). Returns the path written.
 pub fn write_allocations(dir: &Path, alloc: &Allocation) -> Result<PathBuf, LoadError> {
     let text = allocations_yaml(alloc)?;
-    let path = dir.join(ALLOCATIONS_FILE);
-    // Not `*.yaml`, so a concurrent `load_dir` never reads it.
-    let tmp = dir.join(format!(".{ALLOCATIONS_FILE}.tmp"));
-    let write_err = |source| LoadError::Write {
-        path: path.clone(),
-        source,
-    };
-    std::fs::write(&tmp, text).map_err(write_err)?;
-    std::fs::rename(&tmp, &path).map_err(write_err)?;
-    Ok(path)
+    crate::durable::write(dir, ALLOCATIONS_FILE, &mut text.as_bytes(), 0o644).map_err(|e| {
+        LoadError::Write {
+            path: e.path,
+            source: e.source,
+        }
+    })
 }
 
 #[cfg(test)]

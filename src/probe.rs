@@ -23,6 +23,7 @@
 //! All functions here are blocking (a few syscalls; [`wait_for_cgroup`] sleeps): call them from
 //! a blocking thread in async code.
 
+pub mod bpf;
 pub mod insn;
 
 use std::ffi::CString;
@@ -36,7 +37,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::statfs::{statfs, FsType, BPF_FS_MAGIC, CGROUP2_SUPER_MAGIC};
 
-use crate::sys::{self, BpfError, LinkInfo, ProgInfo};
+use bpf::{BpfError, LinkInfo, ProgInfo};
 use insn::{Insn, Reg};
 
 // One definition for the program, the fwmark rule and the nft allowance (the planner is pure,
@@ -224,9 +225,9 @@ struct PinnedLink {
 pub fn ensure_attached(cfg: &ProbeConfig) -> Result<Attachment, ProbeError> {
     prepare_pin_dir(&cfg.pin_dir)?;
     let (cgroup, cgroup_id) = open_cgroup(&cfg.cgroup)?;
-    let prog = sys::prog_load(
-        sys::BPF_PROG_TYPE_CGROUP_SOCK,
-        sys::BPF_CGROUP_INET_SOCK_CREATE,
+    let prog = bpf::prog_load(
+        bpf::BPF_PROG_TYPE_CGROUP_SOCK,
+        bpf::BPF_CGROUP_INET_SOCK_CREATE,
         &program(cfg.mark)
             .into_iter()
             .map(Insn::encode)
@@ -237,7 +238,7 @@ pub fn ensure_attached(cfg: &ProbeConfig) -> Result<Attachment, ProbeError> {
     .map_err(ProbeError::ProgramRejected)?;
     let pin = cfg.pin_dir.join(LINK_PIN_NAME);
     let prog_info =
-        sys::prog_info(prog.as_fd()).map_err(bpf_err("inspect the program for", &pin))?;
+        bpf::prog_info(prog.as_fd()).map_err(bpf_err("inspect the program for", &pin))?;
 
     let existing = if cfg.release_pinned {
         None
@@ -262,21 +263,21 @@ pub fn ensure_attached(cfg: &ProbeConfig) -> Result<Attachment, ProbeError> {
             })
         }
         Some(old) if old.info.cgroup_id == cgroup_id => {
-            sys::link_update(old.fd.as_fd(), prog.as_fd(), old.prog_fd.as_fd())
+            bpf::link_update(old.fd.as_fd(), prog.as_fd(), old.prog_fd.as_fd())
                 .map_err(bpf_err("swap the program of", &pin))?;
             tracing::info!(link_id = old.info.id, old_prog_id = old.prog.id, prog_id = prog_info.id,
                 pin = %pin.display(), "kubelet probe program changed, swapped it in place");
             Ok(attachment(Outcome::Updated, old.info.id))
         }
         None if !cfg.release_pinned => {
-            let link = sys::link_create(
+            let link = bpf::link_create(
                 prog.as_fd(),
                 cgroup.as_fd(),
-                sys::BPF_CGROUP_INET_SOCK_CREATE,
+                bpf::BPF_CGROUP_INET_SOCK_CREATE,
             )
             .map_err(bpf_err("attach the kubelet probe program to", &cfg.cgroup))?;
-            sys::obj_pin(link.as_fd(), &c_path(&pin)?).map_err(bpf_err("pin", &pin))?;
-            let info = sys::link_info(link.as_fd()).map_err(bpf_err("inspect the link", &pin))?;
+            bpf::obj_pin(link.as_fd(), &c_path(&pin)?).map_err(bpf_err("pin", &pin))?;
+            let info = bpf::link_info(link.as_fd()).map_err(bpf_err("inspect the link", &pin))?;
             tracing::info!(link_id = info.id, prog_id = prog_info.id, cgroup = %cfg.cgroup.display(),
                 pin = %pin.display(), "kubelet probe program attached and pinned");
             Ok(attachment(Outcome::Created, info.id))
@@ -307,10 +308,10 @@ fn replace_link(
     cfg: &ProbeConfig,
     pin: &Path,
 ) -> Result<u32, ProbeError> {
-    let link = sys::link_create(
+    let link = bpf::link_create(
         prog.as_fd(),
         cgroup.as_fd(),
-        sys::BPF_CGROUP_INET_SOCK_CREATE,
+        bpf::BPF_CGROUP_INET_SOCK_CREATE,
     )
     .map_err(bpf_err("attach the kubelet probe program to", &cfg.cgroup))?;
     // bpffs refuses names with a dot (EPERM): they are reserved for its own entries.
@@ -318,9 +319,9 @@ fn replace_link(
     tmp.push("-new");
     let tmp = PathBuf::from(tmp);
     remove_if_present(&tmp)?;
-    sys::obj_pin(link.as_fd(), &c_path(&tmp)?).map_err(bpf_err("pin", &tmp))?;
+    bpf::obj_pin(link.as_fd(), &c_path(&tmp)?).map_err(bpf_err("pin", &tmp))?;
     std::fs::rename(&tmp, pin).map_err(io_err("move the new pin over", pin))?;
-    Ok(sys::link_info(link.as_fd())
+    Ok(bpf::link_info(link.as_fd())
         .map_err(bpf_err("inspect the link", pin))?
         .id)
 }
@@ -453,7 +454,7 @@ fn nearest_existing_fs(path: &Path) -> Result<(PathBuf, u64), ProbeError> {
 /// Opens what is pinned at `pin` and checks that it is Lace's kubelet probe link: a cgroup
 /// link at `BPF_CGROUP_INET_SOCK_CREATE` running a cgroup-sock program named [`PROG_NAME`].
 fn open_pinned(pin: &Path) -> Result<Option<PinnedLink>, ProbeError> {
-    let fd = match sys::obj_get(&c_path(pin)?) {
+    let fd = match bpf::obj_get(&c_path(pin)?) {
         Ok(fd) => fd,
         Err(e) if e.errno() == Some(libc::ENOENT) => return Ok(None),
         Err(e) => return Err(bpf_err("open pinned object", pin)(e)),
@@ -466,9 +467,9 @@ fn open_pinned(pin: &Path) -> Result<Option<PinnedLink>, ProbeError> {
             found: format!("a bpf {kind}"),
         });
     }
-    let info = sys::link_info(fd.as_fd()).map_err(bpf_err("inspect pinned link", pin))?;
-    if info.link_type != sys::BPF_LINK_TYPE_CGROUP
-        || info.attach_type != sys::BPF_CGROUP_INET_SOCK_CREATE
+    let info = bpf::link_info(fd.as_fd()).map_err(bpf_err("inspect pinned link", pin))?;
+    if info.link_type != bpf::BPF_LINK_TYPE_CGROUP
+        || info.attach_type != bpf::BPF_CGROUP_INET_SOCK_CREATE
     {
         return Err(ProbeError::PinnedNotLace {
             path: pin.to_path_buf(),
@@ -479,9 +480,9 @@ fn open_pinned(pin: &Path) -> Result<Option<PinnedLink>, ProbeError> {
         });
     }
     let prog_fd =
-        sys::prog_get_fd_by_id(info.prog_id).map_err(bpf_err("open the program of", pin))?;
-    let prog = sys::prog_info(prog_fd.as_fd()).map_err(bpf_err("inspect the program of", pin))?;
-    if prog.name != PROG_NAME || prog.prog_type != sys::BPF_PROG_TYPE_CGROUP_SOCK {
+        bpf::prog_get_fd_by_id(info.prog_id).map_err(bpf_err("open the program of", pin))?;
+    let prog = bpf::prog_info(prog_fd.as_fd()).map_err(bpf_err("inspect the program of", pin))?;
+    if prog.name != PROG_NAME || prog.prog_type != bpf::BPF_PROG_TYPE_CGROUP_SOCK {
         return Err(ProbeError::PinnedNotLace {
             path: pin.to_path_buf(),
             found: format!(
@@ -598,7 +599,7 @@ mod tests {
 
     #[test]
     fn prog_name_fits_the_kernel_limit() {
-        assert!(PROG_NAME.len() < sys::BPF_OBJ_NAME_LEN);
+        assert!(PROG_NAME.len() < bpf::BPF_OBJ_NAME_LEN);
         assert!(PROG_NAME
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'_'));

@@ -6,6 +6,7 @@
 //! A case is judged the way `lace-agent validate` judges a directory (load, then
 //! `validate_cluster`), with the corpus's context Networks beside the object; an UPDATE case by
 //! `validate_network_update`, old object against new.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use std::collections::BTreeSet;
 use std::path::Path;

@@ -1,4 +1,5 @@
 //! The `lace-agent` standalone tools, run as a user would, on the example cluster.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use std::path::Path;
 use std::process::{Command, Output};

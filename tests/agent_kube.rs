@@ -3,6 +3,7 @@
 //! pod's CA) that answers 401 or 403. The agent must say so clearly (the address, what to
 //! check), keep retrying, and serve nothing it cannot back: CNI STATUS and `/readyz` answer
 //! not ready, and neither the plugin nor the conflist is installed.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 #[path = "../src/agent/cluster/test_pki.rs"]
 mod test_pki;

@@ -6,6 +6,7 @@
 //! Each install runs in a fresh network namespace (`unshare -n`), so it needs root and
 //! nf_tables (as `nft -c` in `plan_golden.rs` does). Set `LACE_SKIP_NFT_CHECK=1` only where
 //! neither is available.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 mod common;
 

@@ -2,6 +2,7 @@
 //! read (`tests/golden/node-1.plan`) and the nft ruleset (`tests/golden/node-1.nft`), which the
 //! real `nft` binary must accept in check mode. Regenerate with `LACE_BLESS=1 cargo test`.
 //! The goldens' properties are checked independently by `plan_props.rs` and `plan_unit.rs`.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 mod common;
 

@@ -2,6 +2,7 @@
 //! on the golden cluster: `apps/web` (node port 30080, backends web-0 on node-1 and web-1 on
 //! node-2, Network `default`) is granted from the `internet`, `apps/admin` (30081, backend
 //! 10.20.2.3 on node-2) is not.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 mod common;
 

@@ -2,6 +2,7 @@
 //! NetworkRoutingPolicies allow (routes both ways, new connections one way) over the underlay
 //! each pair of nodes has in common (IPv6 first, else IPv4, else none), names and table ids
 //! are unique, and planning is a pure function.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 mod common;
 

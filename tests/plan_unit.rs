@@ -1,4 +1,5 @@
 //! Table-driven planner tests on small hand-built clusters: no kernel, no API server.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 mod common;
 

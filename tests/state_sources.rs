@@ -5,6 +5,7 @@
 //! The watch side goes the way the agent's watches go: each object as the API server would
 //! send it (JSON, `metadata.namespace` filled in), deserialized as a `lace::k8s::Slim` of its
 //! kind, converted, applied to a `ClusterIndex`.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use std::path::Path;
 

@@ -2,6 +2,7 @@
 //! against the in-process fake agent (env and config validation, netns check, one socket
 //! round trip), `DEL` and `STATUS` likewise. Prints p50/p99/max over 200 sequential runs.
 //! Needs root for the network namespace. Run: `cargo bench -p lace-cni`.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 #[path = "../tests/common/mod.rs"]
 mod common;

@@ -1,6 +1,7 @@
 //! Execs the real `lace` binary with containerd-style environment and stdin against a fake
 //! agent on a real unix socket, and checks stdout, exit code and what the agent received.
 //! Needs root (it creates network namespaces with `ip netns add`).
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 mod common;
 

@@ -11,6 +11,7 @@
 //! Network rewrote every NodeAllocation (nodes writes, nodes x nodes watch events).
 //!
 //! Run: `cargo bench -p lace-controller --bench scale`.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 #[path = "../tests/support/mod.rs"]
 mod support;

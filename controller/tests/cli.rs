@@ -1,5 +1,6 @@
 //! The `lace-controller` binary's start-up errors: each names what is wrong and the fix, and
 //! the process exits non-zero before it talks to any API server.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use std::process::Command;
 

@@ -6,6 +6,7 @@
 //!
 //! The agent's own in-cluster source is built in parallel; this test feeds the shared
 //! `ClusterIndex` path it is built on.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 mod support;
 

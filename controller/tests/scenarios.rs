@@ -1,6 +1,7 @@
 //! The controller against a fake API server (kube-rs `tower-test`, see `support`): each
 //! scenario asserts the requests it makes (method, path, field manager, body), and every
 //! request it makes is recorded for the RBAC check (`rbac_is_exactly_what_the_scenarios_use`).
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 mod support;
 

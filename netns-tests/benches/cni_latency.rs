@@ -25,6 +25,7 @@
 //! (the reference plugins, default `/usr/lib/cni`), `LACE_BENCH_PLUGINS` (comma-separated
 //! subset of `lace,ptp,bridge`), `LACE_BENCH_BEFORE_DIR` (a directory with an older build's
 //! `lace` and `lace-agent`, measured as one more plugin, "lace (before)").
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 #[path = "../tests/cni_bed/mod.rs"]
 mod cni_bed;

@@ -12,6 +12,7 @@
 //!   swap) vs `nft -f` of the same text; a one-element change (one Service grant) as the
 //!   element update a reconciler that knows the table makes, vs the full swap one without
 //!   that memory (a restarted one) makes.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::process::Command;

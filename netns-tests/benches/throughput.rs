@@ -50,6 +50,7 @@
 //! env: LACE_BENCH_SECONDS (default 5) per run, LACE_BENCH_REPEATS (default 3) runs per case,
 //! LACE_BENCH_CASES (default all) a comma-separated list of case names to run,
 //! LACE_BENCH_FABRICS (default `veth,nic`) the fabrics to run them on.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, Ipv6Addr};

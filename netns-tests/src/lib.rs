@@ -10,6 +10,9 @@
 //! *fails* with the reason, it never passes silently. `netns-tests/run` runs these tests on the
 //! host when its kernel is capable, else in a VM booting a stock Debian kernel.
 
+// Test support: a failed unwrap is a failed test (clippy exempts only `#[cfg(test)]` code).
+#![allow(clippy::unwrap_used)]
+
 pub mod bed;
 pub mod cluster;
 pub mod echo;

@@ -12,6 +12,7 @@
 //!
 //! Every pod is set up as containerd sets up a sandbox: the `loopback` network first, then
 //! Lace's, each answer read as the runtime's libcni reads it (`cni_bed::libcni`).
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 mod cni_bed;
 

@@ -14,6 +14,7 @@
 //! (seen inside its network namespace, and in the agent's IPAM), `lo` is up with 127.0.0.1/8
 //! and ::1/128, `crictl stopp` frees the addresses, `crictl rmp` leaves nothing; a pod no
 //! binding policy matches fails `crictl runp` with Lace's message and holds nothing.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 mod cni_bed;
 

@@ -19,6 +19,7 @@
 //! Where the plan depends on what a node finds on its links (the link-local path), the tests
 //! run the agent's probe rounds themselves ([`probe_and_apply`]): the real probes
 //! (`Reconciler::probe_underlay`), the agent's [`Tracker`], the planner with those facts.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};

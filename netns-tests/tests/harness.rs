@@ -1,6 +1,7 @@
 //! Tests of the netns harness itself against the real kernel: namespaces appear and disappear,
 //! commands run inside them, errors say what failed, veth links carry traffic, threads can
 //! enter a namespace.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;

@@ -23,6 +23,7 @@
 //! path between them (every pair with node-3 stays on fou), each saying so in its log, its
 //! metrics and `lace-agent plan --probe`. At the end node-2's uplink loses IPv6 again: the pair
 //! falls back to fou on both sides and traffic keeps flowing.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 mod cni_bed;
 

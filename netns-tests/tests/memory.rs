@@ -6,6 +6,7 @@
 //! One node namespace with an uplink (`eth0`, the underlay address) and two pods wired as the
 //! CNI wires them, in Networks `a` and `b`; the plan comes from the real planner. After every
 //! reconcile the reconciler's memory is compared with a fresh dump ([`Reconciler::memory_drift`]).
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use std::net::Ipv4Addr;
 

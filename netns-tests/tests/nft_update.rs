@@ -6,6 +6,7 @@
 //! sets stay the same (a replaced table gets new ones), the nft part is one write, ping between
 //! the pods follows the policy, the next reconcile writes nothing, and a restarted reconciler
 //! (no memory) writes nothing either and then applies the next change as an element update too.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use std::net::Ipv4Addr;
 

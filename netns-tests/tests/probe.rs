@@ -12,14 +12,14 @@
 //! server), routing with `ip`, filtering with `nft`, attachments with `bpftool`: real tools,
 //! not the code under test. Run them one at a time (`--test-threads=1`): they share the
 //! host's routing rules.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use lace::probe::{self, Outcome, ProbeConfig, ProbeError, PROBE_MARK, PROBE_MARK_MASK};
-use lace::sys;
+use lace::probe::{self, bpf, Outcome, ProbeConfig, ProbeError, PROBE_MARK, PROBE_MARK_MASK};
 
 /// Panics (never skips) unless the test can do what it claims to test.
 fn require_environment() {
@@ -691,9 +691,9 @@ fn a_program_the_verifier_refuses_is_reported_with_its_log() {
     require_environment();
     // `exit` without setting r0: the verifier refuses to return an uninitialised register.
     let insns = [lace::probe::insn::Insn::exit().encode()];
-    let err = sys::prog_load(
-        sys::BPF_PROG_TYPE_CGROUP_SOCK,
-        sys::BPF_CGROUP_INET_SOCK_CREATE,
+    let err = bpf::prog_load(
+        bpf::BPF_PROG_TYPE_CGROUP_SOCK,
+        bpf::BPF_CGROUP_INET_SOCK_CREATE,
         &insns,
         c"Apache-2.0",
         "lace_bad",
@@ -717,9 +717,9 @@ fn something_else_pinned_at_the_link_path_is_not_taken_for_lace() {
     let pin_c = std::ffi::CString::new(pin.to_str().unwrap()).unwrap();
 
     // Another tool's program, attached to the same cgroup, its link pinned at our path.
-    let foreign = sys::prog_load(
-        sys::BPF_PROG_TYPE_CGROUP_SOCK,
-        sys::BPF_CGROUP_INET_SOCK_CREATE,
+    let foreign = bpf::prog_load(
+        bpf::BPF_PROG_TYPE_CGROUP_SOCK,
+        bpf::BPF_CGROUP_INET_SOCK_CREATE,
         &lace::probe::program(0x1)
             .into_iter()
             .map(|i| i.encode())
@@ -730,13 +730,13 @@ fn something_else_pinned_at_the_link_path_is_not_taken_for_lace() {
     .unwrap();
     let dir = std::fs::File::open(&kubelet.0).unwrap();
     use std::os::fd::AsFd;
-    let link = sys::link_create(
+    let link = bpf::link_create(
         foreign.as_fd(),
         dir.as_fd(),
-        sys::BPF_CGROUP_INET_SOCK_CREATE,
+        bpf::BPF_CGROUP_INET_SOCK_CREATE,
     )
     .unwrap();
-    sys::obj_pin(link.as_fd(), &pin_c).unwrap();
+    bpf::obj_pin(link.as_fd(), &pin_c).unwrap();
     drop((link, foreign));
 
     let err = probe::ensure_attached(&pins.config(&kubelet)).unwrap_err();
@@ -750,9 +750,9 @@ fn something_else_pinned_at_the_link_path_is_not_taken_for_lace() {
 
     // A pinned program (not a link) is refused too.
     std::fs::remove_file(&pin).unwrap();
-    let prog = sys::prog_load(
-        sys::BPF_PROG_TYPE_CGROUP_SOCK,
-        sys::BPF_CGROUP_INET_SOCK_CREATE,
+    let prog = bpf::prog_load(
+        bpf::BPF_PROG_TYPE_CGROUP_SOCK,
+        bpf::BPF_CGROUP_INET_SOCK_CREATE,
         &lace::probe::program(0x1)
             .into_iter()
             .map(|i| i.encode())
@@ -761,7 +761,7 @@ fn something_else_pinned_at_the_link_path_is_not_taken_for_lace() {
         probe::PROG_NAME,
     )
     .unwrap();
-    sys::obj_pin(prog.as_fd(), &pin_c).unwrap();
+    bpf::obj_pin(prog.as_fd(), &pin_c).unwrap();
     let err = probe::ensure_attached(&pins.config(&kubelet)).unwrap_err();
     assert!(err.to_string().contains("a bpf prog,"), "{err}");
 

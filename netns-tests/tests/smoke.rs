@@ -2,6 +2,7 @@
 //! an IPv6-only fabric, carry pod traffic over SRv6 (seg6 encap + seg6local End.DT46 into the
 //! VRF) in both directions, for ping and TCP, and the decap routes' own counters prove the
 //! SRv6 path was the one used.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

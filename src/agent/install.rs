@@ -1,7 +1,7 @@
 //! Installing the CNI plugin on the node: the `lace` binary into the CNI bin dir and the
 //! conflist into the CNI conf dir.
 //!
-//! Both are written atomically (temporary file in the target directory, fsync, rename), so a
+//! Both are written durably ([`crate::durable`]: temporary file, fsync, rename), so a
 //! runtime never execs half a binary nor parses half a conflist, and a running plugin keeps
 //! its old inode. The agent writes them only once it can serve ADD: containerd reports the
 //! node's network ready as soon as a conflist exists, so writing it earlier would let the
@@ -18,10 +18,10 @@
 //! pod creation) during every agent restart or upgrade, while the plugin already handles an
 //! absent agent (ADD: retry later; DEL: queued and replayed at the next start).
 
-use std::fs::{self, File, OpenOptions};
-use std::os::unix::fs::OpenOptionsExt;
+use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 
+use crate::durable;
 use crate::wire::{ConfList, PluginSettings, LOOPBACK_SETTINGS_FILE, LOOPBACK_TYPE, PLUGIN_TYPE};
 
 /// The network name in the conflist (what runtimes log and key their caches by).
@@ -44,37 +44,28 @@ pub enum InstallError {
     },
 }
 
-/// Writes what `content` yields to `dir/name` atomically with `mode`. Streamed: the plugin
-/// binary is never held in memory whole.
+/// Writes what `content` yields to `dir/name` durably ([`crate::durable::write`]) with
+/// `mode`, creating `dir`. Streamed: the plugin binary is never held in memory whole.
 fn write_atomic(
     dir: &Path,
     name: &str,
     content: &mut dyn std::io::Read,
     mode: u32,
 ) -> Result<PathBuf, InstallError> {
-    let io = |path: &Path| {
-        let path = path.to_owned();
-        move |source| InstallError::Io { path, source }
-    };
-    fs::create_dir_all(dir).map_err(io(dir))?;
-    let path = dir.join(name);
-    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(mode)
-        .open(&tmp)
-        .map_err(io(&tmp))?;
-    std::io::copy(content, &mut f)
-        .and_then(|_| f.sync_all())
-        .map_err(io(&tmp))?;
-    drop(f);
-    fs::rename(&tmp, &path).map_err(io(&path))?;
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io(dir))?;
-    Ok(path)
+    fs::create_dir_all(dir).map_err(|source| InstallError::Io {
+        path: dir.to_owned(),
+        source,
+    })?;
+    durable::write(dir, name, content, mode).map_err(InstallError::from)
+}
+
+impl From<durable::DurableError> for InstallError {
+    fn from(e: durable::DurableError) -> Self {
+        Self::Io {
+            path: e.path,
+            source: e.source,
+        }
+    }
 }
 
 /// Copies the plugin binary `source` to `bin_dir/lace` (mode 0755).
@@ -150,7 +141,7 @@ pub fn install_loopback(
             write_atomic(bin_dir, LOOPBACK_TYPE, &mut binary, 0o755)?;
             Ok(Loopback::Updated(path))
         }
-        None => match write_new(bin_dir, LOOPBACK_TYPE, &mut binary, 0o755)? {
+        None => match durable::write_new(bin_dir, LOOPBACK_TYPE, &mut binary, 0o755)? {
             true => Ok(Loopback::Installed(path)),
             false => Ok(Loopback::Host(path)),
         },
@@ -179,44 +170,6 @@ fn same_contents(a: &Path, b: &Path) -> Result<bool, std::io::Error> {
             return Ok(false);
         }
     }
-}
-
-/// Like [`write_atomic`], but never replaces an existing `dir/name`: the file is written aside
-/// and hard-linked into place. `false` (nothing written) if the name exists.
-fn write_new(
-    dir: &Path,
-    name: &str,
-    content: &mut dyn std::io::Read,
-    mode: u32,
-) -> Result<bool, InstallError> {
-    let io = |path: &Path| {
-        let path = path.to_owned();
-        move |source| InstallError::Io { path, source }
-    };
-    let path = dir.join(name);
-    let tmp = dir.join(format!(".{name}.{}.new", std::process::id()));
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(mode)
-        .open(&tmp)
-        .map_err(io(&tmp))?;
-    std::io::copy(content, &mut f)
-        .and_then(|_| f.sync_all())
-        .map_err(io(&tmp))?;
-    drop(f);
-    let linked = fs::hard_link(&tmp, &path);
-    fs::remove_file(&tmp).map_err(io(&tmp))?;
-    match linked {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(false),
-        Err(e) => return Err(io(&path)(e)),
-    }
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io(dir))?;
-    Ok(true)
 }
 
 /// Writes the conflist pointing the plugin at `settings` to `conf_dir/conf_name` (0644).
@@ -384,7 +337,7 @@ mod tests {
         // A name taken between the look and the write is not overwritten either.
         fs::remove_file(&lo).unwrap();
         fs::write(&lo, b"raced in").unwrap();
-        assert!(!write_new(&bin, "loopback", &mut &b"lace"[..], 0o755).unwrap());
+        assert!(!durable::write_new(&bin, "loopback", &mut &b"lace"[..], 0o755).unwrap());
         assert_eq!(fs::read(&lo).unwrap(), b"raced in");
         // A dangling symlink is not Lace's either.
         fs::remove_file(&lo).unwrap();

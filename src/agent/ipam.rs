@@ -25,7 +25,6 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fs::{self, File, OpenOptions};
-use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -180,7 +179,7 @@ impl IpamStore {
         // Temporary files are only ever half-written leftovers of a crash: we hold the lock.
         for entry in fs::read_dir(dir).map_err(io_err(dir))? {
             let entry = entry.map_err(io_err(dir))?;
-            if entry.file_name().to_string_lossy().starts_with(TMP_PREFIX) {
+            if crate::durable::is_leftover(&entry.file_name().to_string_lossy()) {
                 let p = entry.path();
                 fs::remove_file(&p).map_err(io_err(&p))?;
             }
@@ -337,7 +336,7 @@ impl IpamStore {
         Ok(released)
     }
 
-    /// Writes `records` atomically: temporary file, fsync, rename, fsync of the directory.
+    /// Writes `records` durably ([`crate::durable::write`]).
     fn persist(&self, records: &BTreeMap<AttachmentKey, Record>) -> Result<(), IpamError> {
         let file = StoreFile {
             version: FORMAT_VERSION,
@@ -346,33 +345,18 @@ impl IpamStore {
                 .map(|(k, r)| (k.clone(), r.clone()))
                 .collect(),
         };
-        let path = self.dir.join(STORE_FILE);
-        let tmp = self
-            .dir
-            .join(format!("{TMP_PREFIX}{STORE_FILE}.{}", std::process::id()));
         let bytes = serde_json::to_vec(&file).map_err(|e| IpamError::Io {
-            path: tmp.clone(),
+            path: self.dir.join(STORE_FILE),
             source: std::io::Error::other(e),
         })?;
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)
-            .map_err(io_err(&tmp))?;
-        f.write_all(&bytes)
-            .and_then(|()| f.sync_all())
-            .map_err(io_err(&tmp))?;
-        fs::rename(&tmp, &path).map_err(io_err(&path))?;
-        File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io_err(&self.dir))
+        crate::durable::write(&self.dir, STORE_FILE, &mut bytes.as_slice(), 0o600)
+            .map(drop)
+            .map_err(|e| IpamError::Io {
+                path: e.path,
+                source: e.source,
+            })
     }
 }
-
-/// Prefix of the store's temporary files.
-const TMP_PREFIX: &str = ".tmp-";
 
 fn take_lock(mut file: File, path: &Path) -> Result<Flock<File>, IpamError> {
     let deadline = Instant::now() + LOCK_WAIT;
@@ -576,7 +560,7 @@ mod tests {
             s.records().unwrap()
         };
         // A crash in the middle of a write leaves half a temporary file.
-        let torn = dir.path().join(format!("{TMP_PREFIX}{STORE_FILE}.4242"));
+        let torn = crate::durable::temp_path(dir.path(), STORE_FILE, 4242);
         fs::write(&torn, b"{\"version\":1,\"attachments\":[[{\"contai").unwrap();
         let s = IpamStore::open(dir.path()).unwrap();
         assert_eq!(s.records().unwrap(), records);

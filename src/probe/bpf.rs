@@ -1,5 +1,5 @@
-//! The bpf(2) syscall, wrapped in safe functions: the only module of the library that uses
-//! `unsafe`.
+//! The bpf(2) syscall, wrapped in safe functions for the probe allowance: the only module
+//! of the library that uses `unsafe`.
 //!
 //! Each wrapper fills the part of `union bpf_attr` that its command reads (a `#[repr(C)]`
 //! struct with the uapi field order) and passes that struct's size: the kernel zero-fills the

@@ -7,12 +7,11 @@
 //! and the agent replays every queued DEL (which is idempotent) before it serves requests
 //! again, releasing the address, then removes the file.
 //!
-//! One file per attachment, `<container id>.<ifname>.json`, written atomically (temporary
-//! file, fsync, rename, fsync of the directory) so that the agent never reads half a request.
+//! One file per attachment, `<container id>.<ifname>.json`, written durably
+//! ([`crate::durable`]: temporary file, fsync, rename, fsync of the directory) so that the agent never reads half a request.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::fs;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use super::{
@@ -75,27 +74,14 @@ pub fn enqueue(dir: &Path, req: &Request) -> Result<PathBuf, DelQueueError> {
         .create(dir)
         .map_err(io(dir))?;
     let name = format!("{id}.{ifname}.json");
-    let path = dir.join(&name);
-    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
     let line = encode_line(req).map_err(|e| DelQueueError::Io {
-        path: tmp.clone(),
+        path: dir.join(&name),
         source: std::io::Error::other(e),
     })?;
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(io(&tmp))?;
-    file.write_all(&line)
-        .and_then(|()| file.sync_all())
-        .map_err(io(&tmp))?;
-    fs::rename(&tmp, &path).map_err(io(&path))?;
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io(dir))?;
-    Ok(path)
+    crate::durable::write(dir, &name, &mut line.as_slice(), 0o600).map_err(|e| DelQueueError::Io {
+        path: e.path,
+        source: e.source,
+    })
 }
 
 /// Every queued request in `dir` (oldest name first), with the file it came from so the
