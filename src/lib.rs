@@ -16,6 +16,8 @@ pub mod binding;
 pub mod crd;
 #[cfg(feature = "agent")]
 pub mod dataplane;
+#[cfg(feature = "agent")]
+mod hash;
 pub mod index;
 #[cfg(feature = "kube")]
 pub mod k8s;
