@@ -198,7 +198,9 @@ impl Reconciler {
 
     /// How the reconciler's memory differs from a full dump taken now, one line per
     /// difference (empty: none, or nothing remembered yet). Sysctls, tunsrc and the nft
-    /// table are read afresh by every reconcile and not compared.
+    /// table are read afresh by every reconcile and not compared. For tests (feature
+    /// `testing`): the agent trusts its memory.
+    #[cfg(feature = "testing")]
     pub fn memory_drift(&self) -> Result<Vec<String>, DataplaneError> {
         let target = self.target();
         self.worker
@@ -436,6 +438,7 @@ fn converge(
 
 /// The differences between a remembered and a freshly dumped state (links, addresses,
 /// routes, host routes, rules), as text.
+#[cfg(feature = "testing")]
 fn memory_drift(cached: &ObservedNode, fresh: &ObservedNode) -> Vec<String> {
     fn sorted<T: fmt::Debug>(items: impl Iterator<Item = T>) -> BTreeSet<String> {
         items.map(|i| format!("{i:?}")).collect()
