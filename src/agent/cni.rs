@@ -56,7 +56,7 @@ pub const HOST_IFNAME_PREFIX: &str = POD_LINK_PREFIX;
 
 /// The host-side veth name of attachment (`container_id`, `ifname`): `lp-` and 11 hex digits
 /// (44 bits) of the 64-bit FNV-1a hash of `container_id`, a NUL and `ifname`. Deterministic,
-/// so DEL finds it without a record; 14 bytes, within IFNAMSIZ. FNV-1a ([`fnv1a64`]) because
+/// so DEL finds it without a record; 14 bytes, within IFNAMSIZ. FNV-1a (`crate::hash`) because
 /// std's hasher may change between Rust releases, and the name must not.
 pub fn host_ifname(container_id: &str, ifname: &str) -> String {
     format!(

@@ -123,6 +123,15 @@
 //! `netlink-sys`'s: one netlink stack, no async rtnetlink.
 //!
 //! [`DesiredNode`]: crate::plan::DesiredNode
+//! [`plan::VRF_TABLE_BASE`]: crate::plan::VRF_TABLE_BASE
+//! [`plan::PROBE_TABLE`]: crate::plan::PROBE_TABLE
+//! [`plan::RULE_PRIORITY_PROBE`]: crate::plan::RULE_PRIORITY_PROBE
+//! [`plan::RULE_PRIORITY_L3MDEV`]: crate::plan::RULE_PRIORITY_L3MDEV
+//! [`plan::VRF_PREFIX`]: crate::plan::VRF_PREFIX
+//! [`plan::INGRESS_PREFIX`]: crate::plan::INGRESS_PREFIX
+//! [`plan::ingress`]: crate::plan::ingress
+//! [`plan::POD_GATEWAY_V6`]: crate::plan::POD_GATEWAY_V6
+//! [`plan::disable_ipv6_key`]: crate::plan::disable_ipv6_key
 //! [`Nexthop::Host`]: crate::plan::Nexthop::Host
 //! [`underlay::TUNNEL_PREFIX`]: crate::plan::underlay::TUNNEL_PREFIX
 //! [`underlay::IPV4_TUNNEL`]: crate::plan::underlay::IPV4_TUNNEL

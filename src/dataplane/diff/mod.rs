@@ -7,8 +7,8 @@
 //! what the outer IPv4 and UDP headers take. The uplinks are resolved here, before the parts
 //! below are asked for their operations: only this module fails ([`DiffError`]).
 //!
-//! Its parts, pure too: the VRFs' ingress devices ([`ingress`]), the SRv6-over-IPv4 device
-//! ([`tunnel`]) and the nft table ([`nft`]: which transaction, if any, makes it hold the plan).
+//! Its parts, pure too: the VRFs' ingress devices (`ingress`), the SRv6-over-IPv4 device
+//! (`tunnel`) and the nft table (`nft`: which transaction, if any, makes it hold the plan).
 
 mod ingress;
 pub(super) mod nft;

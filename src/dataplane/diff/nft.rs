@@ -97,7 +97,7 @@ pub struct KnownRuleset {
 
 impl KnownRuleset {
     /// What is known after a successful apply: the kernel's table carries `tag_after` (see
-    /// [`tag_after`]) and, when a plan was applied, that tag is the plan's.
+    /// `tag_after`) and, when a plan was applied, that tag is the plan's.
     pub fn after(
         prev: Option<KnownRuleset>,
         desired: Option<&Ruleset>,
