@@ -25,9 +25,6 @@
 //! A delete Lace issued that found nothing, racing with someone adding that very route, is
 //! forgotten after the addition's notification: that route is then left alone until the
 //! next full dump.
-//!
-//!
-//! [`RouteKey`]: crate::plan::RouteKey
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -265,9 +262,7 @@ impl Cache {
         let hit = |dst: &ipnet::IpNet, via: Option<&str>| {
             via == Some(dev) && (!v4_only || matches!(dst, ipnet::IpNet::V4(_)))
         };
-        self.node
-            .routes
-            .retain(|k, nh| !hit(&k.dst, nexthop_dev(nh)));
+        self.node.routes.retain(|k, nh| !hit(&k.dst, nh.dev()));
         let before = self.host.len();
         self.host.retain(|_, h| !hit(&h.dst, h.dev.as_deref()));
         *host_changed |= self.host.len() != before;
@@ -290,18 +285,6 @@ impl Cache {
                 }
             }
         }
-    }
-}
-
-/// The link a next hop goes out of, if it names one.
-fn nexthop_dev(nh: &KernelNexthop) -> Option<&str> {
-    match nh {
-        KernelNexthop::Dev(dev)
-        | KernelNexthop::DevSrc { dev, .. }
-        | KernelNexthop::Via { dev, .. }
-        | KernelNexthop::Seg6Encap { dev, .. }
-        | KernelNexthop::Seg6LocalDt46 { dev, .. } => Some(dev),
-        KernelNexthop::Unreachable | KernelNexthop::Unknown(_) => None,
     }
 }
 
