@@ -5,7 +5,8 @@
 //! routes for the destination (longest prefix match over its unicast routes), and the MTU of
 //! the SRv6-over-IPv4 device is that of the link holding the node's underlay IPv4 address minus
 //! what the outer IPv4 and UDP headers take. The uplinks are resolved here, before the parts
-//! below are asked for their operations: only this module fails ([`DiffError`]).
+//! below are asked for their operations, so none of them needs [`DiffError`] (the nft part
+//! fails only with its own [`UntaggableRuleset`]).
 //!
 //! Its parts, pure too: the VRFs' ingress devices (`ingress`), the SRv6-over-IPv4 device
 //! (`tunnel`) and the nft table (`nft`: which transaction, if any, makes it hold the plan).
