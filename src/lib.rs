@@ -17,6 +17,8 @@ pub mod crd;
 #[cfg(feature = "agent")]
 pub mod dataplane;
 pub mod durable;
+#[cfg(feature = "agent")]
+mod hash;
 pub mod index;
 #[cfg(feature = "kube")]
 pub mod k8s;

@@ -34,6 +34,7 @@ use super::ipam::{AttachmentKey, IpamError, Record};
 use super::{Agent, Dataplane};
 use crate::binding;
 use crate::dataplane::{gateway, DataplaneError, PodInterface, POD_LINK_PREFIX};
+use crate::hash::fnv1a64;
 use crate::plan::{vrf_name, vrf_table, RouteKey};
 use crate::state::{ObjectKey, Pod};
 use crate::wire::{CniError, CniResult, Command, ErrorCode, Interface, IpConfig, Request, Route};
@@ -55,8 +56,8 @@ pub const HOST_IFNAME_PREFIX: &str = POD_LINK_PREFIX;
 
 /// The host-side veth name of attachment (`container_id`, `ifname`): `lp-` and 11 hex digits
 /// (44 bits) of the 64-bit FNV-1a hash of `container_id`, a NUL and `ifname`. Deterministic,
-/// so DEL finds it without a record; 14 bytes, within IFNAMSIZ. FNV-1a is written out here
-/// because std's hasher may change between Rust releases, and the name must not.
+/// so DEL finds it without a record; 14 bytes, within IFNAMSIZ. FNV-1a (`crate::hash`) because
+/// std's hasher may change between Rust releases, and the name must not.
 pub fn host_ifname(container_id: &str, ifname: &str) -> String {
     format!(
         "{HOST_IFNAME_PREFIX}{:011x}",
@@ -74,16 +75,12 @@ pub fn host_mac(container_id: &str, ifname: &str) -> [u8; 6] {
 
 /// 64-bit FNV-1a of `container_id`, a NUL and `ifname`.
 fn attachment_hash(container_id: &str, ifname: &str) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in container_id
-        .bytes()
-        .chain(std::iter::once(0))
-        .chain(ifname.bytes())
-    {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h
+    fnv1a64(
+        container_id
+            .bytes()
+            .chain(std::iter::once(0))
+            .chain(ifname.bytes()),
+    )
 }
 
 /// A dataplane call that failed, or the IPAM records the kernel was checked against: what a

@@ -50,6 +50,8 @@ pub mod ipam;
 pub mod lifecycle;
 pub mod metrics;
 pub mod paths;
+#[cfg(any(test, feature = "testing"))]
+mod plan_sink;
 pub mod reconcile;
 pub mod server;
 pub mod source;
@@ -68,7 +70,9 @@ use crate::state::ClusterState;
 use crate::wire::{LogLevel, PluginSettings, DEFAULT_TIMEOUT_SECONDS};
 
 pub use lifecycle::NotReady;
-pub use reconcile::{Dataplane, DataplaneError, PlanSink};
+#[cfg(any(test, feature = "testing"))]
+pub use plan_sink::PlanSink;
+pub use reconcile::{Dataplane, DataplaneError};
 pub use source::{StateSource, StateUnavailable};
 
 pub use underlay::{DEFAULT_UNDERLAY_MTU, SRV6_OVERHEAD};

@@ -7,13 +7,30 @@
 //! stopping between phases would save nothing (a failed ADD removes the pod's veth).
 
 use std::collections::HashMap;
+use std::fmt;
 
 use netlink_packet_core::{NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE};
 use netlink_packet_route::RouteNetlinkMessage;
 
-use super::diff::Op;
 use super::nl::Nl;
-use super::{host, msg, nft, observe, ObservedNode, OpFailure};
+use super::observed::ObservedNode;
+use super::op::Op;
+use super::{fou, host, msg, nft, observe};
+
+/// One operation that failed, with the object it concerned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OpFailure {
+    /// The operation (`ip`-like text naming the object).
+    pub op: String,
+    /// What the kernel or tool said.
+    pub error: String,
+}
+
+impl fmt::Display for OpFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.op, self.error)
+    }
+}
 
 /// How operations are grouped into batches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,7 +84,7 @@ pub fn apply(
         links_changed |= phase <= 2;
         // A `sit` device with `encap fou` needs the fou module's encapsulation registered.
         if group.iter().any(|o| matches!(o, Op::AddTunnel { .. })) {
-            if let Err(e) = super::fou::load() {
+            if let Err(e) = fou::load() {
                 failures.push(OpFailure {
                     op: "loading the kernel's fou support (for the SRv6-over-IPv4 device)".into(),
                     error: e.to_string(),
@@ -106,17 +123,17 @@ pub fn apply(
                 Op::AddFou { listener, replace } => {
                     writes += 1 + u64::from(replace);
                     let done = match replace {
-                        true => super::fou::del(listener.port, listener.family),
+                        true => fou::del(listener.port, listener.family),
                         false => Ok(()),
                     }
-                    .and_then(|()| super::fou::add(listener));
+                    .and_then(|()| fou::add(listener));
                     if let Err(e) = done {
                         failures.push(fail(&op, e));
                     }
                 }
                 Op::DelFou { listener } => {
                     writes += 1;
-                    if let Err(e) = super::fou::del(listener.port, listener.family) {
+                    if let Err(e) = fou::del(listener.port, listener.family) {
                         failures.push(fail(&op, e));
                     }
                 }
@@ -259,7 +276,7 @@ mod tests {
             local: "192.0.2.1".parse().unwrap(),
             address: None,
         };
-        let sit = super::super::tunnel::planned_sit(&t);
+        let sit = crate::dataplane::diff::tunnel::planned_sit(&t);
         let op = Op::AddTunnel {
             name: IPV4_TUNNEL.into(),
             sit,

@@ -5,6 +5,7 @@
 use netlink_sys::Socket;
 
 use super::host::HostError;
+use super::observed::{FouListener, AF_INET};
 use super::rawnl::{
     attrs, dump, genl_family, request, talk, Answer, RawNlError, NLM_F_ACK, NLM_F_DUMP,
     NLM_F_REQUEST,
@@ -31,28 +32,6 @@ const FOU_ATTR_IPPROTO: u16 = 3;
 const FOU_ATTR_TYPE: u16 = 4;
 /// `FOU_ENCAP_DIRECT`: the UDP payload is the packet of [`FouListener::ipproto`].
 const FOU_ENCAP_DIRECT: u8 = 1;
-const AF_INET: u8 = libc::AF_INET as u8;
-
-/// One receive port, as `ip fou show` lists it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct FouListener {
-    pub port: u16,
-    /// `AF_INET` or `AF_INET6`.
-    pub family: u8,
-    /// The protocol of direct fou (`None` for GUE).
-    pub ipproto: Option<u8>,
-}
-
-impl FouListener {
-    /// The listener Lace wants: IPv4, direct, carrying `ipproto`.
-    pub fn direct_v4(port: u16, ipproto: u8) -> Self {
-        Self {
-            port,
-            family: AF_INET,
-            ipproto: Some(ipproto),
-        }
-    }
-}
 
 fn u8_of(a: &[(u16, Vec<u8>)], ty: u16) -> Option<u8> {
     a.iter()

@@ -20,8 +20,7 @@ use std::time::{Duration, Instant};
 
 use ipnet::{IpNet, Ipv4Net};
 
-use super::tunnel::link_holding;
-use super::ObservedNode;
+use super::observed::ObservedNode;
 use crate::plan::underlay::{link_local_address, FOU_PORT};
 
 /// What the agent asks about: the node's IPv4 InternalIP and its peers' (those without a
@@ -62,7 +61,7 @@ pub fn on_link(
     ipv4: Ipv4Addr,
     peers: &[(String, Ipv4Addr)],
 ) -> Option<(String, u32, u32, BTreeSet<String>)> {
-    let (name, link) = link_holding(observed, IpAddr::V4(ipv4))?;
+    let (name, link) = observed.link_holding(IpAddr::V4(ipv4))?;
     let on_link = peers
         .iter()
         .filter(|(_, peer)| {
@@ -133,15 +132,14 @@ pub fn peer_addresses(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dataplane::diff::tests::UPLINK;
-    use crate::dataplane::HostRoute;
+    use crate::dataplane::fixtures::{bare_host, link, UPLINK};
+    use crate::dataplane::observed::HostRoute;
 
     fn host(routes: Vec<(&str, Option<&str>, &str)>) -> ObservedNode {
-        let mut o = crate::dataplane::diff::tests::bare_host();
+        let mut o = bare_host();
         o.addrs
             .push(("192.168.0.11".parse().unwrap(), o.links[UPLINK].index));
-        o.links
-            .insert("eth1".into(), crate::dataplane::diff::tests::link(77));
+        o.links.insert("eth1".into(), link(77));
         o.host_routes = routes
             .into_iter()
             .map(|(dst, gw, dev)| HostRoute {

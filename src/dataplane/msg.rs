@@ -26,7 +26,7 @@ use netlink_packet_route::route::{
 use netlink_packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
 use netlink_packet_route::AddressFamily;
 
-use super::{KernelNexthop, SitLink, ROUTE_PROTOCOL};
+use super::observed::{KernelNexthop, SitLink, ROUTE_PROTOCOL};
 use crate::plan::{Family, RouteKey, Rule, RuleAction as PlanRuleAction};
 
 /// Why a request cannot be built.

@@ -21,8 +21,12 @@ use netlink_packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 
 use super::nl::{Nl, NlError};
+use super::observed::{
+    HostRoute, KernelNexthop, NftState, ObservedLink, ObservedNode, ObservedRule, SitLink,
+    ROUTE_PROTOCOL,
+};
 use super::rawnl::RawNlError;
-use super::{host, HostRoute, KernelNexthop, ObservedLink, ObservedNode, ObservedRule, SitLink};
+use super::{fou, host, nft, seg6};
 use crate::plan::{
     Family, RouteKey, Rule, RuleAction as PlanRuleAction, MAIN_TABLE, PROBE_TABLE,
     RULE_PRIORITY_L3MDEV, RULE_PRIORITY_PROBE, VRF_TABLE_BASE,
@@ -103,7 +107,7 @@ pub fn dump(nl: &mut Nl) -> Result<(ObservedNode, HostRoutes), ObserveError> {
         rules,
         sysctls: BTreeMap::new(),
         tunsrc: None,
-        nft: super::NftState::Absent,
+        nft: NftState::Absent,
         fou: None,
     };
     Ok((node, host))
@@ -121,11 +125,11 @@ pub fn observe_host(
         .iter()
         .map(|k| (k.clone(), host::read_sysctl(k)))
         .collect();
-    node.tunsrc = super::seg6::tunsrc_get().map_err(ObserveError::Tunsrc)?;
-    node.nft = super::nft::observe().map_err(ObserveError::Nft)?;
+    node.tunsrc = seg6::tunsrc_get().map_err(ObserveError::Tunsrc)?;
+    node.nft = nft::observe().map_err(ObserveError::Nft)?;
     let has_tunnel = node.tunnels().next().is_some();
     node.fou = match has_tunnel {
-        true => Some(super::fou::list().map_err(ObserveError::Fou)?),
+        true => Some(fou::list().map_err(ObserveError::Fou)?),
         false => None,
     };
     Ok(())
@@ -350,7 +354,7 @@ pub fn classify_route(r: &RouteMessage, names: &BTreeMap<u32, String>) -> Route 
         return Route::Other;
     };
     let dev = oif.and_then(|i| names.get(&i).cloned());
-    if r.header.protocol != RouteProtocol::Other(super::ROUTE_PROTOCOL) {
+    if r.header.protocol != RouteProtocol::Other(ROUTE_PROTOCOL) {
         if table == MAIN_TABLE && r.header.kind == RouteType::Unicast {
             return Route::Host(
                 (dst, r.header.tos, priority, oif),

@@ -16,10 +16,12 @@ use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkMessage};
 use netlink_packet_route::route::RouteMessage;
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 
+use super::apply::OpFailure;
 use super::host;
+use super::msg;
 use super::nl::{Nl, NlError};
 use super::observe::{classify_route, dump_address_messages, Route};
-use super::{msg, KernelNexthop, OpFailure};
+use super::observed::KernelNexthop;
 use crate::plan::{disable_ipv6_key, RouteKey, MAIN_TABLE};
 
 /// The pods' IPv4 default gateway: link-local, never in a block, the same in every pod.
@@ -83,16 +85,6 @@ pub enum PodFailure {
 impl From<NlError> for PodFailure {
     fn from(e: NlError) -> Self {
         Self::Netlink(e)
-    }
-}
-
-impl PodFailure {
-    /// The dataplane's error, naming the namespace `target`.
-    pub fn into_error(self, target: String) -> super::DataplaneError {
-        match self {
-            Self::Netlink(source) => super::DataplaneError::Netlink { target, source },
-            Self::Refused(failures) => super::DataplaneError::Refused { target, failures },
-        }
     }
 }
 

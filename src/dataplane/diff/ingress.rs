@@ -4,8 +4,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::diff::Op;
-use super::ObservedNode;
+use crate::dataplane::observed::ObservedNode;
+use crate::dataplane::op::Op;
 use crate::plan::Vrf;
 
 /// The planned VRFs' ingress devices: created (dummy) if missing or of another kind, enslaved
@@ -51,11 +51,11 @@ pub(super) fn ops<'a>(
 
 #[cfg(test)]
 mod tests {
-    use super::super::diff::tests::{bare_host, model};
-    use super::super::diff::{diff, Op};
-    use super::super::KernelNexthop;
     use super::*;
     use crate::api::{ServiceBindingPolicySpec, ServiceRef, ServiceRoutingPolicySpec};
+    use crate::dataplane::diff::diff;
+    use crate::dataplane::fixtures::{bare_host, link, model, state};
+    use crate::dataplane::observed::KernelNexthop;
     use crate::plan::plan;
     use crate::state::{ClusterState, Endpoints, ObjectKey, Service, ServicePort};
 
@@ -127,8 +127,7 @@ mod tests {
     fn a_link_of_that_name_of_another_kind_is_replaced() {
         let mut o = bare_host();
         let index = o.links.len() as u32 + 50;
-        o.links
-            .insert("li-a".into(), super::super::diff::tests::link(index));
+        o.links.insert("li-a".into(), link(index));
         let got = run(&vrfs(true), &o);
         assert_eq!(
             got[0],
@@ -147,7 +146,7 @@ mod tests {
     /// `state(false)` with Service `ns/web` (node port 30080) bound to `a`, its backend on
     /// `n2`, granted from the `internet`.
     fn granted() -> ClusterState {
-        let mut s = super::super::diff::tests::state(false);
+        let mut s = state(false);
         let key = ObjectKey::new("ns", "web");
         s.services.insert(
             key.clone(),
@@ -216,7 +215,7 @@ mod tests {
             "applied twice"
         );
         // The grant gone: the device goes too.
-        let d = plan("n1", &super::super::diff::tests::state(false), &[]).unwrap();
+        let d = plan("n1", &state(false), &[]).unwrap();
         let ops = diff(Some(&d), &o, None).unwrap().ops;
         assert!(ops.contains(&Op::DelLink {
             name: "li-a".into()

@@ -1,28 +1,18 @@
 //! The diff of Lace's SRv6-over-IPv4 device ([`IPV4_TUNNEL`]): the `sit` device as planned,
 //! sized after the link holding the node's IPv4 underlay address, its tunnel-source address
-//! and the fou port beside it.
+//! and the fou port beside it. Pure.
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv6Addr};
 
 use ipnet::{IpNet, Ipv6Net};
 
-use super::diff::{DiffError, Op};
-use super::{FouListener, ObservedLink, ObservedNode, SitLink};
+use crate::dataplane::observed::{FouListener, ObservedLink, ObservedNode, SitLink};
+use crate::dataplane::op::Op;
 use crate::plan::underlay::{Ipv4Tunnel, FOU_IPPROTO, FOU_PORT, IPV4_FOU_OVERHEAD, IPV4_TUNNEL};
 
 /// `TUNNEL_ENCAP_FOU` of `<linux/if_tunnel.h>`.
 const TUNNEL_ENCAP_FOU: u16 = 1;
-
-/// The link holding address `addr`, by name, with what was observed of it.
-pub(super) fn link_holding(observed: &ObservedNode, addr: IpAddr) -> Option<(&str, &ObservedLink)> {
-    let (_, index) = observed.addrs.iter().find(|(a, _)| *a == addr)?;
-    observed
-        .links
-        .iter()
-        .find(|(_, l)| l.index == *index)
-        .map(|(n, l)| (n.as_str(), l))
-}
 
 /// The `sit` device that carries SRv6 over IPv4 as planned by `t`.
 pub fn planned_sit(t: &Ipv4Tunnel) -> SitLink {
@@ -40,15 +30,14 @@ pub fn planned_sit(t: &Ipv4Tunnel) -> SitLink {
 }
 
 /// The operations that make the SRv6-over-IPv4 device, its address and its fou port as
-/// planned (any phase; the caller sorts). Returns whether the device is (re-)created.
+/// planned (any phase; the caller sorts), the device sized after `uplink` (the link holding
+/// the tunnel's local address). Returns whether the device is (re-)created.
 pub(super) fn ops(
     t: &Ipv4Tunnel,
+    uplink: &ObservedLink,
     observed: &ObservedNode,
     ops: &mut Vec<Op>,
-) -> Result<bool, DiffError> {
-    let (_, uplink) = link_holding(observed, IpAddr::V4(t.local)).ok_or(DiffError::NoUplink {
-        underlay: IpAddr::V4(t.local),
-    })?;
+) -> bool {
     let mtu = uplink.mtu.saturating_sub(IPV4_FOU_OVERHEAD);
     let sit = planned_sit(t);
     let name = IPV4_TUNNEL.to_string();
@@ -110,5 +99,5 @@ pub(super) fn ops(
                 .any(|l| l.port == ours.port && l.family == ours.family),
         });
     }
-    Ok(created)
+    created
 }

@@ -1,0 +1,599 @@
+//! Desired vs observed → ordered operations. Pure: no kernel, deterministic, unit-tested.
+//!
+//! Symbolic next hops are resolved here against what was observed: `@uplink` is the link
+//! holding the node's underlay IPv6 address, [`Nexthop::Host`] is what the host's main table
+//! routes for the destination (longest prefix match over its unicast routes), and the MTU of
+//! the SRv6-over-IPv4 device is that of the link holding the node's underlay IPv4 address minus
+//! what the outer IPv4 and UDP headers take. The uplinks are resolved here, before the parts
+//! below are asked for their operations, so none of them needs [`DiffError`] (the nft part
+//! fails only with its own [`UntaggableRuleset`]).
+//!
+//! Its parts, pure too: the VRFs' ingress devices (`ingress`), the SRv6-over-IPv4 device
+//! (`tunnel`) and the nft table (`nft`: which transaction, if any, makes it hold the plan).
+
+mod ingress;
+pub(super) mod nft;
+pub(super) mod tunnel;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, Ipv6Addr};
+
+use ipnet::{IpNet, Ipv6Net};
+
+pub use nft::{KnownRuleset, UntaggableRuleset};
+
+use super::observed::{
+    FouListener, HostRoute, KernelNexthop, NftState, ObservedLink, ObservedNode,
+};
+use super::op::Op;
+use crate::plan::underlay::{
+    is_link_local_underlay, FOU_IPPROTO, FOU_PORT, IPV4_TUNNEL, LINK_LOCAL_PREFIX,
+};
+use crate::plan::{
+    disable_ipv6_key, sysctl_device, DesiredNode, Nexthop, NodeBase, RouteKey, Rule, RuleAction,
+    Underpath, Vrf, POD_GATEWAY_V6_PREFIX, PROBE_TABLE,
+};
+
+/// Why no operations could be computed.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DiffError {
+    #[error("no link holds the node's underlay address {underlay} (its InternalIP in the NodeAllocation): cannot resolve the uplink{}", no_uplink_hint(.underlay))]
+    NoUplink { underlay: IpAddr },
+    #[error("the nft ruleset cannot be tagged: {0}")]
+    Nft(#[from] UntaggableRuleset),
+}
+
+/// What to check when no link holds an IPv6 underlay address: disabling IPv6 on a link takes
+/// its IPv6 addresses with it.
+fn no_uplink_hint(underlay: &IpAddr) -> &'static str {
+    match underlay {
+        IpAddr::V6(_) => "; if IPv6 is disabled on the link that should hold it (net.ipv6.conf.<link>.disable_ipv6=1), so is the address: enable IPv6 there, or give the Node only its IPv4 InternalIP (kubelet --node-ip) so that its peers reach it over IPv4",
+        IpAddr::V4(_) => "",
+    }
+}
+
+/// The operations, in apply order, and the pod routes left out.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Diff {
+    pub ops: Vec<Op>,
+    /// Routes not installed because their device does not exist (a pod veth the CNI has not
+    /// created yet or already deleted), as text.
+    pub skipped: Vec<String>,
+}
+
+/// `a` if it is an IPv6 unicast link-local address (`fe80::/10`).
+fn link_local(a: &IpAddr) -> Option<Ipv6Addr> {
+    match a {
+        IpAddr::V6(v6) if v6.is_unicast_link_local() => Some(*v6),
+        _ => None,
+    }
+}
+
+/// The main table's answer for `dst`: longest prefix among host routes containing it.
+fn host_lookup<'a>(routes: &'a [HostRoute], dst: &IpNet) -> Option<&'a HostRoute> {
+    routes
+        .iter()
+        .filter(|r| {
+            r.dst.prefix_len() <= dst.prefix_len()
+                && r.dst.contains(&dst.network())
+                && r.dev.is_some()
+        })
+        .max_by_key(|r| r.dst.prefix_len())
+}
+
+/// Computes the operations that make `observed` hold `desired` (`None`: nothing of Lace's).
+/// `known_nft` is the ruleset the caller knows the kernel's table to hold while the table
+/// carries that ruleset's tag: with it, a plan that changes only set and map elements
+/// deletes and adds just those instead of replacing the table.
+pub fn diff(
+    desired: Option<&DesiredNode>,
+    observed: &ObservedNode,
+    known_nft: Option<&KnownRuleset>,
+) -> Result<Diff, DiffError> {
+    diff_in(desired, observed, known_nft, Scope::All)
+}
+
+/// The operations a reconcile would issue for what rtnetlink notifies (links, addresses,
+/// rules, routes), leaving out the nft table, sysctls and `ip sr tunsrc`, whose observation
+/// the notifications do not change: empty while the kernel holds what Lace last applied of
+/// `desired`, whatever else changed. This is how the reconciler tells drift (something of
+/// Lace's changed without Lace) from its own writes echoing back and from changes to foreign
+/// objects.
+pub fn drift(desired: &DesiredNode, observed: &ObservedNode) -> Result<Vec<Op>, DiffError> {
+    Ok(diff_in(Some(desired), observed, None, Scope::Notified)?.ops)
+}
+
+/// The operations that give the pods of `pods` (a plan whose `pod_routes` are theirs, e.g.
+/// [`crate::plan::Planner::plan`] of one attachment) what the full plan holds for them: their
+/// Networks' VRFs (created if missing), their host veths enslaved and up (with their proxy
+/// ARP sysctls), the link-local sources of their IPv6 probe routes, and their routes. Nothing
+/// else and no deletions: CNI ADD applies this, so the reconcile that follows finds the pod
+/// already as planned and writes nothing for it.
+pub fn attach(pods: &DesiredNode, observed: &ObservedNode) -> Result<Diff, DiffError> {
+    let tables: BTreeSet<u32> = pods.pod_routes.keys().map(|k| k.table).collect();
+    let vrfs: BTreeMap<String, Vrf> = pods
+        .base
+        .vrfs
+        .iter()
+        .filter(|(_, v)| tables.contains(&v.table))
+        .map(|(n, v)| (n.clone(), v.clone()))
+        .collect();
+    let mut out = Diff::default();
+    let fresh = vrf_ops(&vrfs, observed, &mut out.ops);
+    // A VRF made here gets its sysctls (IPv6 enabled on it) as a reconcile would give it.
+    for (key, value) in &pods.base.sysctls {
+        if sysctl_device(key).is_some_and(|l| fresh.contains(l)) {
+            out.ops.push(Op::Sysctl {
+                key: key.clone(),
+                value: value.clone(),
+            });
+        }
+    }
+    pod_link_ops(pods, &vrfs, observed, true, &mut out.ops);
+    let uplink = uplink(&pods.base, observed);
+    for (key, nh) in &pods.pod_routes {
+        if let Some(resolved) = resolve(key, nh, &pods.base, &vrfs, observed, uplink, &mut out)? {
+            let via_fresh = resolved.dev().is_some_and(|d| fresh.contains(d));
+            if via_fresh || observed.routes.get(key) != Some(&resolved) {
+                out.ops.push(Op::PutRoute {
+                    key: *key,
+                    nh: resolved,
+                });
+            }
+        }
+    }
+    out.ops.sort_by_key(Op::phase);
+    Ok(out)
+}
+
+/// Which parts of the plan a diff covers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Scope {
+    All,
+    /// What rtnetlink notifications show: see [`drift`].
+    Notified,
+}
+
+fn diff_in(
+    desired: Option<&DesiredNode>,
+    observed: &ObservedNode,
+    known_nft: Option<&KnownRuleset>,
+    scope: Scope,
+) -> Result<Diff, DiffError> {
+    let mut out = Diff::default();
+    let empty_vrfs = BTreeMap::new();
+    let vrfs = desired.map(|d| &d.base.vrfs).unwrap_or(&empty_vrfs);
+    // Links this diff creates or re-creates: what the kernel showed of the old ones (their
+    // routes, sysctls) says nothing about the new.
+    let mut fresh = vrf_ops(vrfs, observed, &mut out.ops);
+    for (name, _) in observed.vrfs() {
+        if !vrfs.contains_key(name) {
+            out.ops.push(Op::DelLink { name: name.clone() });
+        }
+    }
+    ingress::ops(vrfs, observed, &mut fresh, &mut out.ops);
+
+    // --- Links: the SRv6-over-IPv4 device and its fou port ----------------------------------
+    let tunnel = desired.and_then(|d| d.base.ipv4_tunnel.as_ref());
+    if let Some(t) = tunnel {
+        let underlay = IpAddr::V4(t.local);
+        let (_, uplink) = observed
+            .link_holding(underlay)
+            .ok_or(DiffError::NoUplink { underlay })?;
+        if tunnel::ops(t, uplink, observed, &mut out.ops) {
+            fresh.insert(IPV4_TUNNEL);
+        }
+    }
+    for (name, _) in observed.tunnels() {
+        if tunnel.is_none() || name != IPV4_TUNNEL {
+            out.ops.push(Op::DelLink { name: name.clone() });
+        }
+    }
+    let ours = FouListener::direct_v4(FOU_PORT, FOU_IPPROTO);
+    if tunnel.is_none() {
+        for l in observed.fou.iter().flatten() {
+            if l.port == ours.port && l.family == ours.family {
+                out.ops.push(Op::DelFou { listener: *l });
+            }
+        }
+    }
+
+    let Some(d) = desired else {
+        teardown(&mut out, observed);
+        out.ops.sort_by_key(Op::phase);
+        return Ok(out);
+    };
+    let base = &d.base;
+    pod_link_ops(d, vrfs, observed, scope == Scope::All, &mut out.ops);
+    link_local_ops(base, observed, &mut out.ops)?;
+
+    // --- nft, sysctls, tunsrc: read afresh by every reconcile, never notified -------------
+    if scope == Scope::All {
+        out.ops.extend(nft::op(
+            &base.nft,
+            &d.render_nft(),
+            &observed.nft,
+            known_nft,
+        )?);
+        for (key, value) in &base.sysctls {
+            let of_fresh = sysctl_device(key).is_some_and(|l| fresh.contains(l));
+            if of_fresh
+                || observed.sysctls.get(key).and_then(|v| v.as_deref()) != Some(value.as_str())
+            {
+                out.ops.push(Op::Sysctl {
+                    key: key.clone(),
+                    value: value.clone(),
+                });
+            }
+        }
+        if observed.tunsrc != Some(base.seg6_tunsrc) {
+            out.ops.push(Op::Tunsrc(base.seg6_tunsrc));
+        }
+    }
+
+    // --- Rules ------------------------------------------------------------------------------
+    let have: BTreeSet<Rule> = observed.rules.iter().filter_map(|r| r.rule).collect();
+    for r in &base.rules {
+        if !have.contains(r) {
+            out.ops.push(Op::AddRule(*r));
+        }
+    }
+    for r in &observed.rules {
+        if !r.rule.is_some_and(|x| base.rules.contains(&x)) {
+            out.ops.push(Op::DelRule(Box::new(r.clone())));
+        }
+    }
+
+    // --- Routes -----------------------------------------------------------------------------
+    let uplink = uplink(base, observed);
+    let mut wanted: BTreeSet<&RouteKey> = BTreeSet::new();
+    for (key, nh) in d.routes() {
+        let Some(resolved) = resolve(key, nh, base, vrfs, observed, uplink, &mut out)? else {
+            continue;
+        };
+        wanted.insert(key);
+        let via_fresh = resolved.dev().is_some_and(|d| fresh.contains(d));
+        if via_fresh || observed.routes.get(key) != Some(&resolved) {
+            out.ops.push(Op::PutRoute {
+                key: *key,
+                nh: resolved,
+            });
+        }
+    }
+    for (key, nh) in &observed.routes {
+        if !wanted.contains(key) {
+            out.ops.push(Op::DelRoute {
+                key: *key,
+                nh: nh.clone(),
+            });
+        }
+    }
+    if scope == Scope::Notified {
+        // The fou ports are read by each reconcile, never notified.
+        out.ops
+            .retain(|o| !matches!(o, Op::AddFou { .. } | Op::DelFou { .. }));
+    }
+    // Stable: within a phase, the order above.
+    out.ops.sort_by_key(Op::phase);
+    Ok(out)
+}
+
+/// The planned VRFs: created if missing, re-created if a link of that name is something
+/// else, brought up if down. Returns the names of those it creates.
+fn vrf_ops<'a>(
+    vrfs: &'a BTreeMap<String, Vrf>,
+    observed: &ObservedNode,
+    ops: &mut Vec<Op>,
+) -> BTreeSet<&'a str> {
+    let mut fresh = BTreeSet::new();
+    for (name, vrf) in vrfs {
+        match observed.links.get(name) {
+            Some(l) if l.vrf_table == Some(vrf.table) => {
+                if !l.up {
+                    ops.push(Op::LinkUp { name: name.clone() });
+                }
+            }
+            other => {
+                if other.is_some() {
+                    ops.push(Op::ReplaceLink { name: name.clone() });
+                }
+                fresh.insert(name.as_str());
+                ops.push(Op::AddVrf {
+                    name: name.clone(),
+                    table: vrf.table,
+                });
+            }
+        }
+    }
+    fresh
+}
+
+/// The sysctls of a pod's host veth, written whenever Lace enslaves it: proxy ARP answers
+/// for addresses routed elsewhere, at once (the pod's gateway entries are permanent, so this
+/// only serves a pod that resolves other addresses on its link); and, when the pod has an
+/// IPv6 address (`ipv6`), IPv6 enabled on it (the veth inherits `disable_ipv6` from the node's
+/// `default`, and the kernel refuses its link-local probe source and the pod's `/128` routes
+/// while it is disabled).
+pub fn pod_link_sysctls(link: &str, ipv6: bool) -> Vec<(String, &'static str)> {
+    let mut out = vec![
+        (format!("net.ipv4.conf.{link}.proxy_arp"), "1"),
+        (format!("net.ipv4.neigh.{link}.proxy_delay"), "0"),
+    ];
+    if ipv6 {
+        out.push((disable_ipv6_key(link), "0"));
+    }
+    out
+}
+
+/// The pods' host veths of plan `d`: enslaved to their Network's VRF (and up; with their
+/// sysctls when `sysctls`), up if down, and given the link-local source of their IPv6 probe
+/// routes (enslaving drops it). Links that do not exist are left to the routes, which report
+/// them.
+///
+/// A pod veth's sysctls are not read back by reconciles (that would cost a read per pod on
+/// every pass). Its `disable_ipv6` needs no reading: the kernel flushes every IPv6 address of
+/// a link whose IPv6 is switched off and notifies it, so a missing link-local probe source is
+/// what that drift looks like, and IPv6 is enabled again (when `sysctls`) right before the
+/// address is put back.
+fn pod_link_ops(
+    d: &DesiredNode,
+    vrfs: &BTreeMap<String, Vrf>,
+    observed: &ObservedNode,
+    sysctls: bool,
+    ops: &mut Vec<Op>,
+) {
+    let table_vrf: BTreeMap<u32, &str> = vrfs.iter().map(|(n, v)| (v.table, n.as_str())).collect();
+    let mut masters: BTreeMap<&str, &str> = BTreeMap::new();
+    for (k, nh) in &d.pod_routes {
+        if let (Nexthop::Dev(dev), Some(vrf)) = (nh, table_vrf.get(&k.table)) {
+            if k.table != PROBE_TABLE && !vrfs.contains_key(dev) {
+                masters.insert(dev, vrf);
+            }
+        }
+    }
+    // The pod veths that carry IPv6 (a pod's IPv6 address is routed through them).
+    let ipv6_links: BTreeSet<&str> = d
+        .pod_routes
+        .iter()
+        .filter_map(|(k, nh)| match nh {
+            Nexthop::Dev(dev) | Nexthop::DevSrc { dev, .. } if k.dst.addr().is_ipv6() => {
+                Some(dev.as_str())
+            }
+            _ => None,
+        })
+        .collect();
+    // Links whose IPv6 this diff enables.
+    let mut ipv6_enabled: BTreeSet<&str> = BTreeSet::new();
+    let mut enslaved: BTreeSet<&str> = BTreeSet::new();
+    for (link, vrf) in masters {
+        let Some(l) = observed.links.get(link) else {
+            continue;
+        };
+        let current = l.master.and_then(|m| observed.link_name(m));
+        if current != Some(vrf) {
+            enslaved.insert(link);
+            ops.push(Op::SetMaster {
+                link: link.to_string(),
+                master: vrf.to_string(),
+            });
+            if sysctls {
+                let ipv6 = ipv6_links.contains(link);
+                if ipv6 {
+                    ipv6_enabled.insert(link);
+                }
+                for (key, value) in pod_link_sysctls(link, ipv6) {
+                    ops.push(Op::Sysctl {
+                        key,
+                        value: value.into(),
+                    });
+                }
+            }
+        } else if !l.up {
+            ops.push(Op::LinkUp {
+                name: link.to_string(),
+            });
+        }
+    }
+    let mut addressed: BTreeSet<(&str, Ipv6Addr)> = BTreeSet::new();
+    for nh in d.pod_routes.values() {
+        let Nexthop::DevSrc { dev, src } = nh else {
+            continue;
+        };
+        let Some(l) = observed.links.get(dev) else {
+            continue;
+        };
+        let Some(v6) = link_local(src) else { continue };
+        if (!observed.addrs.contains(&(*src, l.index)) || enslaved.contains(dev.as_str()))
+            && addressed.insert((dev, v6))
+        {
+            if sysctls && ipv6_enabled.insert(dev) {
+                ops.push(Op::Sysctl {
+                    key: disable_ipv6_key(dev),
+                    value: "0".into(),
+                });
+            }
+            ops.push(Op::AddAddress {
+                link: dev.clone(),
+                addr: IpNet::V6(Ipv6Net::new_assert(v6, POD_GATEWAY_V6_PREFIX)),
+            });
+        }
+    }
+}
+
+/// The link holding the node's IPv6 underlay address (`@uplink`), needed only by routes over
+/// IPv6.
+fn uplink<'a>(base: &NodeBase, observed: &'a ObservedNode) -> Option<&'a str> {
+    let u = base.underlay.ipv6?;
+    observed.link_holding(IpAddr::V6(u)).map(|(name, _)| name)
+}
+
+/// The kernel form of planned route `key` via `nh`, resolved against what was observed, or
+/// `None` (and a line in `out.skipped`) when it cannot be installed now.
+fn resolve(
+    key: &RouteKey,
+    nh: &Nexthop,
+    base: &NodeBase,
+    vrfs: &BTreeMap<String, Vrf>,
+    observed: &ObservedNode,
+    uplink: Option<&str>,
+    out: &mut Diff,
+) -> Result<Option<KernelNexthop>, DiffError> {
+    let uplink = || {
+        uplink.map(str::to_string).ok_or(DiffError::NoUplink {
+            underlay: IpAddr::V6(base.underlay.ipv6.unwrap_or(Ipv6Addr::UNSPECIFIED)),
+        })
+    };
+    let resolved = match nh {
+        Nexthop::Dev(dev) => KernelNexthop::Dev(dev.clone()),
+        // The kernel refuses a source the node does not hold (e.g. a Node object whose
+        // InternalIP is not configured here): the route then goes without one. A
+        // link-local source is added to the link (see `pod_link_ops`).
+        Nexthop::DevSrc { dev, src }
+            if link_local(src).is_some() || observed.addrs.iter().any(|(a, _)| a == src) =>
+        {
+            KernelNexthop::DevSrc {
+                dev: dev.clone(),
+                src: *src,
+            }
+        }
+        Nexthop::DevSrc { dev, .. } => KernelNexthop::Dev(dev.clone()),
+        Nexthop::Seg6Encap { segs, underlay } => KernelNexthop::Seg6Encap {
+            segs: *segs,
+            dev: match underlay {
+                Underpath::Ipv6 => uplink()?,
+                Underpath::LinkLocal => uplink4(base, observed)?.0.to_string(),
+                Underpath::Fou => IPV4_TUNNEL.to_string(),
+            },
+        },
+        Nexthop::Seg6EncapIngress { segs, dev } => KernelNexthop::Seg6Encap {
+            segs: *segs,
+            dev: dev.clone(),
+        },
+        Nexthop::Seg6LocalDt46 { vrf_table, vrf } => KernelNexthop::Seg6LocalDt46 {
+            vrf_table: *vrf_table,
+            dev: vrf.clone(),
+        },
+        Nexthop::Underlay { via } => KernelNexthop::Via {
+            via: IpAddr::V6(*via),
+            dev: uplink()?,
+        },
+        Nexthop::LinkLocal { via } => KernelNexthop::Via {
+            via: IpAddr::V6(*via),
+            dev: uplink4(base, observed)?.0.to_string(),
+        },
+        Nexthop::Ipv4Tunnel { via } => KernelNexthop::Via {
+            via: IpAddr::V6(via.to_ipv6_compatible()),
+            dev: IPV4_TUNNEL.to_string(),
+        },
+        Nexthop::Unreachable => KernelNexthop::Unreachable,
+        Nexthop::Host => {
+            // A host without that route (e.g. no IPv6 default) gets everything else: the
+            // route follows once the host has one (the next reconcile resolves it).
+            let Some(h) = host_lookup(&observed.host_routes, &key.dst) else {
+                out.skipped.push(format!(
+                    "route {} table {}: the host's main table has no route for it",
+                    key.dst, key.table
+                ));
+                return Ok(None);
+            };
+            let dev = h.dev.clone().unwrap_or_default();
+            match h.gateway {
+                Some(via) => KernelNexthop::Via { via, dev },
+                None => KernelNexthop::Dev(dev),
+            }
+        }
+    };
+    if let KernelNexthop::Dev(dev) | KernelNexthop::DevSrc { dev, .. } = &resolved {
+        if !observed.links.contains_key(dev) && !vrfs.contains_key(dev) {
+            out.skipped.push(format!(
+                "route {} table {}: no link {dev}",
+                key.dst, key.table
+            ));
+            return Ok(None);
+        }
+    }
+    Ok(Some(resolved))
+}
+
+/// The node's link-local underlay address on `@uplink4` when planned, and every other
+/// link-local underlay address of Lace's on any link deleted (an old InternalIP, a link that
+/// no longer holds the InternalIP, a plan without one).
+fn link_local_ops(
+    base: &NodeBase,
+    observed: &ObservedNode,
+    ops: &mut Vec<Op>,
+) -> Result<(), DiffError> {
+    let mut keep = None;
+    if let Some(addr) = base.link_local {
+        let (name, l) = uplink4(base, observed)?;
+        keep = Some((IpAddr::V6(addr), l.index));
+        if !observed.addrs.contains(&(IpAddr::V6(addr), l.index)) {
+            ops.push(Op::AddAddress {
+                link: name.to_string(),
+                addr: IpNet::V6(Ipv6Net::new_assert(addr, LINK_LOCAL_PREFIX)),
+            });
+        }
+    }
+    del_link_local_ops(observed, keep, ops);
+    Ok(())
+}
+
+/// Deletes Lace's link-local underlay addresses, but `keep`.
+fn del_link_local_ops(observed: &ObservedNode, keep: Option<(IpAddr, u32)>, ops: &mut Vec<Op>) {
+    for &(a, index) in &observed.addrs {
+        let IpAddr::V6(v6) = a else { continue };
+        if !is_link_local_underlay(v6) || keep == Some((a, index)) {
+            continue;
+        }
+        if let Some(name) = observed.link_name(index) {
+            ops.push(Op::DelAddress {
+                link: name.to_string(),
+                addr: IpNet::V6(Ipv6Net::new_assert(v6, LINK_LOCAL_PREFIX)),
+            });
+        }
+    }
+}
+
+/// The link holding the node's IPv4 InternalIP (`@uplink4`), which the link-local path uses.
+fn uplink4<'a>(
+    base: &NodeBase,
+    observed: &'a ObservedNode,
+) -> Result<(&'a str, &'a ObservedLink), DiffError> {
+    let v4 = IpAddr::V4(
+        base.underlay
+            .ipv4
+            .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED),
+    );
+    observed
+        .link_holding(v4)
+        .ok_or(DiffError::NoUplink { underlay: v4 })
+}
+
+/// Everything Lace owns goes, except the l3mdev rule (shared with every VRF on the host; the
+/// kernel's VRF driver installs the same one).
+fn teardown(out: &mut Diff, observed: &ObservedNode) {
+    del_link_local_ops(observed, None, &mut out.ops);
+    for (key, nh) in &observed.routes {
+        out.ops.push(Op::DelRoute {
+            key: *key,
+            nh: nh.clone(),
+        });
+    }
+    for r in &observed.rules {
+        if !matches!(
+            r.rule,
+            Some(Rule {
+                action: RuleAction::L3mdev,
+                ..
+            })
+        ) {
+            out.ops.push(Op::DelRule(Box::new(r.clone())));
+        }
+    }
+    if observed.nft != NftState::Absent {
+        out.ops.push(Op::NftDelete);
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,215 @@
+//! [`Op`]: one change to the kernel, naming its object, as the diff computes it and apply
+//! carries it out. Its [`Op::phase`] orders an apply (see the ordering in the module docs of
+//! `dataplane`); its text (`ip`-like) names it in logs and errors.
+
+use std::fmt;
+use std::net::Ipv6Addr;
+
+use ipnet::IpNet;
+
+use super::observed::{FouListener, KernelNexthop, ObservedRule, SitLink};
+use crate::plan::{RouteKey, Rule};
+
+/// One change to the kernel, naming its object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// Delete a link that has a Lace name but is not the VRF planned (wrong kind or table),
+    /// before it is re-created.
+    ReplaceLink {
+        name: String,
+    },
+    AddVrf {
+        name: String,
+        table: u32,
+    },
+    /// `ip link add <name> type dummy`: a VRF's ingress device, enslaved by [`Op::SetMaster`].
+    AddDummy {
+        name: String,
+    },
+    /// `ip link add <name> mtu <mtu> type sit ...` (the SRv6-over-IPv4 device), left down until
+    /// [`Op::TunnelUp`], after the ruleset that guards it is in.
+    AddTunnel {
+        name: String,
+        sit: SitLink,
+        mtu: u32,
+    },
+    LinkUp {
+        name: String,
+    },
+    SetMtu {
+        name: String,
+        mtu: u32,
+    },
+    /// Enslave a pod's host-side veth, or a VRF's ingress device, to the VRF and bring it up.
+    SetMaster {
+        link: String,
+        master: String,
+    },
+    /// `ip addr add <addr> dev <link> nodad`: the link-local source of a pod's IPv6 probe
+    /// route, on the pod's host-side veth (see [`Nexthop::DevSrc`](crate::plan::Nexthop::DevSrc)), the tunnel source on
+    /// the SRv6-over-IPv4 device, or the node's link-local underlay address on its uplink.
+    AddAddress {
+        link: String,
+        addr: IpNet,
+    },
+    /// `ip addr del <addr> dev <link>`: a link-local underlay address of Lace's no longer
+    /// planned there (the only address Lace deletes from a link it keeps).
+    DelAddress {
+        link: String,
+        addr: IpNet,
+    },
+    Sysctl {
+        key: String,
+        value: String,
+    },
+    Tunsrc(Ipv6Addr),
+    /// `ip link set <name> up` for the SRv6-over-IPv4 device.
+    TunnelUp {
+        name: String,
+    },
+    /// `ip fou add port <port> ipproto <ipproto>`, deleting first what else listens on the
+    /// port (`replace`).
+    AddFou {
+        listener: FouListener,
+        replace: bool,
+    },
+    /// Replace table `inet lace` in one transaction (`script` is the whole `nft -f` input).
+    NftSwap {
+        script: String,
+        tag: String,
+    },
+    /// Delete and add elements of table `inet lace`'s sets and maps, and swap its tag, in one
+    /// transaction (`script`): the table held a known ruleset differing only in elements.
+    NftElements {
+        script: String,
+        tag: String,
+        deleted: usize,
+        added: usize,
+    },
+    AddRule(Rule),
+    /// Add or replace (`NLM_F_CREATE | NLM_F_REPLACE`) a route.
+    PutRoute {
+        key: RouteKey,
+        nh: KernelNexthop,
+    },
+    DelRoute {
+        key: RouteKey,
+        nh: KernelNexthop,
+    },
+    DelRule(Box<ObservedRule>),
+    /// `ip fou del port <port>`, before the tunnel device goes.
+    DelFou {
+        listener: FouListener,
+    },
+    DelLink {
+        name: String,
+    },
+    NftDelete,
+}
+
+impl Op {
+    /// The apply phase: operations run phase by phase, in this order.
+    pub fn phase(&self) -> u8 {
+        match self {
+            Op::ReplaceLink { .. } => 0,
+            Op::AddVrf { .. } | Op::AddDummy { .. } | Op::AddTunnel { .. } => 1,
+            Op::LinkUp { .. } | Op::SetMtu { .. } => 2,
+            Op::SetMaster { .. } => 3,
+            // Before sysctls: the ruleset's `ct` expressions load conntrack, which registers
+            // `net.netfilter.nf_hooks_lwtunnel`.
+            Op::NftSwap { .. } | Op::NftElements { .. } => 4,
+            Op::Sysctl { .. } => 5,
+            // After enslaving: moving an up link into a VRF cycles it, which drops its
+            // link-local addresses; after sysctls: the tunnel's IPv6 may have been disabled.
+            Op::AddAddress { .. } => 6,
+            // The tunnel starts decapsulating only once the ruleset guarding it is in.
+            Op::Tunsrc(_) | Op::TunnelUp { .. } | Op::AddFou { .. } => 7,
+            Op::AddRule(_) => 8,
+            Op::PutRoute { .. } => 9,
+            Op::DelRoute { .. } => 10,
+            // After the routes through its link that may still use it.
+            Op::DelAddress { .. } => 11,
+            Op::DelRule(_) => 12,
+            // The fou port goes before its device, so a port of Lace's without a Lace device
+            // (which observation would not look for) never stays behind.
+            Op::DelFou { .. } => 13,
+            Op::DelLink { .. } => 14,
+            Op::NftDelete => 15,
+        }
+    }
+}
+
+fn fam(dst: &IpNet) -> &'static str {
+    if matches!(dst, IpNet::V6(_)) {
+        "-6 "
+    } else {
+        ""
+    }
+}
+
+impl fmt::Display for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Op::ReplaceLink { name } => write!(f, "link del {name} (to re-create it as planned)"),
+            Op::AddVrf { name, table } => write!(f, "link add {name} type vrf table {table}"),
+            Op::AddDummy { name } => write!(f, "link add {name} type dummy"),
+            Op::AddTunnel { name, sit, mtu } => write!(
+                f,
+                "link add {name} mtu {mtu} type sit remote {} local {} ttl {} {}pmtudisc encap {} encap-sport {} encap-dport {}",
+                sit.remote.map_or("any".to_string(), |a| a.to_string()),
+                sit.local.map_or("any".to_string(), |a| a.to_string()),
+                sit.ttl,
+                if sit.pmtudisc { "" } else { "no" },
+                sit.encap_type,
+                sit.encap_sport,
+                sit.encap_dport
+            ),
+            Op::LinkUp { name } | Op::TunnelUp { name } => write!(f, "link set {name} up"),
+            Op::SetMtu { name, mtu } => write!(f, "link set {name} mtu {mtu}"),
+            Op::SetMaster { link, master } => write!(f, "link set {link} master {master} up"),
+            Op::AddAddress { link, addr } => write!(f, "addr add {addr} dev {link} nodad"),
+            Op::DelAddress { link, addr } => write!(f, "addr del {addr} dev {link}"),
+            Op::Sysctl { key, value } => write!(f, "sysctl {key}={value}"),
+            Op::Tunsrc(a) => write!(f, "sr tunsrc set {a}"),
+            Op::AddFou { listener, replace } => write!(
+                f,
+                "fou add port {} ipproto {}{}",
+                listener.port,
+                listener.ipproto.unwrap_or_default(),
+                if *replace { " (replacing another listener)" } else { "" }
+            ),
+            Op::DelFou { listener } => write!(f, "fou del port {}", listener.port),
+            Op::NftSwap { tag, .. } => write!(f, "nft replace table inet lace ({tag})"),
+            Op::NftElements {
+                tag,
+                deleted,
+                added,
+                ..
+            } => write!(
+                f,
+                "nft update table inet lace: {deleted} element(s) deleted, {added} added ({tag})"
+            ),
+            Op::AddRule(r) => write!(f, "rule add {r}"),
+            Op::PutRoute { key, nh } => write!(
+                f,
+                "{}route replace {} table {} {nh}",
+                fam(&key.dst),
+                key.dst,
+                key.table
+            ),
+            Op::DelRoute { key, nh } => write!(
+                f,
+                "{}route del {} table {} ({nh})",
+                fam(&key.dst),
+                key.dst,
+                key.table
+            ),
+            Op::DelRule(r) => match &r.rule {
+                Some(rule) => write!(f, "rule del {rule}"),
+                None => write!(f, "rule del {:?}", r.raw),
+            },
+            Op::DelLink { name } => write!(f, "link del {name}"),
+            Op::NftDelete => write!(f, "nft delete table inet lace"),
+        }
+    }
+}

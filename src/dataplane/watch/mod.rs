@@ -1,0 +1,255 @@
+//! The reconciler's memory of the kernel: what the last full dump showed, kept current by
+//! rtnetlink's change notifications instead of re-dumping on every reconcile.
+//!
+//! A [`Session`] (one per namespace, on its worker thread) subscribes to the notifications of
+//! links, addresses, routes and rules *before* it dumps, so no change falls between the dump
+//! and the stream; notifications about changes the dump already shows replay to the same
+//! state, in order. It takes in what was queued before each reconcile
+//! ([`Session::with_observed`]), after the apply ([`Session::settle`]: the writes' own
+//! notifications, which the request socket drains between batch chunks so a large apply
+//! cannot overrun it), and while idle ([`Session::idle`]). Everything the cache knows comes
+//! from the kernel's own messages, so what it holds for a route Lace wrote is what the kernel
+//! made of it (flags, metrics), exactly as a dump would show it. The cache is thrown away and
+//! the kernel dumped again whenever the stream cannot be trusted to be complete: the
+//! notification socket overran (`ENOBUFS`), a message did not decode or was not one the
+//! groups carry, a link was renamed (routes name their devices) or re-appeared under another
+//! index, an apply failed, or nothing was cached yet.
+//!
+//! The session holds the cache (`cache`: the observed node with the notifications replayed
+//! into it; what the kernel changes without notifying, and how the cache follows, is
+//! described there) and the drift bookkeeping (`drift`: what Lace last applied, and whether
+//! the kernel still holds it).
+
+mod cache;
+mod drift;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+pub use cache::Deleted;
+pub use drift::{Applied, Drift, DriftHandler, DriftSink};
+
+use super::nl::{Nl, NlError};
+use super::observe::{self, ObserveError};
+use super::observed::ObservedNode;
+use crate::plan::DesiredNode;
+use cache::Cache;
+
+/// Receive buffer of the notification socket by default: room for some ten thousand
+/// notifications between two drains.
+pub const NOTIFICATION_BUFFER: usize = 8 << 20;
+
+/// How long the worker waits for a job before draining notifications anyway, so a busy host
+/// does not overrun the socket between two reconciles.
+pub const IDLE_DRAIN: Duration = Duration::from_secs(1);
+
+/// One namespace's rtnetlink connection and what the reconciler knows of the namespace.
+pub struct Session {
+    pub nl: Nl,
+    cache: Option<Cache>,
+    rx_buf: usize,
+    applied: Applied,
+    /// Notifications were taken in (or the kernel dumped) by a job that does not diff the
+    /// whole plan (an attach, a snapshot, a DEL): the next idle checks for drift.
+    unchecked: bool,
+    on_drift: DriftSink,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("nl", &self.nl)
+            .field("cache", &self.cache)
+            .field("applied", &self.applied.0.as_ref().map(|p| &p.node))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Session {
+    /// A session over `nl`; the notification socket gets `rx_buf` bytes of receive buffer,
+    /// drift is reported to `on_drift`.
+    pub fn new(nl: Nl, rx_buf: usize, on_drift: DriftSink) -> Self {
+        Self {
+            nl,
+            cache: None,
+            rx_buf,
+            applied: Applied::default(),
+            unchecked: false,
+            on_drift,
+        }
+    }
+
+    /// Drops the cached state: the next observation dumps (a periodic resync).
+    pub fn forget(&mut self) {
+        self.cache = None;
+    }
+
+    /// Runs `f` with the request socket and the namespace as it is now: the cache brought up
+    /// to date with what the kernel notified, or a full dump when there is no trustworthy
+    /// cache (`f`'s third argument is `true` then). Sysctls (`sysctls` are the keys),
+    /// `ip sr tunsrc` and the nft table are read each time, unless `sysctls` is `None` (a
+    /// job that needs only what rtnetlink shows).
+    pub fn with_observed<R>(
+        &mut self,
+        sysctls: Option<&BTreeSet<String>>,
+        f: impl FnOnce(&mut Nl, &ObservedNode, bool) -> R,
+    ) -> Result<R, ObserveError> {
+        self.nl.subscribe(self.rx_buf)?;
+        let stale = match (&mut self.cache, self.nl.notifications()) {
+            (Some(cache), Some(n)) => match n.take() {
+                Ok(t) => {
+                    self.unchecked |= !t.is_empty();
+                    cache.apply_stream(t.messages()).err()
+                }
+                Err(why) => Some(why.to_string()),
+            },
+            _ => Some(String::new()),
+        };
+        // A reconcile diffs everything it observes; any other job leaves that to idle.
+        self.unchecked = sysctls.is_none() && (self.unchecked || stale.is_some());
+        let cache = match (stale, self.cache.take()) {
+            (None, Some(cache)) => self.cache.insert(cache),
+            (why, had) => {
+                match (why, had) {
+                    (Some(why), Some(_)) => tracing::warn!(
+                        reason = %why,
+                        "dataplane: the kernel's notifications cannot be trusted; re-reading it with full dumps"
+                    ),
+                    _ => tracing::debug!("dataplane: reading the kernel with full dumps"),
+                }
+                if let Some(n) = self.nl.notifications() {
+                    n.discard();
+                }
+                let (node, host) = observe::dump(&mut self.nl)?;
+                self.cache.insert(Cache::new(node, host))
+            }
+        };
+        if let Some(sysctls) = sysctls {
+            observe::observe_host(&mut cache.node, sysctls)?;
+        }
+        let full = std::mem::replace(&mut cache.fresh, false);
+        Ok(f(&mut self.nl, &cache.node, full))
+    }
+
+    /// After an apply: takes in the notifications of what it wrote, then forgets what it
+    /// `deleted` (gone now, notified or not). After a failed apply the cache is dropped:
+    /// the next reconcile dumps. After a reconcile that applied `plan`, that is what Lace
+    /// last applied (`Some(None)`: nothing, after a teardown); after an attach (`None`) the
+    /// attached pods are added with [`Session::attached`].
+    pub fn settle(
+        &mut self,
+        deleted: Vec<Deleted>,
+        applied: bool,
+        plan: Option<Option<DesiredNode>>,
+    ) {
+        let Some(cache) = &mut self.cache else { return };
+        let mut notified = false;
+        let why = if applied {
+            match self.nl.notifications().map(|n| n.take()) {
+                Some(Ok(t)) => {
+                    notified = !t.is_empty();
+                    cache.apply_stream(t.messages()).err()
+                }
+                Some(Err(why)) => Some(why.to_string()),
+                None => Some("no notification socket".into()),
+            }
+        } else {
+            Some("an apply failed".into())
+        };
+        match why {
+            None => {
+                for d in deleted {
+                    cache.forget(d);
+                }
+            }
+            Some(why) => {
+                tracing::info!(reason = %why, "dataplane: dropping the cached kernel state; the next reconcile dumps");
+                self.cache = None;
+                return;
+            }
+        }
+        match plan {
+            Some(plan) => {
+                self.applied.reconciled(plan);
+                // What arrived while the apply ran includes its own echoes, which leave
+                // nothing to do, and whatever changed meanwhile, which does.
+                if notified {
+                    self.check_drift();
+                }
+            }
+            None => self.unchecked |= notified,
+        }
+    }
+
+    /// After an attach: the pods of `pods` are part of what Lace applied.
+    pub fn attached(&mut self, pods: &DesiredNode) {
+        self.applied.attached(pods);
+    }
+
+    /// Between reconciles: takes in what the kernel notified, so its socket never overruns
+    /// on a busy host, and reports drift: the kernel no longer holding what Lace applied, or
+    /// a gap in the notifications (the cache is dropped; the next reconcile dumps).
+    pub fn idle(&mut self) {
+        let Some(n) = self.nl.notifications() else {
+            return;
+        };
+        let Some(cache) = &mut self.cache else {
+            // Nothing to keep current: the next reconcile dumps anyway.
+            n.discard();
+            return;
+        };
+        let taken = n.take();
+        let lost = match taken {
+            Ok(t) if t.is_empty() && !self.unchecked => return,
+            Ok(t) => cache.apply_stream(t.messages()).err(),
+            Err(why) => Some(why.to_string()),
+        };
+        match lost {
+            None => self.check_drift(),
+            Some(why) => {
+                tracing::warn!(reason = %why, "dataplane: the kernel's notifications cannot be trusted; the next reconcile dumps");
+                self.cache = None;
+                if self.applied.is_some() {
+                    self.report(Drift {
+                        ops: 0,
+                        summary: format!("the kernel's notifications could not be followed: {why}"),
+                    });
+                }
+            }
+        }
+    }
+
+    /// The cached state, if any (without sysctls, tunsrc or nft read again).
+    pub fn cached(&self) -> Option<&ObservedNode> {
+        self.cache.as_ref().map(|c| &c.node)
+    }
+
+    /// Reports drift if the cached kernel state differs from what Lace applied.
+    fn check_drift(&mut self) {
+        self.unchecked = false;
+        let Some(cache) = &self.cache else { return };
+        let Some(drift) = self.applied.drift(&cache.node) else {
+            return;
+        };
+        tracing::debug!(%drift, "dataplane: drift");
+        self.report(drift);
+    }
+
+    fn report(&self, drift: Drift) {
+        let sink = self
+            .on_drift
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(handler) = sink.as_ref() {
+            handler(drift);
+        }
+    }
+}
+
+/// Opens a session's socket, for [`super::netns::Worker::start`].
+pub fn open(
+    rx_buf: usize,
+    on_drift: DriftSink,
+) -> impl FnOnce() -> Result<Session, NlError> + Send + 'static {
+    move || Ok(Session::new(Nl::open()?, rx_buf, on_drift))
+}
