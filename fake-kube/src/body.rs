@@ -9,8 +9,8 @@ use bytes::Bytes;
 use http_body::Frame;
 use tokio::sync::mpsc::UnboundedReceiver;
 
-/// See the module docs.
-#[derive(Debug)]
+/// See the module docs. The default is an empty body.
+#[derive(Debug, Default)]
 pub struct FakeBody {
     once: Option<Bytes>,
     stream: Option<UnboundedReceiver<Bytes>>,

@@ -353,7 +353,9 @@ pub(crate) fn control_put(fake: &FakeApi, body: &Bytes) -> Response<FakeBody> {
     match serde_json::from_slice::<Value>(body) {
         Ok(object) if crate::resource_of(&object).is_some() && key_of(&object).is_some() => {
             fake.put(object);
-            respond(200, &json!({}))
+            let mut response = Response::new(FakeBody::default());
+            *response.status_mut() = StatusCode::NO_CONTENT;
+            response
         }
         _ => fail(
             400,

@@ -412,7 +412,7 @@ async fn over_tcp_it_serves_the_api_and_takes_objects_on_its_control_path() {
     };
     let body = network("tcp").to_string();
     let put = exchange(format!("POST /fake/put HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len())).await;
-    assert!(put.starts_with("HTTP/1.1 200"), "{put}");
+    assert!(put.starts_with("HTTP/1.1 204"), "{put}");
     let got = exchange(
         "GET /apis/lace.io/v1alpha1/networks/tcp HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
             .into(),
