@@ -41,7 +41,6 @@ use serde_json::Value;
 
 pub use body::FakeBody;
 pub use fault::{Fault, Mode};
-pub use patch::PatchError;
 pub use record::Recorded;
 pub use resource::{plural, Resource};
 pub use serve::FakeService;
@@ -125,7 +124,8 @@ impl FakeApi {
 
     /// Creates or replaces `object` (with `apiVersion`, `kind`, `metadata.name`, and
     /// `metadata.namespace` for a namespaced kind) as another client would (a user, the
-    /// kubelet), and tells the watches; the object as stored.
+    /// kubelet), and tells the watches; the object as stored. Panics without those fields
+    /// (a mistake in the test).
     pub fn put(&self, object: Value) -> Value {
         self.lock().put(object, true)
     }

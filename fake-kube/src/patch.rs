@@ -10,7 +10,7 @@ use serde_json::Value;
 
 /// Why a patch cannot be applied (the API server answers 422).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum PatchError {
+pub(crate) enum PatchError {
     #[error("a JSON patch is a list of operations")]
     NotAList,
     #[error("JSON patch operation {0}: {1}")]

@@ -272,19 +272,18 @@ impl State {
             }
             other => return Err((415, format!("unsupported patch type {other:?}"))),
         }
-        // A write to the object leaves its status as it was, a write to `status` everything
-        // else (the rule for resources with a status subresource).
-        let object = if status {
-            let mut kept = base;
-            kept["status"] = object["status"].take();
-            kept
+        // A write to the object keeps the stored status; a write to `status` changes only
+        // the status (the rule for resources with a status subresource). `from` is what the
+        // status comes from, `object` everything else.
+        let (mut object, from) = if status {
+            (base, object)
         } else {
-            match base.get("status") {
-                Some(s) => object["status"] = s.clone(),
-                None => drop(object.as_object_mut().map(|o| o.remove("status"))),
-            }
-            object
+            (object, base)
         };
+        match from.get("status") {
+            Some(s) => object["status"] = s.clone(),
+            None => drop(object.as_object_mut().map(|o| o.remove("status"))),
+        }
         Ok(self.store.write(&t.resource, object, true))
     }
 

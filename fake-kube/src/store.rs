@@ -27,7 +27,7 @@ pub(crate) fn key_of(object: &Value) -> Option<Key> {
 }
 
 /// A client of the fake, for counting the watch events it was sent.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ClientId(pub(crate) u64);
 
 #[derive(Debug)]
