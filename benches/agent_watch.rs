@@ -3,10 +3,10 @@
 //!
 //! The cluster (default 5,000 nodes' allocations, 50 Networks each self-routed with an IPv4
 //! /12 and /26 blocks, 10,000 Services with one EndpointSlice each, 100 pods on the planned
-//! node) is served by the fake API server of the agent's tests (`src/agent/cluster/
-//! fake_api.rs`) in a child process over loopback HTTP, so its objects do not count in the
-//! agent's memory. The agent side is the real `KubeSource` (kube client, watches, feeder),
-//! the real `Agent` and reconcile loop, and a dataplane that only timestamps plans.
+//! node) is served by the fake API server of the tests (`lace-fake-kube`) in a child
+//! process over loopback HTTP, so its objects do not count in the agent's memory. The agent
+//! side is the real `KubeSource` (kube client, watches, feeder), the real `Agent` and
+//! reconcile loop, and a dataplane that only timestamps plans.
 //!
 //! Rows:
 //! - **memory**, in a second child process: resident size before connecting (the
@@ -21,9 +21,6 @@
 //! Anchor: Cilium's agent averages 438 MiB at 1,000 nodes / 50,000 pods. Target: < 100 MB.
 //! Flags: `--nodes N --networks N --services N --iterations N`.
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
-
-#[path = "../src/agent/cluster/fake_api.rs"]
-mod fake_api;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::Ipv4Addr;
@@ -192,14 +189,15 @@ fn cluster(s: Size) -> Vec<Value> {
 fn serve(s: Size) {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let fake = fake_api::FakeApi::new();
+        let fake = lace_fake_kube::FakeApi::new();
         for o in cluster(s) {
             fake.put(o);
         }
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        println!("{}", listener.local_addr().unwrap().port());
+        let served = fake.serve().await.unwrap();
+        println!("{}", served.addr.port());
         std::io::stdout().flush().unwrap();
-        axum::serve(listener, fake.router()).await.unwrap();
+        // Served until the parent kills this process.
+        std::future::pending::<()>().await;
     });
 }
 

@@ -1,12 +1,9 @@
 //! The real `lace-agent run` in Kubernetes mode against API servers that cannot back it: an
-//! address where nothing listens, and an HTTPS server (a kubeadm-like certificate from the
-//! pod's CA) that answers 401 or 403. The agent must say so clearly (the address, what to
+//! address where nothing listens, and the fake API server (`lace-fake-kube`) over HTTPS (a
+//! kubeadm-like certificate from the pod's CA) answering 401 or 403. The agent must say so clearly (the address, what to
 //! check), keep retrying, and serve nothing it cannot back: CNI STATUS and `/readyz` answer
 //! not ready, and neither the plugin nor the conflist is installed.
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
-
-#[path = "../src/agent/cluster/test_pki.rs"]
-mod test_pki;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;
@@ -17,7 +14,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lace::wire::{decode_line, encode_line, CniVersion, Command as Verb, Request, Response};
-use test_pki::{status_body, Pki, Responder};
+use lace_fake_kube::pki::Pki;
+use lace_fake_kube::{FakeApi, Mode, Served};
 
 /// A running `lace-agent run` and what it logged.
 struct Agent {
@@ -199,8 +197,8 @@ fn runtime() -> tokio::runtime::Runtime {
 
 #[test]
 fn no_api_server_listening_is_reported_with_the_address_and_retried() {
-    let pki = Pki::kubeadm("127.0.0.1".parse().unwrap());
-    let sa = pki.service_account_dir("token-1");
+    let pki = Pki::kubeadm("127.0.0.1".parse().unwrap()).unwrap();
+    let sa = pki.service_account_dir("token-1").unwrap();
     let address = format!("127.0.0.1:{}", free_port());
     let mut agent = Agent::start(&address, sa.path());
     let at = format!("cannot reach the API server at https://{address}");
@@ -214,53 +212,59 @@ fn no_api_server_listening_is_reported_with_the_address_and_retried() {
     agent.wait_for_log(before + 1, &[&at, "retrying"]);
 }
 
-fn rejecting(code: u16) -> (Agent, Responder, tokio::runtime::Runtime, tempfile::TempDir) {
+/// The agent against the fake over HTTPS answering every request with `code`.
+struct Rejected {
+    agent: Agent,
+    fake: FakeApi,
+    server: Served,
+    _rt: tokio::runtime::Runtime,
+    _sa: tempfile::TempDir,
+}
+
+fn rejecting(code: u16) -> Rejected {
     let rt = runtime();
-    let pki = Pki::kubeadm("127.0.0.1".parse().unwrap());
-    let reason = if code == 401 {
-        "Unauthorized"
-    } else {
-        "Forbidden"
-    };
-    let answer: test_pki::Answer = Arc::new(move |line: &str| {
-        (
-            code,
-            status_body(code, reason, &format!("{line}: {reason}")),
-        )
-    });
-    let server = rt.block_on(Responder::start(&pki, answer));
-    let sa = pki.service_account_dir("token-of-another-cluster");
+    let pki = Pki::kubeadm("127.0.0.1".parse().unwrap()).unwrap();
+    let fake = FakeApi::new();
+    fake.set_mode(Mode::Status(code));
+    let server = rt.block_on(fake.serve_tls(&pki)).unwrap();
+    let sa = pki.service_account_dir("token-of-another-cluster").unwrap();
     let agent = Agent::start(&server.addr.to_string(), sa.path());
-    (agent, server, rt, sa)
+    Rejected {
+        agent,
+        fake,
+        server,
+        _rt: rt,
+        _sa: sa,
+    }
 }
 
 #[test]
 fn an_api_server_refusing_the_token_is_reported_and_retried() {
-    let (mut agent, server, _rt, _sa) = rejecting(401);
-    let lines = agent.wait_for_log(2, &["401 Unauthorized", "retrying"]);
+    let mut r = rejecting(401);
+    let lines = r.agent.wait_for_log(2, &["401 Unauthorized", "retrying"]);
     assert!(
-        lines[0].contains(&format!("https://{}", server.addr)),
+        lines[0].contains(&format!("https://{}", r.server.addr)),
         "{}",
         lines[0]
     );
     assert!(lines[0].contains("service account token"), "{}", lines[0]);
     assert!(lines[0].contains("/token"), "{}", lines[0]);
-    agent.assert_serves_nothing(&["401", "token"]);
-    let seen = server.requests.load(std::sync::atomic::Ordering::SeqCst);
+    r.agent.assert_serves_nothing(&["401", "token"]);
+    let seen = r.fake.requests().len();
     assert!(seen >= 2, "TLS worked and it kept asking: {seen}");
 }
 
 #[test]
 fn an_api_server_forbidding_the_agent_is_reported_and_retried() {
-    let (mut agent, server, _rt, _sa) = rejecting(403);
-    let lines = agent.wait_for_log(2, &["forbidden (403)", "retrying"]);
+    let mut r = rejecting(403);
+    let lines = r.agent.wait_for_log(2, &["forbidden (403)", "retrying"]);
     assert!(
-        lines[0].contains(&format!("https://{}", server.addr)),
+        lines[0].contains(&format!("https://{}", r.server.addr)),
         "{}",
         lines[0]
     );
     assert!(lines[0].contains("lace-node ClusterRole"), "{}", lines[0]);
-    agent.assert_serves_nothing(&["403", "ClusterRole"]);
+    r.agent.assert_serves_nothing(&["403", "ClusterRole"]);
 }
 
 #[test]

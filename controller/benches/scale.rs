@@ -1,5 +1,5 @@
-//! The controller at 5,000-node scale, against the fake API server of the tests (kube-rs
-//! `tower-test` client; requests counted by verb and resource): 5,000 dual-stack nodes x 50
+//! The controller at 5,000-node scale, against the fake API server of the tests
+//! (`lace-fake-kube`, in process; requests counted by verb and resource): 5,000 dual-stack nodes x 50
 //! dual-stack Networks (+ a binding and a routing policy per Network) from scratch, then one
 //! more node, one more Network, and a restart. For each step: wall time, API writes by
 //! resource, Kubernetes Events, and the watch events every agent receives because of the
@@ -19,8 +19,9 @@ mod support;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use lace_fake_kube::{FakeApi, Recorded};
 use serde_json::{json, Value};
-use support::{network, node, policy, FakeApi, Harness, Recorded, PREFIX};
+use support::{network, node, policy, Harness, PREFIX};
 
 const NODES: u32 = 5_000;
 const NETWORKS: u32 = 50;
@@ -81,8 +82,7 @@ struct Row {
 
 /// `verb resource` of a write, without the object's name.
 fn write_key(w: &Recorded) -> String {
-    let (verb, _, resource) = w.rbac();
-    format!("{verb} {resource}")
+    format!("{} {}", w.verb, w.resource)
 }
 
 /// Events the controller's writes caused in the collections agents watch: each write that

@@ -15,8 +15,9 @@ use std::path::{Path, PathBuf};
 use lace::index::ClusterIndex;
 use lace::k8s::Slim;
 use lace::objects::{Body, BodyVisitor, Kind, Object};
+use lace_fake_kube::FakeApi;
 use serde_json::Value;
-use support::{FakeApi, Harness};
+use support::Harness;
 
 fn example() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/cluster")

@@ -1,4 +1,4 @@
-//! The controller against a fake API server (kube-rs `tower-test`, see `support`): each
+//! The controller against the fake API server (`lace-fake-kube`, in process): each
 //! scenario asserts the requests it makes (method, path, field manager, body), and every
 //! request it makes is recorded for the RBAC check (`rbac_is_exactly_what_the_scenarios_use`).
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
@@ -9,8 +9,9 @@ use std::collections::BTreeSet;
 
 use lace::telemetry::Probes;
 use lace_controller::FatalError;
+use lace_fake_kube::{FakeApi, Fault, Recorded};
 use serde_json::{json, Value};
-use support::{network, node, policy, FakeApi, Fault, Harness, Recorded, PREFIX};
+use support::{network, node, policy, Harness, PREFIX};
 
 const NA: &str = "/apis/lace.io/v1alpha1/nodeallocations";
 const NETA: &str = "/apis/lace.io/v1alpha1/networkallocations";
@@ -56,7 +57,7 @@ fn events(writes: &[Recorded]) -> Vec<(String, String, String, String)> {
 }
 
 fn uid(fake: &FakeApi, api_version: &str, kind: &str, name: &str) -> String {
-    fake.get(api_version, kind, name).unwrap()["metadata"]["uid"]
+    fake.get(api_version, kind, "", name).unwrap()["metadata"]["uid"]
         .as_str()
         .unwrap()
         .to_string()
@@ -255,7 +256,7 @@ async fn new_cluster() -> FakeApi {
     ] {
         yaml += &format!(
             "---\n{}",
-            serde_yaml::to_string(&fake.get(av, kind, name).unwrap()).unwrap()
+            serde_yaml::to_string(&fake.get(av, kind, "", name).unwrap()).unwrap()
         );
     }
     std::fs::write(dir.path().join("cluster.yaml"), yaml).unwrap();
@@ -265,13 +266,13 @@ async fn new_cluster() -> FakeApi {
     assert_eq!(standalone.node_allocations.len(), 2);
     for (name, a) in &standalone.node_allocations {
         let written = fake
-            .get("lace.io/v1alpha1", "NodeAllocation", name)
+            .get("lace.io/v1alpha1", "NodeAllocation", "", name)
             .unwrap();
         assert_eq!(written["spec"], serde_json::to_value(a).unwrap(), "{name}");
     }
     for (name, a) in &standalone.network_allocations {
         let written = fake
-            .get("lace.io/v1alpha1", "NetworkAllocation", name)
+            .get("lace.io/v1alpha1", "NetworkAllocation", "", name)
             .unwrap();
         assert_eq!(written["spec"], serde_json::to_value(a).unwrap(), "{name}");
     }
@@ -302,7 +303,7 @@ async fn new_node() -> FakeApi {
                "underlay": {"ipv4": "192.168.0.13", "ipv6": "fd00:fab::13"}})
     );
     // Its labels or heartbeat change nothing.
-    let mut n3 = fake.get("v1", "Node", "node-3").unwrap();
+    let mut n3 = fake.get("v1", "Node", "", "node-3").unwrap();
     n3["metadata"]["labels"]["team"] = json!("blue");
     n3["status"]["conditions"][0]["lastHeartbeatTime"] = json!("2026-01-01T00:01:00Z");
     fake.put(n3);
@@ -349,7 +350,7 @@ async fn deleted_node_and_network() -> FakeApi {
     h.settle().await;
     fake.take_writes();
     let alloc_uid = uid(&fake, "lace.io/v1alpha1", "NodeAllocation", "node-1");
-    fake.remove("v1", "Node", "node-1");
+    fake.remove("v1", "Node", "", "node-1");
     h.settle().await;
     let writes = fake.take_writes();
     assert_eq!(lines(&writes), [format!("DELETE {NA}/node-1")]);
@@ -359,12 +360,12 @@ async fn deleted_node_and_network() -> FakeApi {
         "never deletes a re-created object of the same name"
     );
     assert!(fake
-        .get("lace.io/v1alpha1", "NodeAllocation", "node-1")
+        .get("lace.io/v1alpha1", "NodeAllocation", "", "node-1")
         .is_none());
 
     // The garbage collector may be first (owner reference): then the sweep has nothing to do.
-    fake.remove("v1", "Node", "node-2");
-    fake.remove("lace.io/v1alpha1", "NodeAllocation", "node-2");
+    fake.remove("v1", "Node", "", "node-2");
+    fake.remove("lace.io/v1alpha1", "NodeAllocation", "", "node-2");
     h.settle().await;
     assert_eq!(lines(&fake.take_writes()), Vec::<String>::new());
 
@@ -378,7 +379,7 @@ async fn deleted_node_and_network() -> FakeApi {
     );
 
     let net_alloc_uid = uid(&fake, "lace.io/v1alpha1", "NetworkAllocation", "tenant");
-    fake.remove("lace.io/v1alpha1", "Network", "tenant");
+    fake.remove("lace.io/v1alpha1", "Network", "", "tenant");
     h.settle().await;
     let writes = fake.take_writes();
     assert_eq!(
@@ -461,7 +462,7 @@ async fn restart() -> FakeApi {
     let lists: Vec<String> = fake
         .requests()
         .iter()
-        .filter(|r| r.path == NA && r.rbac().0 == "list")
+        .filter(|r| r.path == NA && r.verb == "list")
         .map(|r| r.line())
         .collect();
     assert_eq!(lists.len(), 2, "the failed list is retried: {lists:?}");
@@ -470,7 +471,7 @@ async fn restart() -> FakeApi {
         .requests()
         .iter()
         .enumerate()
-        .filter(|(_, r)| r.path == NA && r.rbac().0 == "list")
+        .filter(|(_, r)| r.path == NA && r.verb == "list")
         .nth(1)
         .unwrap()
         .0;
@@ -497,7 +498,7 @@ async fn conflict() -> FakeApi {
     h.settle().await;
     fake.take_writes();
     let before = fake
-        .get("lace.io/v1alpha1", "NodeAllocation", "node-1")
+        .get("lace.io/v1alpha1", "NodeAllocation", "", "node-1")
         .unwrap();
     let mut edited = before.clone();
     edited["metadata"]["labels"] = json!({"edited-by": "someone-else"});
@@ -688,7 +689,7 @@ async fn invalid_network() -> FakeApi {
         ),
         [json!({"type": "Ready", "status": "True", "reason": "Valid", "observedGeneration": 1})]
     );
-    fake.remove("lace.io/v1alpha1", "Network", "later");
+    fake.remove("lace.io/v1alpha1", "Network", "", "later");
     h.settle().await;
     let writes = fake.take_writes();
     let series = writes
@@ -734,7 +735,7 @@ async fn node_without_address() -> FakeApi {
         "NoUnderlayAddress".into(),
         message.into()
     )));
-    let stored = fake.get("v1", "Node", "node-x").unwrap();
+    let stored = fake.get("v1", "Node", "", "node-x").unwrap();
     assert_eq!(
         stored["status"]["conditions"].as_array().unwrap().len(),
         2,
@@ -758,7 +759,7 @@ async fn node_without_address() -> FakeApi {
         ]
     );
     // Then it loses its address again: it keeps its allocation, and says so.
-    let mut lost = fake.get("v1", "Node", "node-x").unwrap();
+    let mut lost = fake.get("v1", "Node", "", "node-x").unwrap();
     lost["status"]["addresses"] = json!([]);
     fake.put(lost);
     h.settle().await;

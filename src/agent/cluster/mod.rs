@@ -38,10 +38,6 @@ mod node_status;
 mod watch;
 
 #[cfg(test)]
-mod fake_api;
-#[cfg(test)]
-mod test_pki;
-#[cfg(test)]
 mod tests;
 
 use std::sync::{Arc, OnceLock};

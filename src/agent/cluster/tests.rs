@@ -1,4 +1,4 @@
-//! The Kubernetes source against the fake API server ([`super::fake_api`]): the real
+//! The Kubernetes source against the fake API server (`lace-fake-kube`): the real
 //! watches, feeder, agent and reconcile loop, with a dataplane that records the plans it is
 //! given. Every request the agent makes here is checked against the recorded set the chart's
 //! ClusterRole must grant exactly (`tests/golden/agent-api-requests.txt`).
@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use lace_fake_kube::{FakeApi, Mode};
 use serde_json::{json, Value};
 
-use super::fake_api::{FakeApi, Mode};
 use super::{ApiServer, KubeSource, Timings};
 use crate::agent::{ipam::IpamStore, Agent, Dataplane};
 use crate::plan::DesiredNode;
@@ -71,9 +71,12 @@ struct Harness {
 }
 
 impl Harness {
-    fn start(node: &str, fake: &Arc<FakeApi>, timings: Timings) -> Harness {
+    fn start(node: &str, fake: &FakeApi, timings: Timings) -> Harness {
         let state = tempfile::tempdir().unwrap();
-        let api = ApiServer::fixed(fake.client(), "https://fake.invalid:6443 (test)");
+        let api = ApiServer::fixed(
+            kube::Client::new(fake.service(), "default"),
+            "https://fake.invalid:6443 (test)",
+        );
         let source = Arc::new(KubeSource::new(node.into(), api).with_timings(timings));
         let dataplane = Arc::new(Recorder::default());
         let agent = Arc::new(Agent::new(
@@ -150,7 +153,7 @@ fn example_objects() -> Vec<Value> {
     out
 }
 
-fn fake_with(objects: &[Value]) -> Arc<FakeApi> {
+fn fake_with(objects: &[Value]) -> FakeApi {
     let fake = FakeApi::new();
     for o in objects {
         fake.put(o.clone());
@@ -182,10 +185,10 @@ fn assert_granted(fake: &FakeApi) {
     let blessed = blessed();
     for r in fake.requests() {
         assert!(
-            blessed.contains(&r.rbac),
+            blessed.contains(&r.rbac()),
             "the agent made a request not in {API_REQUESTS}: {} ({}); re-bless with LACE_BLESS=1 \
              and grant it in chart/templates/rbac.yaml",
-            r.rbac,
+            r.rbac(),
             r.uri
         );
     }
@@ -201,7 +204,7 @@ fn network_unavailable(fake: &FakeApi, name: &str) -> Option<Value> {
 }
 
 /// Runs `scenario_plans` for one node; what the fake saw.
-async fn scenario_plans(node_name: &str) -> Arc<FakeApi> {
+async fn scenario_plans(node_name: &str) -> FakeApi {
     let objects = example_objects();
     let fake = fake_with(&objects);
     let h = Harness::start(node_name, &fake, timings());
@@ -269,7 +272,7 @@ async fn plans_from_watch_events_are_the_standalone_plans_of_every_example_node(
 }
 
 /// Runs the unknown-pod scenario; what the fake saw.
-async fn scenario_unknown_pod() -> Arc<FakeApi> {
+async fn scenario_unknown_pod() -> FakeApi {
     let objects = example_objects();
     let fake = fake_with(&objects);
     let h = Harness::start("node-1", &fake, timings());
@@ -383,13 +386,15 @@ async fn a_watch_error_and_a_410_relist_converge_to_the_same_plan() {
     // The API server goes away; meanwhile the extras are deleted and its history compacted,
     // so the resumed watches get 410 Gone and must relist to see the deletes.
     fake.set_mode(Mode::Refusing);
-    assert!(fake.remove(
-        "lace.io/v1alpha1",
-        "NetworkRoutingPolicy",
-        "",
-        "extra-default-self"
-    ));
-    assert!(fake.remove("v1", "Namespace", "", "extra"));
+    assert!(fake
+        .remove(
+            "lace.io/v1alpha1",
+            "NetworkRoutingPolicy",
+            "",
+            "extra-default-self"
+        )
+        .is_some());
+    assert!(fake.remove("v1", "Namespace", "", "extra").is_some());
     fake.compact();
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(
@@ -440,7 +445,7 @@ async fn a_restarted_api_server_costs_watches_not_relists() {
     let watch_lists = |fake: &FakeApi| {
         fake.requests()
             .iter()
-            .filter(|r| r.rbac.starts_with("list ") && r.uri.contains("limit="))
+            .filter(|r| r.rbac().starts_with("list ") && r.uri.contains("limit="))
             .count()
     };
     let lists = watch_lists(&fake);
@@ -654,7 +659,7 @@ async fn an_api_server_that_refuses_the_token_keeps_the_agent_not_ready() {
 async fn the_agents_api_requests_are_the_recorded_set() {
     let mut seen = BTreeSet::new();
     for fake in [scenario_plans("node-2").await, scenario_unknown_pod().await] {
-        seen.extend(fake.requests().into_iter().map(|r| r.rbac));
+        seen.extend(fake.requests().iter().map(|r| r.rbac()));
     }
     let text: String = "# Every request lace-agent makes (verb resource[.group][/subresource]), recorded by\n\
                         # src/agent/cluster/tests.rs; the chart's lace-node ClusterRole grants exactly these\n\
@@ -674,18 +679,19 @@ async fn the_agents_api_requests_are_the_recorded_set() {
     );
 }
 
-// ---- TLS to a real HTTPS server with kubeadm's certificate (and worse ones)
+// ---- TLS to the fake served over HTTPS with kubeadm's certificate (and worse ones)
 
 mod tls {
-    use super::super::test_pki::{Answer, Pki, Responder, KUBEADM_NAMES};
+    use lace_fake_kube::pki::{Pki, KUBEADM_NAMES};
+    use lace_fake_kube::Served;
+
     use super::*;
 
-    fn node_list() -> Answer {
-        Arc::new(|_| {
-            let list = json!({"kind": "NodeList", "apiVersion": "v1",
-                              "metadata": {"resourceVersion": "1"}, "items": []});
-            (200, list.to_string())
-        })
+    /// The fake, without objects, over HTTPS with `pki`'s certificate.
+    async fn https(pki: &Pki) -> (FakeApi, Served) {
+        let fake = FakeApi::new();
+        let served = fake.serve_tls(pki).await.unwrap();
+        (fake, served)
     }
 
     fn agent_for(source: &Arc<KubeSource>, state: &Path) -> Agent {
@@ -699,7 +705,7 @@ mod tls {
 
     /// Whether the source connects within a second; else the agent's not-ready reason.
     async fn connect(pki: &Pki, addr: std::net::SocketAddr) -> Result<(), String> {
-        let sa = pki.service_account_dir("token-1");
+        let sa = pki.service_account_dir("token-1").unwrap();
         let api = ApiServer::new(Some(&addr.to_string()), sa.path()).unwrap();
         let source = Arc::new(KubeSource::new("node-1".into(), api).with_timings(timings()));
         let state = tempfile::tempdir().unwrap();
@@ -723,9 +729,9 @@ mod tls {
 
     #[tokio::test]
     async fn kubeadms_certificate_is_verified_for_the_endpointslice_ip() {
-        let pki = Pki::kubeadm("127.0.0.1".parse().unwrap());
-        let server = Responder::start(&pki, node_list()).await;
-        let sa = pki.service_account_dir("token-1");
+        let pki = Pki::kubeadm("127.0.0.1".parse().unwrap()).unwrap();
+        let (_fake, server) = https(&pki).await;
+        let sa = pki.service_account_dir("token-1").unwrap();
         // The address as the chart bakes it: the EndpointSlice's IP and port.
         let api = ApiServer::new(Some(&server.addr.to_string()), sa.path()).unwrap();
         list_nodes(&api, false)
@@ -736,9 +742,9 @@ mod tls {
 
     #[tokio::test]
     async fn a_certificate_without_the_ip_is_verified_as_kubernetes_default_svc() {
-        let pki = Pki::new(&KUBEADM_NAMES);
-        let server = Responder::start(&pki, node_list()).await;
-        let sa = pki.service_account_dir("token-1");
+        let pki = Pki::new(&KUBEADM_NAMES).unwrap();
+        let (_fake, server) = https(&pki).await;
+        let sa = pki.service_account_dir("token-1").unwrap();
         let api = ApiServer::new(Some(&server.addr.to_string()), sa.path()).unwrap();
         let err = list_nodes(&api, false).await.unwrap_err();
         assert!(super::super::connect::is_name_mismatch(&err), "{err:?}");
@@ -754,22 +760,22 @@ mod tls {
 
     #[tokio::test]
     async fn a_certificate_of_another_ca_is_refused_naming_the_ca_file() {
-        let pki = Pki::kubeadm("127.0.0.1".parse().unwrap());
-        let server = Responder::start(&pki, node_list()).await;
-        let other = Pki::kubeadm("127.0.0.1".parse().unwrap());
+        let pki = Pki::kubeadm("127.0.0.1".parse().unwrap()).unwrap();
+        let (fake, server) = https(&pki).await;
+        let other = Pki::kubeadm("127.0.0.1".parse().unwrap()).unwrap();
         let why = connect(&other, server.addr).await.unwrap_err();
         assert!(
             why.contains("not signed by the CA in") && why.contains("ca.crt"),
             "{why}"
         );
         assert!(why.contains(&format!("https://{}", server.addr)), "{why}");
-        assert_eq!(server.requests.load(std::sync::atomic::Ordering::SeqCst), 0);
+        assert_eq!(fake.requests().len(), 0);
     }
 
     #[tokio::test]
     async fn a_certificate_naming_neither_says_what_to_set() {
-        let pki = Pki::new(&["api.example.com"]);
-        let server = Responder::start(&pki, node_list()).await;
+        let pki = Pki::new(&["api.example.com"]).unwrap();
+        let (_fake, server) = https(&pki).await;
         let why = connect(&pki, server.addr).await.unwrap_err();
         assert!(
             why.contains("names neither") && why.contains("node.apiserverAddress"),
