@@ -127,18 +127,18 @@ pub struct HostRoute {
 }
 
 /// What the nft table `inet lace` looks like.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum NftState {
+    #[default]
     Absent,
     /// Present, with the plan tag Lace wrote into its set `plan` (None: no such set, or not
     /// exactly one element with a plan tag as its comment).
-    Present {
-        tag: Option<String>,
-    },
+    Present { tag: Option<String> },
 }
 
-/// Everything the reconciler observed in one namespace.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Everything the reconciler observed in one namespace (`Default`: a namespace holding
+/// nothing, not even the nft table).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ObservedNode {
     /// All links by name.
     pub links: BTreeMap<String, ObservedLink>,

@@ -123,20 +123,7 @@ fn routes() -> Vec<(RouteKey, KernelNexthop)> {
 /// The test node as a dump would find it, built by replaying notifications into an
 /// empty cache.
 fn node() -> Cache {
-    let mut c = Cache::new(
-        ObservedNode {
-            links: BTreeMap::new(),
-            addrs: vec![],
-            routes: BTreeMap::new(),
-            host_routes: vec![],
-            rules: vec![],
-            sysctls: BTreeMap::new(),
-            tunsrc: None,
-            nft: NftState::Absent,
-            fou: None,
-        },
-        HostRoutes::new(),
-    );
+    let mut c = Cache::new(ObservedNode::default(), HostRoutes::new());
     let mut m: Vec<_> = LINKS
         .iter()
         .map(|(n, i, _)| msg(RouteNetlinkMessage::NewLink(link_msg(n, *i, true))))

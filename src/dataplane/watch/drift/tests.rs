@@ -47,15 +47,11 @@ fn applied() -> (Cache, Applied, ObservedNode) {
     model(&mut o, &ops);
     let mut c = Cache::new(
         ObservedNode {
-            links: BTreeMap::new(),
-            addrs: vec![],
-            routes: BTreeMap::new(),
-            host_routes: vec![],
-            rules: vec![],
             sysctls: o.sysctls.clone(),
             tunsrc: o.tunsrc,
             fou: o.fou.clone(),
             nft: o.nft.clone(),
+            ..ObservedNode::default()
         },
         HostRoutes::new(),
     );
