@@ -729,6 +729,49 @@ mod tests {
         );
     }
 
+    /// Lines count from the start of the file in every document, whatever ends the documents
+    /// before, and so do syntax errors; a value of the wrong type keeps serde's wording.
+    #[test]
+    fn positions_in_later_documents_are_the_files() {
+        let network = |name: &str, subnet: &str| {
+            format!("apiVersion: lace.io/v1alpha1\nkind: Network\nmetadata: {{name: {name}}}\nspec:\n  subnets:\n    - {subnet}\n")
+        };
+        let cases = [
+            (
+                format!("{}...\n%YAML 1.2\n---\n{}", network("a", "{cidr: 10.0.0.0/8, blockPrefix: 16}"), network("b", "cidr: 10.1.0.0/16")),
+                "document 2: Network/b: spec.subnets[0]: missing field `blockPrefix` at line 15 column 7",
+            ),
+            (
+                format!("---\n---\n{}", network("c", "{cidr: 10.0.0.0/8, blockPrefix: 300}")),
+                "document 2: Network/c: spec.subnets[0].blockPrefix: invalid value: integer `300`, expected u8 at line 8 column 39",
+            ),
+            (
+                "---\n# empty\n---\n\n---\nkind: [\n".to_string(),
+                "document 3: invalid YAML: unclosed bracket '[' at line 6 column 7",
+            ),
+        ];
+        for (text, want) in cases {
+            let dir = dir_with(&[("a.yaml", &text)]);
+            let err = load_dir(dir.path()).unwrap_err().to_string();
+            let file = dir.path().join("a.yaml");
+            assert_eq!(err, format!("{}: {want}", file.display()), "{text}");
+        }
+    }
+
+    /// Scalars get YAML 1.2's types, as with `serde_yaml`: `on` and `n` are strings, not
+    /// YAML 1.1's booleans, and so is a number with a leading zero.
+    #[test]
+    fn plain_scalars_are_strings_unless_yaml_1_2_says_otherwise() {
+        let dir = dir_with(&[(
+            "ns.yaml",
+            "apiVersion: v1\nkind: Namespace\nmetadata: {name: n, labels: {a: on, b: y, c: 010, d: 1_000}}\n",
+        )]);
+        let state = load_dir(dir.path()).unwrap();
+        let labels = &state.namespaces["n"].labels;
+        let values = ["a", "b", "c", "d"].map(|k| labels[k].as_str());
+        assert_eq!(values, ["on", "y", "010", "1_000"]);
+    }
+
     #[test]
     fn unknown_kinds_and_other_files_are_ignored() {
         let dir = dir_with(&[
