@@ -18,10 +18,9 @@
 //! [`write_allocations`] records an [`Allocation`] as one file of internal objects in the same
 //! directory, so one allocator pass decides and every agent reads the same allocation.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-
-use std::borrow::Cow;
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -189,8 +188,14 @@ struct DocText<'a> {
 /// `...`, stays with the document it is for. A syntax error is returned as the (1-based)
 /// number of the document it is in and the message.
 fn split_documents(text: &str) -> Result<Vec<DocText<'_>>, (usize, String)> {
+    // Where lines start as the parser counts them: after `\n`, `\r\n` or a lone `\r`.
+    let bytes = text.as_bytes();
+    let breaks = bytes
+        .iter()
+        .enumerate()
+        .filter(|&(i, &b)| b == b'\n' || (b == b'\r' && bytes.get(i + 1) != Some(&b'\n')));
     let line_starts: Vec<usize> = std::iter::once(0)
-        .chain(text.match_indices('\n').map(|(i, _)| i + 1))
+        .chain(breaks.map(|(i, _)| i + 1))
         .collect();
     let mut docs = Vec::new();
     let mut start_line = 1;
@@ -750,11 +755,20 @@ mod tests {
                 "document 3: invalid YAML: unclosed bracket '[' at line 6 column 7",
             ),
         ];
+        // The same lines with other line breaks.
+        let cases = cases.iter().flat_map(|(text, want)| {
+            [
+                text.clone(),
+                text.replace('\n', "\r\n"),
+                text.replace('\n', "\r"),
+            ]
+            .map(|t| (t, *want))
+        });
         for (text, want) in cases {
             let dir = dir_with(&[("a.yaml", &text)]);
             let err = load_dir(dir.path()).unwrap_err().to_string();
             let file = dir.path().join("a.yaml");
-            assert_eq!(err, format!("{}: {want}", file.display()), "{text}");
+            assert_eq!(err, format!("{}: {want}", file.display()), "{text:?}");
         }
     }
 
