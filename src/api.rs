@@ -34,8 +34,8 @@ pub struct Subnet {
     pub block_prefix: u8,
 }
 
-/// A subnet's `cidr` that [`parse_cidr`] rejects. The message starts with the field's name
-/// (serde's error path stops at the subnet).
+/// A subnet's `cidr` that [`parse_cidr`] rejects. The message starts with the field's name:
+/// not every reader of it shows serde's error path.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("cidr {cidr:?} is not a CIDR: {why}")]
 pub struct InvalidCidr {

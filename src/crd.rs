@@ -84,7 +84,7 @@ pub fn crds_yaml() -> String {
         .iter()
         .map(|crd| {
             // A CRD is plain data with string keys: serializing it cannot fail.
-            serde_yaml::to_string(crd).expect("a CustomResourceDefinition serializes to YAML")
+            serde_saphyr::to_string(crd).expect("a CustomResourceDefinition serializes to YAML")
         })
         .map(|doc| format!("---\n{doc}"))
         .collect()
@@ -224,9 +224,7 @@ mod tests {
     fn crds_yaml_is_deterministic_and_parses_back() {
         let text = crds_yaml();
         assert_eq!(text, crds_yaml());
-        let docs: Vec<CustomResourceDefinition> = serde_yaml::Deserializer::from_str(&text)
-            .map(|d| serde::Deserialize::deserialize(d).unwrap())
-            .collect();
+        let docs: Vec<CustomResourceDefinition> = serde_saphyr::from_multiple(&text).unwrap();
         assert_eq!(docs, crds());
     }
 
@@ -341,8 +339,8 @@ mod tests {
         let mut by_kind: BTreeMap<String, Vec<Value>> = BTreeMap::new();
         for file in ["networks.yaml", "policies.yaml", "lace-allocations.yaml"] {
             let text = std::fs::read_to_string(dir.join(file)).unwrap();
-            for doc in serde_yaml::Deserializer::from_str(&text) {
-                let v: Value = serde::Deserialize::deserialize(doc).unwrap();
+            let options = crate::load::yaml_options();
+            for v in serde_saphyr::from_multiple_with_options::<Value>(&text, options).unwrap() {
                 by_kind
                     .entry(v["kind"].as_str().unwrap().to_string())
                     .or_default()

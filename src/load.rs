@@ -7,17 +7,27 @@
 //! directory walk and the error positions: every error names the file, the document and,
 //! where serde can tell, the field, line and column.
 //!
+//! A file is split into its documents with the YAML parser's own document events
+//! ([`split_documents`]) and each document is read on its own with `serde_saphyr`, whose
+//! multi-document readers skip empty documents: the document numbers in messages count every
+//! document of the file, empty ones included, and every position is one in the file.
+//!
 //! Every other kind is ignored. Namespaced objects without `metadata.namespace` are in
 //! `default` (as `kubectl apply` would put them). An object defined twice is an error.
 //!
 //! [`write_allocations`] records an [`Allocation`] as one file of internal objects in the same
 //! directory, so one allocator pass decides and every agent reads the same allocation.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use serde_saphyr::granit_parser::{Event, Parser};
+use serde_saphyr::localizer::Localizer;
+use serde_saphyr::{MessageFormatter, SnippetMode, UserMessageFormatter};
 
 use crate::alloc::Allocation;
 use crate::api::{self, NetworkAllocationSpec, NodeAllocationSpec};
@@ -27,6 +37,18 @@ use crate::state::ClusterState;
 
 /// Name of the file [`write_allocations`] writes.
 pub const ALLOCATIONS_FILE: &str = "lace-allocations.yaml";
+
+/// How Lace reads YAML: scalars get the types `serde_yaml` gave them, the types the manifests
+/// are written for. Only YAML 1.2's `true` and `false` are booleans (`name: n` is a name, not
+/// YAML 1.1's `false`, which is `serde_saphyr`'s default), and numbers spelled with leading
+/// zeros or underscores stay strings where no type is asked for (a label `version: 010`).
+pub fn yaml_options() -> serde_saphyr::Options {
+    serde_saphyr::options! {
+        strict_booleans: true,
+        leading_zero_numbers_as_strings: true,
+        underscored_numbers_as_strings: true,
+    }
+}
 
 /// Why a directory could not be loaded or allocations not written.
 #[derive(Debug, thiserror::Error)]
@@ -38,11 +60,12 @@ pub enum LoadError {
         source: std::io::Error,
     },
     /// A document is not valid YAML.
-    #[error("{}: document {doc}: invalid YAML: {source}", .file.display())]
+    #[error("{}: document {doc}: invalid YAML: {message}", .file.display())]
     Yaml {
         file: PathBuf,
         doc: usize,
-        source: serde_yaml::Error,
+        /// What is wrong, with the line and column in the file.
+        message: String,
     },
     /// A document is not a Kubernetes object (no `apiVersion` or `kind`).
     #[error("{}: document {doc}: not a Kubernetes object: {what}", .file.display())]
@@ -85,7 +108,7 @@ pub enum LoadError {
     },
     /// Serializing the allocations failed.
     #[error("cannot serialize the allocations: {0}")]
-    Serialize(serde_yaml::Error),
+    Serialize(serde_saphyr::SerializeError),
 }
 
 /// Loads every manifest below `dir` into a [`ClusterState`].
@@ -149,12 +172,146 @@ struct WithMeta {
     metadata: MetaLabels,
 }
 
+/// One document's text within its file.
+#[derive(Clone, Copy, Debug)]
+struct DocText<'a> {
+    /// From the start of the document's first line, so that columns are the file's.
+    text: &'a str,
+    /// Lines of the file before `text`: added to the lines the parser counts in `text`.
+    lines_before: u64,
+}
+
+/// Splits a file into its documents, empty ones included, where the YAML parser ends each. A
+/// document ends at the start of the line of the next `---`, or after the line where an
+/// explicit end is (a `...`, or the `---` of an empty document), so that every document starts
+/// at the start of a line (columns stay the file's) and a `%YAML` directive, which follows a
+/// `...`, stays with the document it is for. A syntax error is returned as the (1-based)
+/// number of the document it is in and the message.
+fn split_documents(text: &str) -> Result<Vec<DocText<'_>>, (usize, String)> {
+    // Where lines start as the parser counts them: after `\n`, `\r\n` or a lone `\r`.
+    let bytes = text.as_bytes();
+    let breaks = bytes
+        .iter()
+        .enumerate()
+        .filter(|&(i, &b)| b == b'\n' || (b == b'\r' && bytes.get(i + 1) != Some(&b'\n')));
+    let line_starts: Vec<usize> = std::iter::once(0)
+        .chain(breaks.map(|(i, _)| i + 1))
+        .collect();
+    let mut docs = Vec::new();
+    let mut start_line = 1;
+    for event in Parser::new_from_str(text) {
+        match event {
+            Ok((Event::DocumentEnd, span)) => {
+                let end_line = span.end.line() + usize::from(span.end.col() > 0);
+                let at_line =
+                    |line: usize| line_starts.get(line - 1).copied().unwrap_or(text.len());
+                docs.push(DocText {
+                    text: &text[at_line(start_line)..at_line(end_line)],
+                    lines_before: (start_line - 1) as u64,
+                });
+                start_line = end_line;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                let mark = e.marker();
+                return Err((docs.len() + 1, at(&e.info(), mark.line(), mark.col() + 1)));
+            }
+        }
+    }
+    Ok(docs)
+}
+
+/// `message at line L column C`, as Lace words positions.
+fn at(message: &str, line: impl std::fmt::Display, column: impl std::fmt::Display) -> String {
+    format!("{message} at line {line} column {column}")
+}
+
+/// `path: message`, or the message alone for the document itself (`serde_path_to_error`
+/// writes that path as `.`).
+fn at_path(path: &str, message: &str) -> String {
+    if path == "." {
+        message.to_string()
+    } else {
+        format!("{path}: {message}")
+    }
+}
+
+/// `serde_saphyr`'s wording for users, with positions worded as [`at`] words them.
+struct Wording;
+
+impl MessageFormatter for Wording {
+    fn localizer(&self) -> &dyn Localizer {
+        self
+    }
+
+    fn format_message<'a>(&self, err: &'a serde_saphyr::Error) -> Cow<'a, str> {
+        UserMessageFormatter.format_message(err)
+    }
+}
+
+impl Localizer for Wording {
+    fn attach_location<'a>(&self, base: Cow<'a, str>, loc: serde_saphyr::Location) -> Cow<'a, str> {
+        if loc == serde_saphyr::Location::UNKNOWN {
+            base
+        } else {
+            Cow::Owned(at(&base, loc.line(), loc.column()))
+        }
+    }
+}
+
+impl DocText<'_> {
+    /// `err` (from reading `text`) with its position in the file.
+    fn describe(&self, err: &serde_saphyr::Error) -> String {
+        err.render_with_options(serde_saphyr::render_options! {
+            formatter: &Wording,
+            snippets: SnippetMode::Off,
+            line_offset: self.lines_before,
+        })
+    }
+
+    fn value(&self) -> Result<Value, String> {
+        serde_saphyr::from_str_with_options(self.text, yaml_options())
+            .map_err(|e| self.describe(&e))
+    }
+
+    /// The message for a document whose value fails to deserialize as `T` at `path` with
+    /// `message`: the text is read again as `T`, because only the parser knows the line and
+    /// column. Where that read fails at the same field, `message` keeps serde's wording,
+    /// which names the offending value (the parser's only names the type it wanted).
+    fn field_error<T: DeserializeOwned>(&self, path: &str, message: &str) -> String {
+        let mut text_path = None;
+        let read = serde_saphyr::with_deserializer_from_str_with_options(
+            self.text,
+            yaml_options(),
+            |de| {
+                serde_path_to_error::deserialize::<_, T>(de).map_err(|e| {
+                    text_path = Some(e.path().to_string());
+                    e.into_inner()
+                })
+            },
+        );
+        match (read.err(), text_path) {
+            (Some(err), Some(text_path)) if text_path != path => {
+                at_path(&text_path, &self.describe(&err))
+            }
+            (Some(err), Some(_)) => match err.location() {
+                Some(loc) => at_path(
+                    path,
+                    &at(message, loc.line() + self.lines_before, loc.column()),
+                ),
+                None => at_path(path, message),
+            },
+            // The text reads as `T` where the value does not (a plain scalar read as a string
+            // where the value holds a number): no position to add.
+            _ => at_path(path, message),
+        }
+    }
+}
+
 /// One document being loaded: its text (for precise error messages), value and identity.
 struct Doc<'a> {
-    text: &'a str,
-    /// 0-based index within the file.
-    index: usize,
-    value: serde_yaml::Value,
+    source: DocText<'a>,
+    value: Value,
     at: Location,
     kind: Kind,
     /// `namespace/name` or `name`, for messages.
@@ -172,15 +329,13 @@ impl Doc<'_> {
         }
     }
 
-    /// Deserializes the document as `T`. On failure the document is parsed again from its
-    /// text, because only that path reports the field path and line of the problem.
+    /// Deserializes the document as `T`; on failure the message names the field and, from
+    /// [`DocText::field_error`], its line and column.
     fn parse<T: DeserializeOwned>(&self) -> Result<T, LoadError> {
-        serde_yaml::from_value(self.value.clone()).map_err(|err| {
-            let precise = serde_yaml::Deserializer::from_str(self.text)
-                .nth(self.index)
-                .map(T::deserialize)
-                .and_then(Result::err);
-            self.invalid(precise.unwrap_or(err).to_string())
+        serde_path_to_error::deserialize(&self.value).map_err(|err| {
+            let path = err.path().to_string();
+            let message = err.into_inner().to_string();
+            self.invalid(self.source.field_error::<T>(&path, &message))
         })
     }
 }
@@ -218,36 +373,38 @@ struct Loader {
     seen: BTreeMap<String, Location>,
 }
 
-fn str_at<'v>(value: &'v serde_yaml::Value, path: &[&str]) -> Option<&'v str> {
+fn str_at<'v>(value: &'v Value, path: &[&str]) -> Option<&'v str> {
     path.iter().try_fold(value, |v, key| v.get(*key))?.as_str()
 }
 
 impl Loader {
     fn load_file(&mut self, file: &Path, text: &str) -> Result<(), LoadError> {
-        for (index, document) in serde_yaml::Deserializer::from_str(text).enumerate() {
+        let yaml_error = |doc, message| LoadError::Yaml {
+            file: file.to_path_buf(),
+            doc,
+            message,
+        };
+        let documents = split_documents(text).map_err(|(doc, message)| yaml_error(doc, message))?;
+        for (index, source) in documents.into_iter().enumerate() {
             let at = Location {
                 file: file.to_path_buf(),
                 doc: index + 1,
             };
-            let value =
-                serde_yaml::Value::deserialize(document).map_err(|source| LoadError::Yaml {
-                    file: at.file.clone(),
-                    doc: at.doc,
-                    source,
-                })?;
+            let value = source
+                .value()
+                .map_err(|message| yaml_error(at.doc, message))?;
             if value.is_null() {
                 continue; // an empty document, e.g. after a trailing `---`
             }
-            self.load_doc(text, index, value, at)?;
+            self.load_doc(source, value, at)?;
         }
         Ok(())
     }
 
     fn load_doc(
         &mut self,
-        text: &str,
-        index: usize,
-        value: serde_yaml::Value,
+        source: DocText<'_>,
+        value: Value,
         at: Location,
     ) -> Result<(), LoadError> {
         let not_object = |what: &str| LoadError::NotAnObject {
@@ -282,8 +439,7 @@ impl Loader {
             name.clone()
         };
         let doc = Doc {
-            text,
-            index,
+            source,
             value,
             at,
             kind,
@@ -345,7 +501,7 @@ fn manifest<S: Serialize>(kind: &'static str, name: &str, spec: &S) -> Result<St
         metadata: NameOnly { name },
         spec,
     };
-    serde_yaml::to_string(&m).map_err(LoadError::Serialize)
+    serde_saphyr::to_string(&m).map_err(LoadError::Serialize)
 }
 
 /// The internal objects of `alloc` as one multi-document YAML text, sorted by kind and name.
@@ -519,7 +675,7 @@ mod tests {
         let cases: Vec<(Vec<(&str, String)>, &str)> = vec![
             (
                 vec![("a.yaml", "kind: [".into())],
-                "DIR/a.yaml: document 1: invalid YAML: did not find expected node content at line 2 column 1, while parsing a flow node",
+                "DIR/a.yaml: document 1: invalid YAML: unclosed bracket '[' at line 1 column 7",
             ),
             (
                 vec![("a.yaml", "---\napiVersion: v1\nmetadata: {name: x}\n".into())],
@@ -535,7 +691,7 @@ mod tests {
             ),
             (
                 vec![("a.yaml", format!("{network}metadata:\n  name: n\nspec:\n  subnets:\n    - cidr: 10.0.0.0/88\n      blockPrefix: 8\n"))],
-                "DIR/a.yaml: document 1: Network/n: spec.subnets[0]: cidr \"10.0.0.0/88\" is not a CIDR: the prefix length is too long for the address at line 7 column 7",
+                "DIR/a.yaml: document 1: Network/n: spec.subnets[0].cidr: cidr \"10.0.0.0/88\" is not a CIDR: the prefix length is too long for the address at line 7 column 13",
             ),
             (
                 vec![
@@ -576,6 +732,58 @@ mod tests {
             load_dir(missing).unwrap_err().to_string(),
             "cannot read /nonexistent/lace: No such file or directory (os error 2)"
         );
+    }
+
+    /// Lines count from the start of the file in every document, whatever ends the documents
+    /// before, and so do syntax errors; a value of the wrong type keeps serde's wording.
+    #[test]
+    fn positions_in_later_documents_are_the_files() {
+        let network = |name: &str, subnet: &str| {
+            format!("apiVersion: lace.io/v1alpha1\nkind: Network\nmetadata: {{name: {name}}}\nspec:\n  subnets:\n    - {subnet}\n")
+        };
+        let cases = [
+            (
+                format!("{}...\n%YAML 1.2\n---\n{}", network("a", "{cidr: 10.0.0.0/8, blockPrefix: 16}"), network("b", "cidr: 10.1.0.0/16")),
+                "document 2: Network/b: spec.subnets[0]: missing field `blockPrefix` at line 15 column 7",
+            ),
+            (
+                format!("---\n---\n{}", network("c", "{cidr: 10.0.0.0/8, blockPrefix: 300}")),
+                "document 2: Network/c: spec.subnets[0].blockPrefix: invalid value: integer `300`, expected u8 at line 8 column 39",
+            ),
+            (
+                "---\n# empty\n---\n\n---\nkind: [\n".to_string(),
+                "document 3: invalid YAML: unclosed bracket '[' at line 6 column 7",
+            ),
+        ];
+        // The same lines with other line breaks.
+        let cases = cases.iter().flat_map(|(text, want)| {
+            [
+                text.clone(),
+                text.replace('\n', "\r\n"),
+                text.replace('\n', "\r"),
+            ]
+            .map(|t| (t, *want))
+        });
+        for (text, want) in cases {
+            let dir = dir_with(&[("a.yaml", &text)]);
+            let err = load_dir(dir.path()).unwrap_err().to_string();
+            let file = dir.path().join("a.yaml");
+            assert_eq!(err, format!("{}: {want}", file.display()), "{text:?}");
+        }
+    }
+
+    /// Scalars get YAML 1.2's types, as with `serde_yaml`: `on` and `n` are strings, not
+    /// YAML 1.1's booleans, and so is a number with a leading zero.
+    #[test]
+    fn plain_scalars_are_strings_unless_yaml_1_2_says_otherwise() {
+        let dir = dir_with(&[(
+            "ns.yaml",
+            "apiVersion: v1\nkind: Namespace\nmetadata: {name: n, labels: {a: on, b: y, c: 010, d: 1_000}}\n",
+        )]);
+        let state = load_dir(dir.path()).unwrap();
+        let labels = &state.namespaces["n"].labels;
+        let values = ["a", "b", "c", "d"].map(|k| labels[k].as_str());
+        assert_eq!(values, ["on", "y", "010", "1_000"]);
     }
 
     #[test]

@@ -14,7 +14,7 @@ use std::path::Path;
 use lace::load::{load_dir, LoadError};
 use lace::state::ClusterState;
 use serde::Deserialize;
-use serde_yaml::Value;
+use serde_json::Value;
 
 #[derive(Deserialize)]
 struct Corpus {
@@ -60,7 +60,7 @@ fn field_of(path: &str) -> String {
 fn with_api_version(object: &Value) -> Value {
     let mut object = object.clone();
     object
-        .as_mapping_mut()
+        .as_object_mut()
         .expect("a case's object is a mapping")
         .insert("apiVersion".into(), lace::api::API_VERSION.into());
     object
@@ -72,17 +72,18 @@ fn load(objects: &[Value]) -> Result<ClusterState, BTreeSet<String>> {
     let dir = tempfile::tempdir().unwrap();
     let docs: Vec<String> = objects
         .iter()
-        .map(|o| serde_yaml::to_string(o).unwrap())
+        .map(|o| serde_saphyr::to_string(o).unwrap())
         .collect();
     std::fs::write(dir.path().join("objects.yaml"), docs.join("---\n")).unwrap();
     match load_dir(dir.path()) {
         Ok(state) => Ok(state),
-        // The loader names the path serde reports (`spec.subnets[0]`), then the message
-        // the field (`cidr "…" is not a CIDR: …`).
+        // The loader's message starts with the path of the value it rejects
+        // (`spec.subnets[0].cidr: cidr "…" is not a CIDR: …`).
         Err(LoadError::Invalid { message, .. }) => {
-            let (path, what) = message.split_once(": ").unwrap_or((&message, ""));
-            let leaf = what.split_whitespace().next().unwrap_or_default();
-            Err(BTreeSet::from([without_indices(&format!("{path}.{leaf}"))]))
+            let path = message
+                .split_once(": ")
+                .map_or(message.as_str(), |(path, _)| path);
+            Err(BTreeSet::from([without_indices(path)]))
         }
         Err(e) => panic!("cannot load {objects:?}: {e}"),
     }
@@ -119,7 +120,11 @@ fn judge(context: &[Value], case: &Case) -> BTreeSet<String> {
 #[test]
 fn the_validator_names_the_fields_the_corpus_lists() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/admission/corpus.yaml");
-    let corpus: Corpus = serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let corpus: Corpus = serde_saphyr::from_str_with_options(
+        &std::fs::read_to_string(path).unwrap(),
+        lace::load::yaml_options(),
+    )
+    .unwrap();
     assert!(corpus.cases.len() >= 40, "the corpus shrank");
     let mut wrong = Vec::new();
     for case in &corpus.cases {

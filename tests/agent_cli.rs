@@ -97,7 +97,7 @@ fn ipv4_only_nodes_are_allocated_and_planned_over_ipv4() {
     assert!(alloc.status.success(), "{alloc:?}");
     let written = std::fs::read_to_string(dir.path().join("lace-allocations.yaml")).unwrap();
     assert!(
-        written.contains("ipv4: 192.168.0.12") && !written.contains("ipv6:"),
+        written.contains("ipv4: \"192.168.0.12\"") && !written.contains("ipv6:"),
         "{written}"
     );
 

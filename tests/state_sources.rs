@@ -21,12 +21,10 @@ fn example_objects() -> Vec<(Kind, Value)> {
     let mut out = Vec::new();
     for file in lace::load::manifest_files(&dir).unwrap() {
         let text = std::fs::read_to_string(&file).unwrap();
-        for doc in serde_yaml::Deserializer::from_str(&text) {
-            let yaml: serde_yaml::Value = serde::Deserialize::deserialize(doc).unwrap();
-            if yaml.is_null() {
-                continue;
-            }
-            let mut json: Value = serde_json::to_value(&yaml).unwrap();
+        // As the loader reads YAML; empty documents are skipped.
+        let docs =
+            serde_saphyr::from_multiple_with_options::<Value>(&text, lace::load::yaml_options());
+        for mut json in docs.unwrap() {
             let Some(kind) = Kind::of(
                 json["apiVersion"].as_str().unwrap(),
                 json["kind"].as_str().unwrap(),

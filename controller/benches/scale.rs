@@ -153,7 +153,7 @@ async fn bench() {
     let dir = tempfile::tempdir().unwrap();
     let yaml: String = docs
         .iter()
-        .map(|d| format!("---\n{}", serde_yaml::to_string(d).unwrap()))
+        .map(|d| format!("---\n{}", serde_saphyr::to_string(d).unwrap()))
         .collect();
     std::fs::write(dir.path().join("cluster.yaml"), yaml).unwrap();
     let loaded = lace::load::load_dir(dir.path()).unwrap();

@@ -34,12 +34,9 @@ fn documents() -> Vec<Value> {
             continue;
         }
         let text = std::fs::read_to_string(&file).unwrap();
-        for doc in serde_yaml::Deserializer::from_str(&text) {
-            let v: Value = serde::Deserialize::deserialize(doc).unwrap();
-            if !v.is_null() {
-                docs.push(v);
-            }
-        }
+        // As the loader reads YAML; empty documents are skipped.
+        let options = lace::load::yaml_options();
+        docs.extend(serde_saphyr::from_multiple_with_options::<Value>(&text, options).unwrap());
     }
     docs
 }

@@ -256,7 +256,7 @@ async fn new_cluster() -> FakeApi {
     ] {
         yaml += &format!(
             "---\n{}",
-            serde_yaml::to_string(&fake.get(av, kind, "", name).unwrap()).unwrap()
+            serde_saphyr::to_string(&fake.get(av, kind, "", name).unwrap()).unwrap()
         );
     }
     std::fs::write(dir.path().join("cluster.yaml"), yaml).unwrap();
