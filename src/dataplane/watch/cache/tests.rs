@@ -17,7 +17,7 @@ use netlink_packet_route::AddressFamily;
 
 use super::*;
 use crate::dataplane::fixtures::{addr_msg, msg};
-use crate::dataplane::observed::{HostRoute, NftState};
+use crate::dataplane::observed::HostRoute;
 use crate::plan::MAIN_TABLE;
 
 const VRF_TABLE: u32 = 1_000_001;

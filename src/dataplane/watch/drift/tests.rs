@@ -2,8 +2,6 @@
 //! (built from notifications), then changed: Lace's own echoes and foreign changes are not
 //! drift, changes to what Lace applied are.
 
-use std::collections::BTreeMap;
-
 use netlink_packet_core::{NetlinkMessage, NLM_F_REPLACE};
 use netlink_packet_route::link::{LinkAttribute, LinkFlags};
 use netlink_packet_route::route::{RouteMessage, RouteProtocol};
