@@ -12,6 +12,7 @@ use std::net::IpAddr;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use super::ingress::{self, ingress_device, Ingress};
+use super::routes::{locator_route, RouteBuilder, PREC_EGRESS, PREC_FALLBACK, PREC_REACH};
 use super::ruleset::{build_ruleset, Policies};
 use super::underlay::{
     link_local_address, mss_clamp, peer_path, tunnel_source, Ipv4Tunnel, PeerPath, UnderlayFacts,
@@ -19,9 +20,9 @@ use super::underlay::{
 };
 use super::{
     disable_ipv6_key, host_net, vrf_name, vrf_table, Family, NetInfo, Networks, Nexthop, NodeBase,
-    PlanError, PodNetwork, RouteKey, Rule, RuleAction, Underpath, Vrf, INGRESS_MARK,
-    INGRESS_MARK_MASK, MAIN_TABLE, PROBE_MARK, PROBE_MARK_MASK, PROBE_TABLE,
-    RULE_PRIORITY_INGRESS_REPLY, RULE_PRIORITY_L3MDEV, RULE_PRIORITY_PROBE,
+    PlanError, PodNetwork, Rule, RuleAction, Vrf, INGRESS_MARK, INGRESS_MARK_MASK, MAIN_TABLE,
+    PROBE_MARK, PROBE_MARK_MASK, PROBE_TABLE, RULE_PRIORITY_INGRESS_REPLY, RULE_PRIORITY_L3MDEV,
+    RULE_PRIORITY_PROBE,
 };
 use crate::alloc::node_blocks;
 use crate::api::NodeAllocationSpec;
@@ -34,31 +35,6 @@ fn default_net(v6: bool) -> IpNet {
         IpNet::V6(Ipv6Net::default())
     } else {
         IpNet::V4(Ipv4Net::default())
-    }
-}
-
-/// Routes collected with a precedence; the highest precedence wins per key.
-pub(super) struct RouteBuilder {
-    routes: Vec<(RouteKey, u8, Nexthop)>,
-}
-
-/// Precedence of route kinds when two want the same key.
-const PREC_FALLBACK: u8 = 0; // unreachable default / unreachable cluster subnets
-const PREC_EGRESS: u8 = 1; // default via host
-pub(super) const PREC_REACH: u8 = 2; // blocks, leaks, underlay, SIDs, backends
-pub(super) const PREC_INGRESS: u8 = 3; // remote NodePort backends through the ingress device
-
-impl RouteBuilder {
-    pub(super) fn add(&mut self, table: u32, dst: IpNet, prec: u8, nh: Nexthop) {
-        self.routes.push((RouteKey { table, dst }, prec, nh));
-    }
-
-    fn finish(mut self) -> BTreeMap<RouteKey, Nexthop> {
-        // Sort by key, then precedence descending, and keep the first of each key.
-        self.routes
-            .sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)).then(a.2.cmp(&b.2)));
-        self.routes.dedup_by(|later, first| later.0 == first.0);
-        self.routes.into_iter().map(|(k, _, nh)| (k, nh)).collect()
     }
 }
 
@@ -98,7 +74,7 @@ pub(super) fn build_base(
         }
     }
 
-    let mut rb = RouteBuilder { routes: Vec::new() };
+    let mut rb = RouteBuilder::default();
     fallback_and_egress_routes(&mut rb, &nets, &reach.egress);
     host_reply_routes(&mut rb, me, &nets, &reach.host_reply);
     local_sid_routes(&mut rb, me, &nets);
@@ -543,17 +519,6 @@ fn backend_routes(
                 BackendLocation::Unallocated { .. } => {}
             }
         }
-    }
-}
-
-/// The route to a peer's locator along `path` and the family it uses, `None` when the peer
-/// cannot be reached.
-pub(super) fn locator_route(path: &PeerPath) -> Option<(Nexthop, Underpath)> {
-    match *path {
-        PeerPath::Ipv6(via) => Some((Nexthop::Underlay { via }, Underpath::Ipv6)),
-        PeerPath::LinkLocal(via) => Some((Nexthop::LinkLocal { via }, Underpath::LinkLocal)),
-        PeerPath::Ipv4(via) => Some((Nexthop::Ipv4Tunnel { via }, Underpath::Fou)),
-        PeerPath::NoCommonFamily => None,
     }
 }
 

@@ -40,8 +40,8 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
-use super::base::{locator_route, RouteBuilder, PREC_INGRESS, PREC_REACH};
 use super::nft::{Chain, Hook, Set};
+use super::routes::{locator_route, RouteBuilder, PREC_INGRESS, PREC_REACH};
 use super::underlay::PeerPath;
 #[cfg(doc)]
 use super::RULE_PRIORITY_INGRESS_REPLY;

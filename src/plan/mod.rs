@@ -36,6 +36,7 @@
 mod base;
 pub mod ingress;
 pub mod nft;
+mod routes;
 mod ruleset;
 pub mod underlay;
 
