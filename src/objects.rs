@@ -171,11 +171,7 @@ impl Kind {
     pub fn namespaced(self) -> bool {
         matches!(
             self,
-            Kind::Pod
-                | Kind::Service
-                | Kind::EndpointSlice
-                | Kind::NetworkPolicy
-                | Kind::ConfigMap
+            Kind::Pod | Kind::Service | Kind::EndpointSlice | Kind::NetworkPolicy | Kind::ConfigMap
         )
     }
 }

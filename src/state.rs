@@ -10,8 +10,8 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 use crate::api::{
-    LabelSelector, NetworkAllocationSpec, NetworkBindingPolicySpec, NetworkRoutingPolicySpec, NetworkSpec,
-    NodeAllocationSpec, ServiceBindingPolicySpec, ServiceRoutingPolicySpec, Underlay,
+    LabelSelector, NetworkAllocationSpec, NetworkBindingPolicySpec, NetworkRoutingPolicySpec,
+    NetworkSpec, NodeAllocationSpec, ServiceBindingPolicySpec, ServiceRoutingPolicySpec, Underlay,
 };
 
 /// `namespace/name` of a namespaced object.

@@ -234,8 +234,9 @@ mod tests {
         assert!(p.ingress_isolation && p.egress_isolation);
         let p = convert(serde_json::json!({"podSelector": {}, "policyTypes": ["Egress"]})).unwrap();
         assert!(!p.ingress_isolation && p.egress_isolation);
-        let p = convert(serde_json::json!({"podSelector": {}, "policyTypes": ["Ingress", "Sideways"]}))
-            .unwrap();
+        let p =
+            convert(serde_json::json!({"podSelector": {}, "policyTypes": ["Ingress", "Sideways"]}))
+                .unwrap();
         assert_eq!(p.unknown_policy_types, ["Sideways"]);
     }
 

@@ -35,6 +35,7 @@
 
 mod base;
 pub mod ingress;
+mod netpol;
 pub mod nft;
 mod ruleset;
 pub mod underlay;

@@ -126,9 +126,22 @@ pub struct Ruleset {
     pub chains: Vec<Chain>,
 }
 
-/// Quotes a comment for nft (which has no escape for `"`).
+/// The longest comment nft accepts (bytes).
+pub const COMMENT_MAX: usize = 128;
+
+/// Quotes a comment for nft (which has no escape for `"`), cut to [`COMMENT_MAX`] bytes with
+/// `...` at the end: nft refuses a whole ruleset over one longer comment, and object names
+/// (a NetworkPolicy's namespace and name, lists of policies) can be longer.
 fn quote(s: &str) -> String {
-    format!("\"{}\"", s.replace('"', "'"))
+    let s = s.replace('"', "'");
+    if s.len() <= COMMENT_MAX {
+        return format!("\"{s}\"");
+    }
+    let mut end = COMMENT_MAX - 3;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("\"{}...\"", &s[..end])
 }
 
 /// One element as nft writes it inside `{ }`: key, comment and (maps) value.

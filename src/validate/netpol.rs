@@ -69,7 +69,10 @@ fn check_rule(path: &str, peers: &str, rule: &PolicyRule, e: &mut Errors<'_>) {
         if !PROTOCOLS.contains(&p.protocol.as_str()) {
             e.push(
                 format!("{at}.protocol"),
-                format!("unsupported protocol {:?}: use TCP, UDP or SCTP", p.protocol),
+                format!(
+                    "unsupported protocol {:?}: use TCP, UDP or SCTP",
+                    p.protocol
+                ),
             );
         }
         match (&p.port, p.end_port) {
