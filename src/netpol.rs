@@ -13,10 +13,14 @@
 //! - A named port means the port of that name and protocol on the destination pod; a pod
 //!   without one is not reached through it.
 
+mod explain;
+
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use ipnet::IpNet;
+
+pub use explain::explain_pod;
 
 use crate::state::{
     ClusterState, NetworkPolicy, ObjectKey, Pod, PolicyPeer, PolicyPort, PolicyRule, PortRef,
