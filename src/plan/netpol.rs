@@ -95,12 +95,12 @@ pub(super) fn build(node: &str, state: &ClusterState) -> Option<NetworkPolicies>
     });
     let mut isolated: BTreeMap<(Direction, usize), Set> = BTreeMap::new();
     for d in Direction::BOTH {
-        for fam in 0..2 {
+        for (fam, (_, _, ty)) in FAMILIES.into_iter().enumerate() {
             isolated.insert(
                 (d, fam),
                 Set::new(
                     &isolated_set(d, fam),
-                    FAMILIES[fam].2,
+                    ty,
                     false,
                     &format!(
                         "NetworkPolicy: local pods isolated for {}, by the policies selecting them",
@@ -327,10 +327,8 @@ impl Policy<'_> {
                 }
             }
         }
-        let mut i = 0;
-        prefixes.map(|m| {
-            let (sfx, _, ty) = FAMILIES[i];
-            i += 1;
+        let [v4, v6] = prefixes;
+        [(v4, FAMILIES[0]), (v6, FAMILIES[1])].map(|(m, (sfx, _, ty))| {
             let mut set = Set::new(
                 &format!("{tag}_peers_{sfx}"),
                 ty,

@@ -221,13 +221,12 @@ async fn scenario_plans(node_name: &str) -> FakeApi {
     assert!(!state.network_policies.is_empty());
     assert_eq!(state.nodes.keys().collect::<Vec<_>>(), [node_name]);
     let uris: Vec<String> = fake.requests().into_iter().map(|r| r.uri).collect();
-    for selector in [format!("metadata.name%3D{node_name}")] {
-        assert!(
-            uris.iter()
-                .any(|u| u.contains(&selector) && u.contains("watch=true")),
-            "no watch with {selector}: {uris:?}"
-        );
-    }
+    let selector = format!("metadata.name%3D{node_name}");
+    assert!(
+        uris.iter()
+            .any(|u| u.contains(&selector) && u.contains("watch=true")),
+        "no watch with {selector}: {uris:?}"
+    );
     // Programmed: the Node says its network is available, written once.
     until("NetworkUnavailable is False", || {
         network_unavailable(&fake, node_name).is_some_and(|c| c["status"] == "False")
