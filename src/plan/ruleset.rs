@@ -5,7 +5,8 @@
 //! forward), the receiving node in `forward`, host processes in `output` (only kubelet probes
 //! open connections to pods) and pods towards the host's link-local addresses in `input`;
 //! `postrouting` masquerades what leaves to external Networks. The SRv6 guard and the
-//! untracked underlay chains come from [`super::underlay`].
+//! untracked underlay chains come from [`super::underlay`]; the NetworkPolicy chains, which
+//! `from_pods` and `to_pods` run before their own verdicts, from [`super::netpol`].
 
 use std::collections::BTreeMap;
 
