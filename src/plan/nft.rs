@@ -391,6 +391,17 @@ mod tests {
     }
 
     #[test]
+    fn comments_are_cut_to_what_nft_accepts() {
+        assert_eq!(quote("a \"b\""), "\"a 'b'\"");
+        let long = format!("NetworkPolicy {}/{}", "n".repeat(63), "é".repeat(100));
+        let q = quote(&long);
+        // 127 bytes inside the quotes: the cut does not split a two-byte character.
+        assert_eq!(q.len(), COMMENT_MAX + 1, "{q}");
+        assert!(q.ends_with("...\""));
+        assert_eq!(quote(&"x".repeat(COMMENT_MAX)).len(), COMMENT_MAX + 2);
+    }
+
+    #[test]
     fn rendering_lists_each_element_with_its_comment_and_verdict() {
         let a = ruleset(&[(P1, "accept", "x")], &[("lv-a", "A")]);
         let text = a.render();
