@@ -11,7 +11,9 @@
 //! jumps to `np_ingress` / `np_egress`: one rule per (policy rule, family, port kind); the
 //! first that matches *returns* it to Lace's own rules (pairs, Service grants), which still
 //! have to accept it; nothing matching drops it. So a connection passes only when both a
-//! NetworkPolicy and a Lace routing policy allow it.
+//! NetworkPolicy and a Lace routing policy allow it. Before them, a pod's connection to
+//! itself (through a Service) returns too (`np_self_v4/6`): a pod cannot block access to
+//! itself.
 //!
 //! The rules depend only on the policies' specs; everything that follows pods lives in sets,
 //! so a pod that starts, stops or changes labels changes elements only:
@@ -110,10 +112,20 @@ pub(super) fn build(node: &str, state: &ClusterState) -> Option<NetworkPolicies>
             );
         }
     }
+    // Upstream: a pod cannot block access to itself. Its connections to itself leave it only
+    // through a Service (DNAT back to its own address), and then meet both chains.
+    let mut itself = FAMILIES.map(|(sfx, _, ty)| {
+        Set::new(
+            &format!("np_self_{sfx}"),
+            &format!("{ty} . {ty}"),
+            false,
+            "NetworkPolicy: isolated local pods, each to itself (a pod cannot block access to itself)",
+        )
+    });
     let mut chains: BTreeMap<Direction, Chain> = Direction::BOTH
         .into_iter()
         .map(|d| {
-            let chain = Chain {
+            let mut chain = Chain {
                 name: chain_name(d),
                 hook: None,
                 comment: format!(
@@ -122,6 +134,12 @@ pub(super) fn build(node: &str, state: &ClusterState) -> Option<NetworkPolicies>
                 ),
                 rules: Vec::new(),
             };
+            for (sfx, ip, _) in FAMILIES {
+                chain.rule(
+                    format!("{ip} saddr . {ip} daddr @np_self_{sfx} return"),
+                    "NetworkPolicy: a pod reaches itself (through a Service) whatever its policies",
+                );
+            }
             (d, chain)
         })
         .collect();
@@ -143,6 +161,7 @@ pub(super) fn build(node: &str, state: &ClusterState) -> Option<NetworkPolicies>
                     if let Some(s) = isolated.get_mut(&(d, family(ip))) {
                         s.add(ip.to_string(), None, &p.who);
                     }
+                    itself[family(ip)].add(format!("{ip} . {ip}"), None, &p.who);
                 }
             }
         }
@@ -155,6 +174,7 @@ pub(super) fn build(node: &str, state: &ClusterState) -> Option<NetworkPolicies>
         }
     }
     let mut all: Vec<Set> = isolated.into_values().collect();
+    all.extend(itself);
     all.extend(sets);
     let chains = chains
         .into_values()
