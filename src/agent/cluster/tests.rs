@@ -538,6 +538,9 @@ async fn bad_objects_are_left_out_and_everything_else_keeps_working() {
                "metadata": {"name": "bad-selector"},
                "spec": {"network": "default", "priority": 5, "podSelector": {"matchExpressions":
                    [{"key": "a", "operator": "In", "values": []}]}}}),
+        json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+               "metadata": {"name": "backwards", "namespace": "team-a"},
+               "spec": {"podSelector": {}, "ingress": [{"ports": [{"port": 90, "endPort": 80}]}]}}),
         // Shapes the API server should never send: a wrong type, unknown fields, no status.
         json!({"apiVersion": "lace.io/v1alpha1", "kind": "NetworkBindingPolicy",
                "metadata": {"name": "wrong-type"},
@@ -548,6 +551,9 @@ async fn bad_objects_are_left_out_and_everything_else_keeps_working() {
         json!({"apiVersion": "v1", "kind": "Service",
                "metadata": {"name": "bad-ip", "namespace": "default"},
                "spec": {"clusterIP": "10.96.0.999", "ports": [{"port": 80}]}}),
+        json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+               "metadata": {"name": "bad-cidr", "namespace": "team-a"},
+               "spec": {"podSelector": {}, "ingress": [{"from": [{"ipBlock": {"cidr": "10.0.0.0/33"}}]}]}}),
     ]);
     let fake = fake_with(&objects);
     let h = Harness::start("node-1", &fake, timings());
@@ -569,6 +575,8 @@ async fn bad_objects_are_left_out_and_everything_else_keeps_working() {
         "lace_rejected_objects{kind=\"NetworkBindingPolicy\"} 1",
         "lace_undecodable_objects{kind=\"NetworkBindingPolicy\"} 1",
         "lace_undecodable_objects{kind=\"Service\"} 1",
+        "lace_rejected_objects{kind=\"NetworkPolicy\"} 1",
+        "lace_undecodable_objects{kind=\"NetworkPolicy\"} 1",
     ] {
         assert!(m.contains(&format!("{line}\n")), "{line}\n{m}");
     }
