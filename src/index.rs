@@ -69,6 +69,7 @@ impl ClusterIndex {
             Object::Node(n, node) => put(&mut s.nodes, n, node),
             Object::Pod(k, pod) => put(&mut s.pods, k, pod),
             Object::Service(k, svc) => put(&mut s.services, k, svc),
+            Object::NetworkPolicy(k, np) => put(&mut s.network_policies, k, np),
             Object::EndpointSlice {
                 slice,
                 service,
@@ -112,6 +113,7 @@ impl ClusterIndex {
             Kind::Node => s.nodes.remove(name).is_some(),
             Kind::Pod => s.pods.remove(key).is_some(),
             Kind::Service => s.services.remove(key).is_some(),
+            Kind::NetworkPolicy => s.network_policies.remove(key).is_some(),
             Kind::EndpointSlice => match self.slice_service.remove(key) {
                 Some(service) => {
                     self.remove_slice(&service, name);
@@ -146,6 +148,7 @@ impl ClusterIndex {
             Kind::Node => names(&s.nodes),
             Kind::Pod => s.pods.keys().cloned().collect(),
             Kind::Service => s.services.keys().cloned().collect(),
+            Kind::NetworkPolicy => s.network_policies.keys().cloned().collect(),
             Kind::EndpointSlice => self.slice_service.keys().cloned().collect(),
             Kind::ConfigMap => {
                 if s.config == ClusterConfig::default() {

@@ -23,6 +23,7 @@ pub mod index;
 #[cfg(feature = "kube")]
 pub mod k8s;
 pub mod load;
+pub mod netpol;
 pub mod objects;
 pub mod plan;
 #[cfg(feature = "agent")]

@@ -64,9 +64,15 @@ enum Command {
     /// policies behind it). One record per line, for people and scripts:
     /// `pod <ns>/<name> <node> <network> <policy>`, `pair <from> <to> <policies>`,
     /// `external <network>`.
+    ///
+    /// With `--pod`, only that pod: its Network, then whether NetworkPolicies isolate it
+    /// for ingress and egress, which ones, and what each of their rules allows.
     Policy {
         #[arg(long)]
         manifests: PathBuf,
+        /// `<namespace>/<name>` of one pod.
+        #[arg(long)]
+        pod: Option<String>,
     },
     /// Run the node agent: serve the CNI plugin, own pod IPAM, keep the node programmed.
     Run(Box<RunArgs>),
@@ -179,7 +185,14 @@ fn main() -> Result<()> {
             text.push_str(&plan.render_nft());
             write_stdout(&text)?;
         }
-        Command::Policy { manifests } => write_stdout(&explain(&load(&manifests)?))?,
+        Command::Policy {
+            manifests,
+            pod: None,
+        } => write_stdout(&explain(&load(&manifests)?))?,
+        Command::Policy {
+            manifests,
+            pod: Some(pod),
+        } => write_stdout(&explain_pod(&load(&manifests)?, &pod)?)?,
         Command::Run(args) => run(*args)?,
     }
     Ok(())
@@ -275,6 +288,25 @@ fn explain(state: &lace::state::ClusterState) -> String {
         }
     }
     out
+}
+
+/// The `policy --pod` subcommand's text: the pod's record as `policy` prints it, then its
+/// NetworkPolicies.
+fn explain_pod(state: &lace::state::ClusterState, pod: &str) -> Result<String> {
+    let Some((namespace, name)) = pod.split_once('/') else {
+        bail!("--pod {pod:?}: give the pod as <namespace>/<name>");
+    };
+    let key = lace::state::ObjectKey::new(namespace, name);
+    let Some(p) = state.pods.get(&key) else {
+        bail!("--pod {pod}: no such Pod in the manifests (check its namespace and name)");
+    };
+    let node = if p.node.is_empty() { "-" } else { &p.node };
+    let mut out = match lace::binding::pod_network(state, &key, p) {
+        Some(b) => format!("pod {key} {node} {} {}\n", b.network, b.policy),
+        None => format!("pod {key} {node} - -\n"),
+    };
+    out += &lace::netpol::explain_pod(state, &key, p);
+    Ok(out)
 }
 
 /// Writes to stdout; a closed pipe (`lace-agent plan ... | head`) is not an error.

@@ -21,8 +21,11 @@ use crate::api::{
     NodeAllocationSpec, ServiceBindingPolicySpec, ServiceRoutingPolicySpec,
 };
 use crate::state::{
-    ClusterConfig, Endpoints, Namespace, Node, ObjectKey, Pod, Service, ServicePort,
+    ClusterConfig, ContainerPort, Endpoints, Namespace, Node, ObjectKey, Pod, Service, ServicePort,
 };
+
+mod netpol;
+pub use netpol::NetworkPolicyBody;
 
 /// Namespace of the ConfigMap holding the cluster configuration (standalone mode).
 pub const CONFIG_NAMESPACE: &str = "kube-system";
@@ -49,13 +52,15 @@ pub enum Kind {
     Pod,
     Service,
     EndpointSlice,
+    /// `networking.k8s.io/v1`.
+    NetworkPolicy,
     /// Only `kube-system/lace-config` (standalone mode's cluster configuration).
     ConfigMap,
 }
 
 impl Kind {
     /// Every kind, in a fixed order.
-    pub const ALL: [Kind; 13] = [
+    pub const ALL: [Kind; 14] = [
         Kind::Network,
         Kind::NetworkBindingPolicy,
         Kind::ServiceBindingPolicy,
@@ -68,6 +73,7 @@ impl Kind {
         Kind::Pod,
         Kind::Service,
         Kind::EndpointSlice,
+        Kind::NetworkPolicy,
         Kind::ConfigMap,
     ];
 
@@ -93,6 +99,7 @@ impl Kind {
             Kind::Pod => "Pod",
             Kind::Service => "Service",
             Kind::EndpointSlice => "EndpointSlice",
+            Kind::NetworkPolicy => "NetworkPolicy",
             Kind::ConfigMap => "ConfigMap",
         }
     }
@@ -102,6 +109,7 @@ impl Kind {
         match self {
             Kind::Namespace | Kind::Node | Kind::Pod | Kind::Service | Kind::ConfigMap => "v1",
             Kind::EndpointSlice => "discovery.k8s.io/v1",
+            Kind::NetworkPolicy => "networking.k8s.io/v1",
             _ => api::API_VERSION,
         }
     }
@@ -133,6 +141,7 @@ impl Kind {
             Kind::Pod => "pods",
             Kind::Service => "services",
             Kind::EndpointSlice => "endpointslices",
+            Kind::NetworkPolicy => "networkpolicies",
             Kind::ConfigMap => "configmaps",
         }
     }
@@ -153,6 +162,7 @@ impl Kind {
             Kind::Pod => visitor.visit::<PodBody>(),
             Kind::Service => visitor.visit::<ServiceBody>(),
             Kind::EndpointSlice => visitor.visit::<EndpointSliceBody>(),
+            Kind::NetworkPolicy => visitor.visit::<NetworkPolicyBody>(),
             Kind::ConfigMap => visitor.visit::<ConfigMapBody>(),
         }
     }
@@ -161,7 +171,7 @@ impl Kind {
     pub fn namespaced(self) -> bool {
         matches!(
             self,
-            Kind::Pod | Kind::Service | Kind::EndpointSlice | Kind::ConfigMap
+            Kind::Pod | Kind::Service | Kind::EndpointSlice | Kind::NetworkPolicy | Kind::ConfigMap
         )
     }
 }
@@ -209,6 +219,7 @@ pub enum Object {
         service: ObjectKey,
         endpoints: Endpoints,
     },
+    NetworkPolicy(ObjectKey, crate::state::NetworkPolicy),
     /// The `kube-system/lace-config` ConfigMap.
     Config(ClusterConfig),
 }
@@ -229,6 +240,7 @@ impl Object {
             Object::Pod(..) => Kind::Pod,
             Object::Service(..) => Kind::Service,
             Object::EndpointSlice { .. } => Kind::EndpointSlice,
+            Object::NetworkPolicy(..) => Kind::NetworkPolicy,
             Object::Config(_) => Kind::ConfigMap,
         }
     }
@@ -246,7 +258,7 @@ impl Object {
             | Object::NodeAllocation(n, _)
             | Object::Namespace(n, _)
             | Object::Node(n, _) => cluster(n),
-            Object::Pod(k, _) | Object::Service(k, _) => k.clone(),
+            Object::Pod(k, _) | Object::Service(k, _) | Object::NetworkPolicy(k, _) => k.clone(),
             Object::EndpointSlice { slice, .. } => slice.clone(),
             Object::Config(_) => ObjectKey::new(CONFIG_NAMESPACE, CONFIG_NAME),
         }
@@ -260,6 +272,12 @@ pub enum ObjectError {
     InvalidIp { field: String, value: String },
     #[error("spec.ports[{index}]: missing field `port`")]
     MissingPort { index: usize },
+    #[error("{field}: invalid CIDR {value:?}")]
+    InvalidCidr { field: String, value: String },
+    #[error("{field}: {value} is not a port number (1-65535)")]
+    InvalidPort { field: String, value: i64 },
+    #[error("{field}: an ipBlock peer cannot also have a podSelector or namespaceSelector; split it into two peers")]
+    PeerMixesIpBlock { field: String },
     #[error("data.srv6LocatorPrefix: invalid IPv6 prefix {value:?}")]
     InvalidLocatorPrefix { value: String },
     /// The object is not of its kind's shape: what the decoder said (a source that decodes
@@ -339,6 +357,25 @@ pub struct PodSpec {
     pub node_name: String,
     #[serde(default)]
     pub host_network: bool,
+    #[serde(default, deserialize_with = "null_as_empty")]
+    pub containers: Vec<ContainerBody>,
+}
+
+/// A container: only its ports (what a NetworkPolicy's named port resolves to).
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct ContainerBody {
+    #[serde(default, deserialize_with = "null_as_empty")]
+    pub ports: Vec<ContainerPortBody>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerPortBody {
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default = "tcp")]
+    pub protocol: String,
+    pub container_port: u16,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -364,11 +401,29 @@ impl Body for PodBody {
             ("status.podIPs", ips)
         };
         let ips = parse_ips(field, &ips)?;
+        // Only named ports: a NetworkPolicy names them; a number needs no lookup. Sorted, so
+        // the pod compares equal however its containers list them.
+        let mut ports: Vec<ContainerPort> = self
+            .spec
+            .containers
+            .into_iter()
+            .flat_map(|c| c.ports)
+            .filter_map(|p| {
+                Some(ContainerPort {
+                    name: p.name.filter(|n| !n.is_empty())?,
+                    protocol: p.protocol,
+                    port: p.container_port,
+                })
+            })
+            .collect();
+        ports.sort();
+        ports.dedup();
         let pod = Pod {
             labels: meta.labels.clone(),
             node: self.spec.node_name,
             ips,
             host_network: self.spec.host_network,
+            ports,
         };
         Ok(Some(Object::Pod(meta.key(), pod)))
     }

@@ -10,8 +10,8 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 use crate::api::{
-    NetworkAllocationSpec, NetworkBindingPolicySpec, NetworkRoutingPolicySpec, NetworkSpec,
-    NodeAllocationSpec, ServiceBindingPolicySpec, ServiceRoutingPolicySpec, Underlay,
+    LabelSelector, NetworkAllocationSpec, NetworkBindingPolicySpec, NetworkRoutingPolicySpec,
+    NetworkSpec, NodeAllocationSpec, ServiceBindingPolicySpec, ServiceRoutingPolicySpec, Underlay,
 };
 
 /// `namespace/name` of a namespaced object.
@@ -52,6 +52,82 @@ pub struct Pod {
     pub ips: Vec<IpAddr>,
     /// hostNetwork pods are not Lace's.
     pub host_network: bool,
+    /// The `ports` of its containers that have a name: what a NetworkPolicy's named port
+    /// resolves to on this pod.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<ContainerPort>,
+}
+
+/// A named container port (`spec.containers[*].ports[*]` with a `name`).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ContainerPort {
+    pub name: String,
+    /// `TCP`, `UDP` or `SCTP`.
+    pub protocol: String,
+    pub port: u16,
+}
+
+/// A `networking.k8s.io/v1` NetworkPolicy, without Kubernetes types. `policyTypes` is
+/// already defaulted as the API server does (always `Ingress`; `Egress` when there are
+/// egress rules), so both state sources mean the same by an object without it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetworkPolicy {
+    /// The pods (in the policy's namespace) it applies to; empty selects all of them.
+    pub pod_selector: LabelSelector,
+    /// `Ingress` in `policyTypes`: the selected pods are isolated for ingress.
+    pub ingress_isolation: bool,
+    /// `Egress` in `policyTypes`: the selected pods are isolated for egress.
+    pub egress_isolation: bool,
+    /// `spec.ingress`: each rule allows its ports from its peers.
+    pub ingress: Vec<PolicyRule>,
+    /// `spec.egress`: each rule allows its ports to its peers.
+    pub egress: Vec<PolicyRule>,
+    /// `policyTypes` values other than `Ingress` and `Egress`, kept so the validator can
+    /// name them (the policy is left out: its author meant something Lace cannot tell).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unknown_policy_types: Vec<String>,
+}
+
+/// One ingress (`from`) or egress (`to`) rule. Empty `peers` means every peer; empty `ports`
+/// every port and protocol.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyRule {
+    pub peers: Vec<PolicyPeer>,
+    pub ports: Vec<PolicyPort>,
+}
+
+/// A peer of a rule.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PolicyPeer {
+    /// Pods: `podSelector` alone (in the policy's namespace), `namespaceSelector` alone (all
+    /// pods of those namespaces) or both (those pods of those namespaces). Neither is a peer
+    /// without a selector, which the validator rejects.
+    Pods {
+        namespace_selector: Option<LabelSelector>,
+        pod_selector: Option<LabelSelector>,
+    },
+    /// Addresses: `cidr` without the `except` prefixes.
+    IpBlock {
+        cidr: ipnet::IpNet,
+        except: Vec<ipnet::IpNet>,
+    },
+}
+
+/// A port of a rule: `port` absent means every port of `protocol`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyPort {
+    /// `TCP` (the default), `UDP` or `SCTP` (the validator rejects others).
+    pub protocol: String,
+    pub port: Option<PortRef>,
+    /// `endPort`: with a numeric `port`, the range `port..=end_port`.
+    pub end_port: Option<u16>,
+}
+
+/// A port by number or by the name of a container port of the destination pod.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum PortRef {
+    Number(u16),
+    Name(String),
 }
 
 /// A Service port (`protocol` is `TCP`, `UDP` or `SCTP`).
@@ -155,4 +231,7 @@ pub struct ClusterState {
     /// Per Service, merged from its EndpointSlices.
     pub endpoints: BTreeMap<ObjectKey, Endpoints>,
     pub nodes: BTreeMap<String, Node>,
+    /// `networking.k8s.io/v1` NetworkPolicies, inside what the Lace policies allow.
+    #[serde(default)]
+    pub network_policies: BTreeMap<ObjectKey, NetworkPolicy>,
 }

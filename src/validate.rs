@@ -20,6 +20,8 @@ use crate::api::{
     ServiceRoutingPolicySpec, Subnet, PRIORITY_MAX, PRIORITY_MIN,
 };
 use crate::sid;
+
+mod netpol;
 use crate::state::{ClusterConfig, ClusterState};
 
 /// One violated rule: where (`Kind/name: field.path`) and what is wrong.
@@ -87,6 +89,9 @@ pub fn validate_cluster(state: &ClusterState) -> Result<(), Vec<ValidationError>
     for (name, spec) in &state.service_routes {
         check_service_routing_policy(name, spec, &state.networks, &mut out);
     }
+    for (key, spec) in &state.network_policies {
+        netpol::check_network_policy(&key.to_string(), spec, &mut out);
+    }
     check_config(&state.config, state.nodes.len(), &state.networks, &mut out);
     finish(out)
 }
@@ -117,6 +122,9 @@ impl fmt::Display for Rejected {
 ///   the objects, not on the order they arrived in.
 /// - A policy is checked against the admitted Networks: one naming a missing or left-out
 ///   Network, or with an invalid selector or priority, is left out.
+/// - A NetworkPolicy the API server would have refused (it may come from a YAML file), or
+///   with a `policyTypes` value Lace does not know, is left out as a whole, like Lace's own
+///   kinds: its pods are then not isolated by it, which the log line and the metric say.
 ///
 /// The cluster configuration (`srv6LocatorPrefix`) is not judged here: only the allocator
 /// uses it, and [`validate_cluster`] reports it.
@@ -210,6 +218,16 @@ pub fn admit(mut state: ClusterState) -> (ClusterState, Vec<Rejected>) {
         |n, s, o| check_service_routing_policy(n, s, &networks, o),
         &mut reject,
     );
+    state.network_policies.retain(|key, spec| {
+        let mut errors = Vec::new();
+        netpol::check_network_policy(&key.to_string(), spec, &mut errors);
+        errors.sort();
+        let ok = errors.is_empty();
+        if !ok {
+            reject("NetworkPolicy", &key.to_string(), errors);
+        }
+        ok
+    });
     (state, rejected)
 }
 

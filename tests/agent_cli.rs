@@ -115,3 +115,34 @@ fn ipv4_only_nodes_are_allocated_and_planned_over_ipv4() {
         assert!(text.contains(want), "no {want:?} in the plan:\n{text}");
     }
 }
+
+#[test]
+fn policy_for_one_pod_shows_its_network_policies() {
+    let out = agent(&[
+        "policy",
+        "--manifests",
+        &example(),
+        "--pod",
+        "monitoring/prometheus",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0], "pod monitoring/prometheus node-2 default default");
+    assert_eq!(
+        lines[1],
+        "ingress isolated by monitoring/prometheus: only what these allow (and its Networks too)"
+    );
+    assert!(
+        lines[2].starts_with("ingress   monitoring/prometheus ingress[0]: from pods all of namespaces {} [default/client kube-system/coredns-1 "),
+        "{text}"
+    );
+    assert!(lines[2].ends_with("] on every port"), "{text}");
+    assert_eq!(
+        lines[3],
+        "egress not isolated: every connection its Networks allow"
+    );
+    let out = agent(&["policy", "--manifests", &example(), "--pod", "team-a/nope"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("team-a/nope"));
+}

@@ -218,3 +218,62 @@ fn an_update_against_another_ruleset_fails_as_a_whole() {
         "the failed update changed B"
     );
 }
+
+/// NetworkPolicy: what pods do (change labels, start, stop, rename a port) changes set
+/// elements only, and the element update leaves the table a fresh install would, in the
+/// kernel; a policy's own change replaces the ruleset.
+#[test]
+fn network_policy_pod_changes_are_element_updates_in_the_kernel() {
+    if skip() {
+        return;
+    }
+    let base = common::golden_cluster_netpol();
+    let pods = common::golden_attachments();
+    let a = ruleset("node-1", &base, &pods);
+    let key = |ns: &str, name: &str| lace::state::ObjectKey::new(ns, name);
+    let relabel = |ns: &str, name: &str, app: &str| {
+        let mut s = base.clone();
+        s.pods
+            .get_mut(&key(ns, name))
+            .unwrap()
+            .labels
+            .insert("app".into(), app.into());
+        ruleset("node-1", &s, &pods)
+    };
+    // A remote peer leaves a selector; a local pod leaves its policy's selection.
+    let peer_left = relabel("tenant-a", "worker-0", "batch");
+    let selected_left = relabel("apps", "web-0", "static");
+    let mut s = base.clone();
+    common::mk_pod(
+        &mut s,
+        ("kube-system", "coredns-2"),
+        "node-3",
+        &["10.10.3.5", "fd00:10:0:3::5"],
+        &[("k8s-app", "kube-dns")],
+        &[("dns", "UDP", 5353)],
+    );
+    let peer_started = ruleset("node-1", &s, &pods);
+    let mut s = base.clone();
+    s.pods.get_mut(&key("apps", "web-0")).unwrap().ports[0].port = 8443;
+    let port_moved = ruleset("node-1", &s, &pods);
+    let mut s = base.clone();
+    s.pods.remove(&key("tenant-a", "api-0"));
+    let local_gone = ruleset("node-1", &s, &pods);
+    for (label, b) in [
+        ("peer left a selector", &peer_left),
+        ("local pod left a selection", &selected_left),
+        ("peer started", &peer_started),
+        ("named port moved", &port_moved),
+        ("local pod gone", &local_gone),
+    ] {
+        check(label, &a, b);
+        check(&format!("{label}, reversed"), b, &a);
+    }
+    let mut s = base.clone();
+    s.network_policies.remove(&key("apps", "web"));
+    assert_eq!(
+        a.element_changes(&ruleset("node-1", &s, &pods)),
+        None,
+        "a policy gone is a ruleset change"
+    );
+}

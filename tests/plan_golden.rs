@@ -100,13 +100,38 @@ fn golden_plan_link_local() {
     golden("linklocal-node-3.nft", &node3.render_nft());
 }
 
+/// The golden cluster with NetworkPolicies ([`common::golden_cluster_netpol`]): node-1 holds
+/// pods of every policy, node-2 the other web pod (its `http` is 8081) and the other api pod.
+/// Only the ruleset differs from the plain golden cluster's (routes do not know policies).
+#[test]
+fn golden_plan_network_policies() {
+    let state = common::golden_cluster_netpol();
+    let node1 = plan("node-1", &state, &common::golden_attachments()).expect("plans");
+    let plain = plan(
+        "node-1",
+        &common::golden_cluster(),
+        &common::golden_attachments(),
+    )
+    .expect("plans");
+    assert_eq!(
+        node1.render(),
+        plain.render(),
+        "NetworkPolicy changes only nft"
+    );
+    golden("netpol-node-1.nft", &node1.render_nft());
+    let node2 = plan("node-2", &state, &common::golden_attachments_node2()).expect("plans");
+    golden("netpol-node-2.nft", &node2.render_nft());
+}
+
 /// Every golden ruleset.
-const GOLDEN_NFT: [&str; 5] = [
+const GOLDEN_NFT: [&str; 7] = [
     "node-1.nft",
     "node-2.nft",
     "mixed-node-1.nft",
     "mixed-node-3.nft",
     "linklocal-node-3.nft",
+    "netpol-node-1.nft",
+    "netpol-node-2.nft",
 ];
 
 /// `nft -c -f` needs CAP_NET_ADMIN (it validates against the kernel without committing).

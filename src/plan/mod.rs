@@ -5,7 +5,7 @@
 //! is sorted), which the reconciler diffs against what it observes and applies over netlink.
 //!
 //! `base` builds the pod-independent part ([`NodeBase`]), `ruleset` its nftables ruleset (whose
-//! types and rendering are in [`nft`]).
+//! types and rendering are in [`nft`]), `netpol` the Kubernetes NetworkPolicy part of it.
 //!
 //! Ownership, so the reconciler touches only what Lace made:
 //! - table ids [`VRF_TABLE_BASE`]`..=`[`PROBE_TABLE`] (one VRF table per Network: base + the
@@ -35,6 +35,7 @@
 
 mod base;
 pub mod ingress;
+mod netpol;
 pub mod nft;
 mod routes;
 mod ruleset;

@@ -126,9 +126,22 @@ pub struct Ruleset {
     pub chains: Vec<Chain>,
 }
 
-/// Quotes a comment for nft (which has no escape for `"`).
+/// The longest comment nft accepts (bytes).
+pub const COMMENT_MAX: usize = 128;
+
+/// Quotes a comment for nft (which has no escape for `"`), cut to [`COMMENT_MAX`] bytes with
+/// `...` at the end: nft refuses a whole ruleset over one longer comment, and object names
+/// (a NetworkPolicy's namespace and name, lists of policies) can be longer.
 fn quote(s: &str) -> String {
-    format!("\"{}\"", s.replace('"', "'"))
+    let s = s.replace('"', "'");
+    if s.len() <= COMMENT_MAX {
+        return format!("\"{s}\"");
+    }
+    let mut end = COMMENT_MAX - 3;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("\"{}...\"", &s[..end])
 }
 
 /// One element as nft writes it inside `{ }`: key, comment and (maps) value.
@@ -375,6 +388,17 @@ mod tests {
         let mut b = a.clone();
         b.sets.pop();
         assert_eq!(a.element_changes(&b), None);
+    }
+
+    #[test]
+    fn comments_are_cut_to_what_nft_accepts() {
+        assert_eq!(quote("a \"b\""), "\"a 'b'\"");
+        let long = format!("NetworkPolicy {}/{}", "n".repeat(63), "é".repeat(100));
+        let q = quote(&long);
+        // 127 bytes inside the quotes: the cut does not split a two-byte character.
+        assert_eq!(q.len(), COMMENT_MAX + 1, "{q}");
+        assert!(q.ends_with("...\""));
+        assert_eq!(quote(&"x".repeat(COMMENT_MAX)).len(), COMMENT_MAX + 2);
     }
 
     #[test]

@@ -5,16 +5,19 @@
 //! forward), the receiving node in `forward`, host processes in `output` (only kubelet probes
 //! open connections to pods) and pods towards the host's link-local addresses in `input`;
 //! `postrouting` masquerades what leaves to external Networks. The SRv6 guard and the
-//! untracked underlay chains come from [`super::underlay`].
+//! untracked underlay chains come from [`super::underlay`]; the NetworkPolicy chains, which
+//! `from_pods` and `to_pods` run before their own verdicts, from [`super::netpol`].
 
 use std::collections::BTreeMap;
 
 use ipnet::IpNet;
 
 use super::ingress::{self, Ingress};
+use super::netpol;
 use super::nft::{self, Chain, Hook, Set};
 use super::{underlay, Networks, PROBE_MARK, PROBE_MARK_MASK};
 use crate::api::NodeAllocationSpec;
+use crate::netpol::Direction;
 use crate::routing::{BackendLocation, ServiceGrant};
 use crate::state::ClusterState;
 
@@ -58,53 +61,66 @@ pub(super) fn build_ruleset(
     let [[snat4, snat6], [i4, i6], [np4, np6], [ib4, ib6]] =
         ingress::sets(node, state, me, nets, ingress);
 
+    let network_policies = netpol::build(node, state);
+
     let [raw_prerouting, raw_output] = underlay::untracked();
-    let [from_pods, to_pods, forward] = policy_chains();
+    let [from_pods, to_pods, forward] = policy_chains(network_policies.is_some());
     let [output, from_host] = host_to_pods_chains();
     let [input, pods_to_host] = pods_to_host_chains();
+    let (np_sets, np_chains) = network_policies
+        .map(|np| (np.sets, np.chains))
+        .unwrap_or_default();
     nft::Ruleset {
-        sets: vec![
-            underlays,
-            underlays_v4,
-            sids,
-            vrfs,
-            link_scope,
-            c4,
-            c6,
-            p4,
-            p6,
-            e4,
-            e6,
-            s4,
-            s6,
-            x4,
-            x6,
-            b4,
-            b6,
-            snat4,
-            snat6,
-            i4,
-            i6,
-            np4,
-            np6,
-            ib4,
-            ib6,
-        ],
+        sets: [
+            vec![
+                underlays,
+                underlays_v4,
+                sids,
+                vrfs,
+                link_scope,
+                c4,
+                c6,
+                p4,
+                p6,
+                e4,
+                e6,
+                s4,
+                s6,
+                x4,
+                x6,
+                b4,
+                b6,
+                snat4,
+                snat6,
+                i4,
+                i6,
+                np4,
+                np6,
+                ib4,
+                ib6,
+            ],
+            np_sets,
+        ]
+        .concat(),
         // Jump targets first, so every chain a rule jumps to is already declared.
-        chains: vec![
-            from_pods,
-            to_pods,
-            from_host,
-            pods_to_host,
-            raw_prerouting,
-            raw_output,
-            prerouting(),
-            input,
-            forward,
-            output,
-            ingress::snat_chain(),
-            masquerade(),
-        ],
+        chains: [
+            np_chains,
+            vec![
+                from_pods,
+                to_pods,
+                from_host,
+                pods_to_host,
+                raw_prerouting,
+                raw_output,
+                prerouting(),
+                input,
+                forward,
+                output,
+                ingress::snat_chain(),
+                masquerade(),
+            ],
+        ]
+        .concat(),
     }
 }
 
@@ -346,8 +362,10 @@ fn prerouting() -> Chain {
 }
 
 /// `from_pods` and `to_pods`: what the routing policies allow, then drop; and `forward`, the
-/// receiving node's policy, which sends what goes to pods through `to_pods`.
-fn policy_chains() -> [Chain; 3] {
+/// receiving node's policy, which sends what goes to pods through `to_pods`. With
+/// `network_policies`, a new connection of an isolated pod first passes its NetworkPolicy
+/// chain (egress in `from_pods`, ingress in `to_pods`), which drops what no policy allows.
+fn policy_chains(network_policies: bool) -> [Chain; 3] {
     let mut from_pods = Chain {
         name: "from_pods".into(),
         hook: None,
@@ -360,11 +378,17 @@ fn policy_chains() -> [Chain; 3] {
         comment: "forwarded traffic towards pods (decapsulated or leaked between VRFs)".into(),
         rules: Vec::new(),
     };
-    for c in [&mut from_pods, &mut to_pods] {
+    for (c, d) in [
+        (&mut from_pods, Direction::Egress),
+        (&mut to_pods, Direction::Ingress),
+    ] {
         c.rule(
             "ct state established,related accept",
             "replies and related flows of allowed connections",
         );
+        if network_policies {
+            netpol::isolation_jumps(d, c);
+        }
         c.rule(
             "ip saddr . ip daddr vmap @pairs_v4",
             "NetworkRoutingPolicy pairs",

@@ -50,6 +50,7 @@ BUILTIN = [
     ("admissionregistration.k8s.io", "v1", "validatingadmissionpolicybindings",
      "ValidatingAdmissionPolicyBinding", False),
     ("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice", True),
+    ("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", True),
     ("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False),
     ("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", True),
 ]

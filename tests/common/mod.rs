@@ -14,7 +14,10 @@ use lace::api::{
     NetworkSpec, NodeAllocationSpec, ServiceBindingPolicySpec, ServiceRef,
     ServiceRoutingPolicySpec, Subnet, Underlay,
 };
-use lace::state::{ClusterState, Endpoints, Node, ObjectKey, PodAttachment, Service, ServicePort};
+use lace::state::{
+    ClusterState, ContainerPort, Endpoints, Namespace, NetworkPolicy, Node, ObjectKey, Pod,
+    PodAttachment, PolicyPeer, PolicyPort, PolicyRule, PortRef, Service, ServicePort,
+};
 
 /// An internal Network with the given `(cidr, block prefix)` subnets.
 pub fn mk_network(subnets: &[(&str, u8)]) -> NetworkSpec {
@@ -413,4 +416,215 @@ pub fn golden_attachments_node2() -> Vec<PodAttachment> {
             &["10.30.2.2", "fd00:30:0:2::2"],
         ),
     ]
+}
+
+/// A pod in the cluster state (what the watches deliver), with named container ports
+/// `(name, protocol, port)`.
+pub fn mk_pod(
+    state: &mut ClusterState,
+    key: (&str, &str),
+    node: &str,
+    ips: &[&str],
+    labels: &[(&str, &str)],
+    ports: &[(&str, &str, u16)],
+) {
+    state.pods.insert(
+        ObjectKey::new(key.0, key.1),
+        Pod {
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            node: node.into(),
+            ips: ips.iter().map(|ip| ip.parse().unwrap()).collect(),
+            host_network: false,
+            ports: ports
+                .iter()
+                .map(|(name, protocol, port)| ContainerPort {
+                    name: name.to_string(),
+                    protocol: protocol.to_string(),
+                    port: *port,
+                })
+                .collect(),
+        },
+    );
+}
+
+fn selector(pairs: &[(&str, &str)]) -> LabelSelector {
+    LabelSelector {
+        match_labels: pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        match_expressions: Vec::new(),
+    }
+}
+
+fn np_port(protocol: &str, port: PortRef, end_port: Option<u16>) -> PolicyPort {
+    PolicyPort {
+        protocol: protocol.into(),
+        port: Some(port),
+        end_port,
+    }
+}
+
+/// The golden cluster with its pods in the state (those of [`golden_attachments`] and
+/// [`golden_attachments_node2`], and `tenant-a/worker-0` on node-3), their Namespaces and
+/// NetworkPolicies:
+/// - `tenant-a/default-deny`: every tenant-a pod isolated both ways;
+/// - `tenant-a/api`: api pods accept workers on the named port `http`, and `10.20.0.0/16`
+///   except `10.20.2.0/24` on TCP 8000-8100;
+/// - `tenant-a/dns`: tenant-a pods may reach kube-dns pods on the named UDP port `dns` and
+///   TCP 5353;
+/// - `apps/web`: web pods accept pods of every namespace on the named port `http` (8080 on
+///   web-0, 8081 on web-1) and SCTP 9000.
+pub fn golden_cluster_netpol() -> ClusterState {
+    let mut s = golden_cluster();
+    for (name, labels) in [
+        ("kube-system", vec![]),
+        ("apps", vec![("team", "web")]),
+        ("tenant-a", vec![("lace.io/tenant", "a")]),
+    ] {
+        let mut labels: BTreeMap<String, String> = labels
+            .iter()
+            .map(|(k, v): &(&str, &str)| (k.to_string(), v.to_string()))
+            .collect();
+        labels.insert("kubernetes.io/metadata.name".into(), name.into());
+        s.namespaces.insert(name.into(), Namespace { labels });
+    }
+    let dns = [("dns", "UDP", 5353), ("dns-tcp", "TCP", 5353)];
+    mk_pod(
+        &mut s,
+        ("kube-system", "coredns-0"),
+        "node-1",
+        &["10.10.1.2", "fd00:10:0:1::2"],
+        &[("k8s-app", "kube-dns")],
+        &dns,
+    );
+    mk_pod(
+        &mut s,
+        ("kube-system", "coredns-1"),
+        "node-2",
+        &["10.10.2.5", "fd00:10:0:2::5"],
+        &[("k8s-app", "kube-dns")],
+        &dns,
+    );
+    mk_pod(
+        &mut s,
+        ("apps", "web-0"),
+        "node-1",
+        &["10.20.1.2"],
+        &[("app", "web")],
+        &[("http", "TCP", 8080)],
+    );
+    mk_pod(
+        &mut s,
+        ("apps", "web-1"),
+        "node-2",
+        &["10.20.2.2"],
+        &[("app", "web")],
+        &[("http", "TCP", 8081)],
+    );
+    mk_pod(
+        &mut s,
+        ("tenant-a", "api-0"),
+        "node-1",
+        &["10.30.1.2", "fd00:30:0:1::2"],
+        &[("app", "api")],
+        &[("http", "TCP", 8000)],
+    );
+    mk_pod(
+        &mut s,
+        ("tenant-a", "api-1"),
+        "node-2",
+        &["10.30.2.2", "fd00:30:0:2::2"],
+        &[("app", "api")],
+        &[("http", "TCP", 8000)],
+    );
+    mk_pod(
+        &mut s,
+        ("tenant-a", "worker-0"),
+        "node-3",
+        &["10.30.3.4", "fd00:30:0:3::4"],
+        &[("app", "worker")],
+        &[],
+    );
+    let mut put = |ns: &str, name: &str, p: NetworkPolicy| {
+        s.network_policies.insert(ObjectKey::new(ns, name), p);
+    };
+    put(
+        "tenant-a",
+        "default-deny",
+        NetworkPolicy {
+            ingress_isolation: true,
+            egress_isolation: true,
+            ..Default::default()
+        },
+    );
+    put(
+        "tenant-a",
+        "api",
+        NetworkPolicy {
+            pod_selector: selector(&[("app", "api")]),
+            ingress_isolation: true,
+            ingress: vec![
+                PolicyRule {
+                    peers: vec![PolicyPeer::Pods {
+                        namespace_selector: None,
+                        pod_selector: Some(selector(&[("app", "worker")])),
+                    }],
+                    ports: vec![np_port("TCP", PortRef::Name("http".into()), None)],
+                },
+                PolicyRule {
+                    peers: vec![PolicyPeer::IpBlock {
+                        cidr: "10.20.0.0/16".parse().unwrap(),
+                        except: vec!["10.20.2.0/24".parse().unwrap()],
+                    }],
+                    ports: vec![np_port("TCP", PortRef::Number(8000), Some(8100))],
+                },
+            ],
+            ..Default::default()
+        },
+    );
+    put(
+        "tenant-a",
+        "dns",
+        NetworkPolicy {
+            egress_isolation: true,
+            egress: vec![PolicyRule {
+                peers: vec![PolicyPeer::Pods {
+                    namespace_selector: Some(selector(&[(
+                        "kubernetes.io/metadata.name",
+                        "kube-system",
+                    )])),
+                    pod_selector: Some(selector(&[("k8s-app", "kube-dns")])),
+                }],
+                ports: vec![
+                    np_port("UDP", PortRef::Name("dns".into()), None),
+                    np_port("TCP", PortRef::Number(5353), None),
+                ],
+            }],
+            ..Default::default()
+        },
+    );
+    put(
+        "apps",
+        "web",
+        NetworkPolicy {
+            pod_selector: selector(&[("app", "web")]),
+            ingress_isolation: true,
+            ingress: vec![PolicyRule {
+                peers: vec![PolicyPeer::Pods {
+                    namespace_selector: Some(LabelSelector::default()),
+                    pod_selector: None,
+                }],
+                ports: vec![
+                    np_port("TCP", PortRef::Name("http".into()), None),
+                    np_port("SCTP", PortRef::Number(9000), None),
+                ],
+            }],
+            ..Default::default()
+        },
+    );
+    s
 }

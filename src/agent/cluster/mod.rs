@@ -8,9 +8,10 @@
 //! to check) in its log, on `/healthz` and in CNI STATUS.
 //!
 //! **Watches** (`watch`), cheap by selector, slim types, lists from the watch cache:
-//! the own Node (`metadata.name`), the Pods on this node (`spec.nodeName`), every
-//! NodeAllocation, NetworkAllocation, Network and policy, Namespaces, Services and
-//! EndpointSlices (those labelled with their Service: ServiceRoutingPolicy backends).
+//! the own Node (`metadata.name`), every Pod (a NetworkPolicy's peers live on every node:
+//! their labels and addresses fill its sets), every NodeAllocation, NetworkAllocation,
+//! Network and policy, NetworkPolicies, Namespaces, Services and EndpointSlices (those
+//! labelled with their Service: ServiceRoutingPolicy backends).
 //!
 //! **Feeding** (`feed`): the watches' changes go into one [`crate::index::ClusterIndex`],
 //! the only copy of the objects. The agent gets no state (stays not ready) until every watch
@@ -67,7 +68,7 @@ use crate::state::{ObjectKey, Pod};
 
 /// Every kind the agent watches. The ConfigMap of standalone mode is not among them: its
 /// setting (the locator prefix) is the controller's.
-pub const WATCHED: [Kind; 12] = [
+pub const WATCHED: [Kind; 13] = [
     Kind::Network,
     Kind::NetworkBindingPolicy,
     Kind::ServiceBindingPolicy,
@@ -80,6 +81,7 @@ pub const WATCHED: [Kind; 12] = [
     Kind::Pod,
     Kind::Service,
     Kind::EndpointSlice,
+    Kind::NetworkPolicy,
 ];
 
 /// Changes in flight between the watches and the feeder (a bound: a slow planner slows
@@ -164,7 +166,6 @@ fn watch_config(kind: Kind, node: &str) -> watcher::Config {
     let config = watcher::Config::default().any_semantic();
     match kind {
         Kind::Node => config.fields(&format!("metadata.name={node}")),
-        Kind::Pod => config.fields(&format!("spec.nodeName={node}")),
         Kind::EndpointSlice => config.labels(SERVICE_NAME_LABEL),
         _ => config,
     }

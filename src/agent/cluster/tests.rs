@@ -212,22 +212,19 @@ async fn scenario_plans(node_name: &str) -> FakeApi {
         standalone_plan(node_name),
         "{node_name}: the plan from watch events differs from `lace-agent plan`"
     );
-    // Cheap by selector: only this node's pods and Node are in the cache.
+    // Cheap by selector: only this node's Node is in the cache. Pods are all there: a
+    // NetworkPolicy's peers run on every node.
     let state = h.agent.loaded().unwrap().state.clone();
-    assert!(!state.pods.is_empty());
-    assert!(state.pods.values().all(|p| p.node == node_name));
+    assert!(state.pods.values().any(|p| p.node != node_name));
+    assert!(!state.network_policies.is_empty());
     assert_eq!(state.nodes.keys().collect::<Vec<_>>(), [node_name]);
     let uris: Vec<String> = fake.requests().into_iter().map(|r| r.uri).collect();
-    for selector in [
-        format!("spec.nodeName%3D{node_name}"),
-        format!("metadata.name%3D{node_name}"),
-    ] {
-        assert!(
-            uris.iter()
-                .any(|u| u.contains(&selector) && u.contains("watch=true")),
-            "no watch with {selector}: {uris:?}"
-        );
-    }
+    let selector = format!("metadata.name%3D{node_name}");
+    assert!(
+        uris.iter()
+            .any(|u| u.contains(&selector) && u.contains("watch=true")),
+        "no watch with {selector}: {uris:?}"
+    );
     // Programmed: the Node says its network is available, written once.
     until("NetworkUnavailable is False", || {
         network_unavailable(&fake, node_name).is_some_and(|c| c["status"] == "False")
@@ -539,6 +536,9 @@ async fn bad_objects_are_left_out_and_everything_else_keeps_working() {
                "metadata": {"name": "bad-selector"},
                "spec": {"network": "default", "priority": 5, "podSelector": {"matchExpressions":
                    [{"key": "a", "operator": "In", "values": []}]}}}),
+        json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+               "metadata": {"name": "backwards", "namespace": "team-a"},
+               "spec": {"podSelector": {}, "ingress": [{"ports": [{"port": 90, "endPort": 80}]}]}}),
         // Shapes the API server should never send: a wrong type, unknown fields, no status.
         json!({"apiVersion": "lace.io/v1alpha1", "kind": "NetworkBindingPolicy",
                "metadata": {"name": "wrong-type"},
@@ -549,6 +549,9 @@ async fn bad_objects_are_left_out_and_everything_else_keeps_working() {
         json!({"apiVersion": "v1", "kind": "Service",
                "metadata": {"name": "bad-ip", "namespace": "default"},
                "spec": {"clusterIP": "10.96.0.999", "ports": [{"port": 80}]}}),
+        json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+               "metadata": {"name": "bad-cidr", "namespace": "team-a"},
+               "spec": {"podSelector": {}, "ingress": [{"from": [{"ipBlock": {"cidr": "10.0.0.0/33"}}]}]}}),
     ]);
     let fake = fake_with(&objects);
     let h = Harness::start("node-1", &fake, timings());
@@ -570,6 +573,8 @@ async fn bad_objects_are_left_out_and_everything_else_keeps_working() {
         "lace_rejected_objects{kind=\"NetworkBindingPolicy\"} 1",
         "lace_undecodable_objects{kind=\"NetworkBindingPolicy\"} 1",
         "lace_undecodable_objects{kind=\"Service\"} 1",
+        "lace_rejected_objects{kind=\"NetworkPolicy\"} 1",
+        "lace_undecodable_objects{kind=\"NetworkPolicy\"} 1",
     ] {
         assert!(m.contains(&format!("{line}\n")), "{line}\n{m}");
     }
