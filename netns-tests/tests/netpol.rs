@@ -427,8 +427,12 @@ impl Probe {
                 "{what}: expected allowed, saw {e} after {took:.1}s"
             )),
             (_, Ok(seen)) => Some(format!(
-                "{what}: expected refused ({:?}), saw an answer (the server saw {seen})",
-                self.want
+                "{what}: expected refused by the {}, saw an answer (the server saw {seen})",
+                if self.want == Want::RefusedIn {
+                    "destination's ingress policies"
+                } else {
+                    "source's egress policies"
+                }
             )),
             (_, Err(_)) => None,
         }
