@@ -1,9 +1,9 @@
 //! A TCP server that tells each client the address it came from, and its client: a check
 //! that a connection carried data both ways, and of the source address the server saw (after
-//! any NAT on the way).
+//! any NAT on the way). [`UdpEcho`] and [`ask_udp`] do the same with one datagram each way.
 
 use std::io::{BufRead, BufReader, Write};
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -91,6 +91,86 @@ pub fn ask(ns: &Netns, server: SocketAddr, timeout: Duration) -> Result<IpAddr, 
     BufReader::new(&client)
         .read_line(&mut answer)
         .map_err(|e| format!("receive: {e}"))?;
+    answer
+        .trim()
+        .parse()
+        .map_err(|e| format!("answer {answer:?}: {e}"))
+}
+
+/// Answers each datagram [`REQUEST`] sent to one address in one namespace with the sender's
+/// address. Stops when dropped.
+#[derive(Debug)]
+pub struct UdpEcho {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl UdpEcho {
+    /// Starts answering on `bind` in `ns`.
+    pub fn start(ns: &Netns, bind: SocketAddr) -> UdpEcho {
+        let socket = ns
+            .enter(|| UdpSocket::bind(bind))
+            .unwrap()
+            .unwrap_or_else(|e| panic!("bind UDP {bind} in {}: {e}", ns.name()));
+        // Wakes up now and then to see whether it is to stop.
+        socket
+            .set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            let mut buf = [0u8; 64];
+            while !stopped.load(Ordering::Relaxed) {
+                match socket.recv_from(&mut buf) {
+                    Ok((n, peer)) if &buf[..n] == REQUEST => {
+                        let _ = socket.send_to(format!("{}\n", peer.ip()).as_bytes(), peer);
+                    }
+                    Ok(_) => {}
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                        ) => {}
+                    Err(e) => panic!("recv on UDP {bind}: {e}"),
+                }
+            }
+        });
+        UdpEcho {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for UdpEcho {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Sends [`REQUEST`] from `ns` to a [`UdpEcho`] at `server` and waits up to `timeout` for the
+/// answer: the address the server saw, or what failed.
+pub fn ask_udp(ns: &Netns, server: SocketAddr, timeout: Duration) -> Result<IpAddr, String> {
+    let any: IpAddr = if server.is_ipv4() {
+        Ipv4Addr::UNSPECIFIED.into()
+    } else {
+        Ipv6Addr::UNSPECIFIED.into()
+    };
+    let socket = ns
+        .enter(|| UdpSocket::bind((any, 0)))
+        .unwrap()
+        .map_err(|e| format!("bind: {e}"))?;
+    socket
+        .connect(server)
+        .map_err(|e| format!("connect: {e}"))?;
+    socket.set_read_timeout(Some(timeout)).unwrap();
+    socket.send(REQUEST).map_err(|e| format!("send: {e}"))?;
+    let mut buf = [0u8; 64];
+    let n = socket.recv(&mut buf).map_err(|e| format!("receive: {e}"))?;
+    let answer = String::from_utf8_lossy(&buf[..n]);
     answer
         .trim()
         .parse()

@@ -16,6 +16,7 @@
 pub mod bed;
 pub mod cluster;
 pub mod echo;
+pub mod nft;
 pub mod pods;
 
 use std::collections::BTreeMap;

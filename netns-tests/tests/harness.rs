@@ -1,12 +1,13 @@
 //! Tests of the netns harness itself against the real kernel: namespaces appear and disappear,
 //! commands run inside them, errors say what failed, veth links carry traffic, threads can
-//! enter a namespace.
+//! enter a namespace, the echo servers answer.
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
-use std::net::{TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
+use std::time::Duration;
 
-use lace_netns_tests::{require_root_and_vrf, veth, Netns, NetnsError, Topology, NS_PREFIX};
+use lace_netns_tests::{echo, require_root_and_vrf, veth, Netns, NetnsError, Topology, NS_PREFIX};
 
 #[test]
 fn netns_is_created_unique_and_deleted_on_drop() {
@@ -96,4 +97,36 @@ fn enter_runs_code_inside_the_namespace() {
     assert_eq!(peer, client.local_addr().unwrap());
     // ... and not outside it.
     assert!(TcpListener::bind("198.51.100.7:0").is_err());
+}
+
+#[test]
+fn echo_servers_answer_with_the_peer_address_over_tcp_and_udp_in_both_families() {
+    require_root_and_vrf();
+    let (a, b) = (Netns::new("echo-a").unwrap(), Netns::new("echo-b").unwrap());
+    veth(&a, "eth0", &b, "eth0").unwrap();
+    a.ip("addr add 198.51.100.1/24 dev eth0").unwrap();
+    b.ip("addr add 198.51.100.2/24 dev eth0").unwrap();
+    a.ip("-6 addr add 2001:db8:e::1/64 dev eth0 nodad").unwrap();
+    b.ip("-6 addr add 2001:db8:e::2/64 dev eth0 nodad").unwrap();
+    let patience = Duration::from_secs(10);
+    for (client, server) in [
+        ("198.51.100.1", "198.51.100.2"),
+        ("2001:db8:e::1", "2001:db8:e::2"),
+    ] {
+        let (client, server): (IpAddr, IpAddr) = (client.parse().unwrap(), server.parse().unwrap());
+        let (tcp, udp) = (SocketAddr::new(server, 7), SocketAddr::new(server, 53));
+        let _servers = (
+            echo::PeerEcho::start(&b, tcp, patience),
+            echo::UdpEcho::start(&b, udp),
+        );
+        assert_eq!(echo::ask(&a, tcp, patience), Ok(client), "TCP to {tcp}");
+        assert_eq!(echo::ask_udp(&a, udp, patience), Ok(client), "UDP to {udp}");
+        // No server there: the kernel's refusal (port unreachable) is an error, not an answer.
+        let closed = SocketAddr::new(server, 54);
+        let err = echo::ask_udp(&a, closed, patience).unwrap_err();
+        assert!(
+            err.contains("refused"),
+            "UDP to {closed}: expected refused, saw {err}"
+        );
+    }
 }

@@ -15,8 +15,9 @@ use lace::dataplane::{ApplyReport, NetnsTarget, Reconciler, SAMPLE_OPS};
 use lace::plan::{plan, DesiredNode};
 use lace::state::{ObjectKey, PodAttachment};
 use lace_netns_tests::cluster::{ipv4_cluster, underlay, TestNetwork};
+use lace_netns_tests::nft::handles;
 use lace_netns_tests::pods::attach_pod;
-use lace_netns_tests::{require_root_and_vrf, Netns, Topology};
+use lace_netns_tests::{require_root_and_vrf, Topology};
 
 /// (pod namespace label, host interface, address), all on node 1 in Network `default`.
 const PODS: [(&str, &str, Ipv4Addr); 2] = [
@@ -48,19 +49,6 @@ fn desired(self_policy: bool) -> DesiredNode {
         })
         .collect();
     plan("node1", &s, &pods).unwrap()
-}
-
-/// The handles of table `inet lace` and of everything in it (`nft -a` prints them as
-/// `# handle N`), with the line naming each: a replaced table gets new ones. Stateless (`-s`):
-/// a drop counter's values change whenever a stray packet (an IPv6 router solicitation from a
-/// pod's new link) meets it, which says nothing about the handles.
-fn handles(node: &Netns) -> Vec<String> {
-    node.exec("nft", &["-a", "-s", "list", "table", "inet", "lace"])
-        .unwrap()
-        .lines()
-        .filter(|l| l.contains("# handle "))
-        .map(|l| l.trim().to_string())
-        .collect()
 }
 
 /// The nft operations a reconcile did, without their tags (the policy also adds or removes

@@ -25,9 +25,9 @@ use lace::api::{
 use lace::dataplane::{NetnsTarget, Reconciler};
 use lace::plan::{plan, DesiredNode};
 use lace::state::{ClusterState, Endpoints, Node, ObjectKey, PodAttachment, Service, ServicePort};
-use lace_netns_tests::bed::number_after;
 use lace_netns_tests::cluster::add_dual_stack_network;
 use lace_netns_tests::echo::{self, PeerEcho};
+use lace_netns_tests::nft::counted_drops;
 use lace_netns_tests::pods::{add_pod_v6, attach_pod};
 use lace_netns_tests::{require_root_and_vrf, Netns, Topology};
 
@@ -309,15 +309,7 @@ impl World {
 
     /// The packets Lace's `to_pods` chain on node `i` dropped (no policy allows them).
     fn to_pods_drops(&self, i: u16) -> u64 {
-        let out = self
-            .node(i)
-            .exec("nft", &["list", "chain", "inet", "lace", "to_pods"])
-            .unwrap();
-        let line = out
-            .lines()
-            .find(|l| l.contains("counter") && l.contains("drop"))
-            .expect("to_pods' counted drop");
-        number_after(line, "packets").unwrap()
+        counted_drops(self.node(i), "to_pods")
     }
 
     /// Node `i`'s Lace table and routes, for failure messages.
