@@ -239,7 +239,7 @@ def b64(s):
 
 def agent_metrics(cluster, node):
     """The /metrics text of the agent on node (through kubectl port-forward)."""
-    agent = next(p for p in cluster.pods(SYSTEM_NS, AGENT_LABELS) if p["spec"]["nodeName"] == node)
+    agent = next(p for p in cluster.pods(SYSTEM_NS, AGENT_LABELS) if p["spec"].get("nodeName") == node)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -45,7 +45,7 @@ def pingers(cluster):
 
 def test_agent_restart_loses_no_packet(cluster):
     nodes = cluster.nodes()
-    agent = next(p for p in cluster.pods(SYSTEM_NS, AGENT_LABELS) if p["spec"]["nodeName"] == nodes[0])
+    agent = next(p for p in cluster.pods(SYSTEM_NS, AGENT_LABELS) if p["spec"].get("nodeName") == nodes[0])
     old = agent["metadata"]["name"]
     took = {}
 
@@ -54,7 +54,7 @@ def test_agent_restart_loses_no_packet(cluster):
         cluster.k("-n", SYSTEM_NS, "delete", "pod", old)
 
         def replaced():
-            ps = [p for p in cluster.pods(SYSTEM_NS, AGENT_LABELS) if p["spec"]["nodeName"] == nodes[0]]
+            ps = [p for p in cluster.pods(SYSTEM_NS, AGENT_LABELS) if p["spec"].get("nodeName") == nodes[0]]
             ok = any(p["metadata"]["name"] != old and (cluster.condition(p, "Ready") or {}).get("status") == "True" for p in ps)
             return ok, [p["metadata"]["name"] for p in ps]
         cluster.wait(f"a new Ready agent on {nodes[0]}", replaced, timeout=300)
