@@ -79,16 +79,19 @@ spec: {taints: [{key: lace-check, effect: NoSchedule}]}
     cluster.k("delete", "node", "lace-check-gone")
     cluster.wait("the NodeAllocation of the deleted Node lace-check-gone to be gone",
                  lambda: ("lace-check-gone" not in allocations(cluster)[0], sorted(allocations(cluster)[0])), timeout=120)
-    # The agent DaemonSet made a pod for that Node too (never running: no kubelet); later checks
-    # count and restart agent pods, so wait for the pod garbage collector to remove it.
+    # The agent DaemonSet made a pod for that Node too. It never runs (no kubelet) and nothing
+    # removes it once the Node is gone (it stays Pending, seen for 180 s), so the check deletes
+    # what it caused: later checks count and restart agent pods.
     real = set(cluster.nodes())
 
     def agents_only_on_real_nodes():
         stray = [p["metadata"]["name"] for p in cluster.pods(SYSTEM_NS, AGENT_LABELS)
                  if p["spec"].get("nodeName") not in real]
+        for name in stray:
+            cluster.k("-n", SYSTEM_NS, "delete", "pod", name, "--wait=false")
         return not stray, stray
     cluster.wait("no agent pod left for the deleted Node lace-check-gone", agents_only_on_real_nodes,
-                 timeout=180)
+                 timeout=60)
 
 
 def test_no_lace_component_was_denied(cluster):
