@@ -63,7 +63,7 @@ spec:
   containers:
   - name: ls
     image: {AGNHOST}
-    command: [sh, -c, "ls /host/opt/cni/bin /host/etc/cni/net.d; echo ==; ls -R /host/sys/fs/bpf; echo ==; ip -o link | cut -d: -f2"]
+    command: [sh, -c, "ls /host/opt/cni/bin; ls /host/etc/cni/net.d; echo ==; ls -R /host/sys/fs/bpf; echo ==; ip -o link | cut -d: -f2"]
     volumeMounts:
     - {{name: bin, mountPath: /host/opt/cni/bin}}
     - {{name: conf, mountPath: /host/etc/cni/net.d}}
