@@ -31,18 +31,31 @@ fn rules_text(r: &Ruleset) -> String {
 #[test]
 fn network_policy_runs_first_and_lace_still_decides_and_probes_are_exempt() {
     let r = ruleset(&common::golden_cluster_netpol());
+    let established = "ct state established,related accept";
+    // Replies of allowed connections pass before any policy: `forward` accepts them before it
+    // jumps to `to_pods`, `from_pods` first thing.
+    for chain in ["forward", "from_pods"] {
+        assert_eq!(r.chain(chain).unwrap().rules[0].statement, established);
+    }
     for (chain, jump) in [
         ("to_pods", "jump np_ingress"),
         ("from_pods", "jump np_egress"),
     ] {
         let rules = &r.chain(chain).unwrap().rules;
-        assert_eq!(rules[0].statement, "ct state established,related accept");
-        assert!(rules[1].statement.ends_with(jump) && rules[2].statement.ends_with(jump));
-        // Lace's own verdicts come after: an allowed connection still needs a routing policy.
-        assert!(rules[3..].iter().any(|x| x.statement.contains("@pairs_v4")));
+        let at = rules
+            .iter()
+            .position(|x| x.statement.ends_with(jump))
+            .unwrap();
+        assert!(rules[at + 1].statement.ends_with(jump));
+        // Nothing but the established check comes before NetworkPolicy...
+        assert!(rules[..at].iter().all(|x| x.statement == established));
+        // ... and Lace's own verdicts after: an allowed connection still needs a routing policy.
+        assert!(rules[at + 2..]
+            .iter()
+            .any(|x| x.statement.contains("@pairs_v4")));
     }
     // The kubelet's probes leave the host through output/from_host: no NetworkPolicy there.
-    for chain in ["output", "from_host", "prerouting", "forward"] {
+    for chain in ["output", "from_host", "prerouting", "from_vrfs", "forward"] {
         assert!(
             !r.chain(chain)
                 .unwrap()

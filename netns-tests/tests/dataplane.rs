@@ -39,6 +39,7 @@ use lace::state::{ClusterState, Node, ObjectKey, PodAttachment};
 use lace_netns_tests::bed::number_after;
 use lace_netns_tests::cluster::add_dual_stack_network;
 use lace_netns_tests::echo::{self, PeerEcho};
+use lace_netns_tests::nft::counted_drops;
 use lace_netns_tests::pods::{add_pod_v6, attach_pod};
 use lace_netns_tests::{require_root_and_vrf, Netns, Topology};
 
@@ -621,26 +622,15 @@ impl World {
         number_after(&out, "packets").unwrap()
     }
 
-    /// Packets node `i`'s guard dropped after `lu-ipv4` decapsulated them (not from a node).
+    /// Packets node `i`'s guard dropped after `lu-ipv4` decapsulated them (not from a node):
+    /// the one counted drop of Lace's prerouting chain.
     fn guard_v4_drops(&self, i: u32) -> u64 {
-        let tunnel = format!("iifname \"{IPV4_TUNNEL}\"");
-        self.prerouting_counter(i, |l| l.contains(&tunnel) && l.contains("drop"))
+        counted_drops(self.node(i), "prerouting")
     }
 
     /// Packets node `i`'s guard dropped on their way to a local SID (not from a node).
     fn guard_drops(&self, i: u32) -> u64 {
-        self.prerouting_counter(i, |l| l.contains("@local_sids"))
-    }
-
-    /// The packet counter of the first rule of Lace's prerouting chain on node `i` that `rule`
-    /// picks.
-    fn prerouting_counter(&self, i: u32, rule: impl Fn(&str) -> bool) -> u64 {
-        let out = self
-            .node(i)
-            .exec("nft", &["list", "chain", "inet", "lace", "prerouting"])
-            .unwrap();
-        let line = out.lines().find(|l| rule(l)).expect("ingress guard rule");
-        number_after(line, "packets").unwrap()
+        counted_drops(self.node(i), "sid_guard")
     }
 }
 

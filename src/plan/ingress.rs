@@ -273,13 +273,13 @@ fn mark_is(mark: u32) -> String {
     format!("meta mark & {mark:#010x} == {mark:#010x}")
 }
 
-/// Prerouting: marks replies of connections opened from outside the cluster that kube-proxy
+/// Prerouting (`from_vrfs`): marks replies of connections opened from outside the cluster that kube-proxy
 /// translated, as they come from a pod or decapsulated into a VRF, after conntrack undid the
 /// source NAT, for the main table (see the module docs).
-pub(super) fn mark_replies(prerouting: &mut Chain) {
+pub(super) fn mark_replies(from_vrfs: &mut Chain) {
     for (ip, v) in [("ip", "v4"), ("ip6", "v6")] {
-        prerouting.rule(
-            format!("iifname @vrfs ct direction reply ct status dnat ct original {ip} saddr != @cluster_{v} meta mark set mark | {INGRESS_MARK:#010x}"),
+        from_vrfs.rule(
+            format!("ct direction reply ct status dnat ct original {ip} saddr != @cluster_{v} meta mark set mark | {INGRESS_MARK:#010x}"),
             "replies to clients outside the cluster (NodePort): routed in the main table",
         );
     }

@@ -63,7 +63,8 @@ pub(super) fn build_ruleset(
 
     let network_policies = netpol::build(node, state);
 
-    let [raw_prerouting, raw_output] = underlay::untracked();
+    let [raw_prerouting, raw_output, sid_guard] = underlay::untracked();
+    let [prerouting, from_vrfs] = prerouting();
     let [from_pods, to_pods, forward] = policy_chains(network_policies.is_some());
     let [output, from_host] = host_to_pods_chains();
     let [input, pods_to_host] = pods_to_host_chains();
@@ -108,11 +109,13 @@ pub(super) fn build_ruleset(
             vec![
                 from_pods,
                 to_pods,
+                from_vrfs,
                 from_host,
                 pods_to_host,
+                sid_guard,
                 raw_prerouting,
                 raw_output,
-                prerouting(),
+                prerouting,
                 input,
                 forward,
                 output,
@@ -335,8 +338,13 @@ fn service_sets(node: &str, nets: &Networks<'_>, grants: &[ServiceGrant<'_>]) ->
     [svc_sets, svc_ext_sets, backend_sets]
 }
 
-/// The sending node's policy, behind the SRv6 guard: new connections from local pods.
-fn prerouting() -> Chain {
+/// The sending node's policy, behind the SRv6-over-IPv4 guard: `prerouting` hands what
+/// comes out of Lace's VRFs to `from_vrfs`, which ends in `from_pods` (new connections from
+/// local pods). A pod's packet traverses prerouting twice, first from its veth, then from its
+/// VRF (the VRF driver runs the hook again); only the second pass has anything to do, and it
+/// does it after one lookup of the input device, whatever the number of rules: this chain is
+/// on the path of every packet a pod sends.
+fn prerouting() -> [Chain; 2] {
     let mut prerouting = Chain {
         name: "prerouting".into(),
         hook: Some(Hook { kind: "filter", hook: "prerouting", priority: "dstnat + 10" }),
@@ -344,21 +352,30 @@ fn prerouting() -> Chain {
         rules: Vec::new(),
     };
     underlay::guard(&mut prerouting);
-    ingress::mark_replies(&mut prerouting);
+    prerouting.rule(
+        "iifname @vrfs goto from_vrfs",
+        "packets from local pods, as their VRF hands them over",
+    );
+    let mut from_vrfs = Chain {
+        name: "from_vrfs".into(),
+        hook: None,
+        comment:
+            "packets from local pods (or decapsulated into a VRF), on their second prerouting pass"
+                .into(),
+        rules: Vec::new(),
+    };
+    ingress::mark_replies(&mut from_vrfs);
     // The VRF driver runs a pod's neighbour discovery frames through prerouting a second time
     // with the VRF as input device, untracked (vrf_ip6_rcv): from_pods would drop the
     // advertisements answering the host, which then cannot resolve IPv6 pods (seen in a VM).
     // Link-local and multicast destinations are never forwarded; the input chain polices what
     // of them reaches the host.
-    prerouting.rule(
-        "iifname @vrfs ip6 daddr @link_scope_v6 accept",
+    from_vrfs.rule(
+        "ip6 daddr @link_scope_v6 accept",
         "link-local and multicast from pods: never forwarded, policed in input (pods_to_host)",
     );
-    prerouting.rule(
-        "iifname @vrfs jump from_pods",
-        "connections opened by local pods",
-    );
-    prerouting
+    from_vrfs.rule("goto from_pods", "connections opened by local pods");
+    [prerouting, from_vrfs]
 }
 
 /// `from_pods` and `to_pods`: what the routing policies allow, then drop; and `forward`, the
@@ -375,17 +392,20 @@ fn policy_chains(network_policies: bool) -> [Chain; 3] {
     let mut to_pods = Chain {
         name: "to_pods".into(),
         hook: None,
-        comment: "forwarded traffic towards pods (decapsulated or leaked between VRFs)".into(),
+        comment: "new forwarded connections towards pods (decapsulated or leaked between VRFs)"
+            .into(),
         rules: Vec::new(),
     };
+    // `forward` accepts established flows before it jumps to `to_pods`: the one check most
+    // forwarded packets need.
+    from_pods.rule(
+        "ct state established,related accept",
+        "replies and related flows of allowed connections",
+    );
     for (c, d) in [
         (&mut from_pods, Direction::Egress),
         (&mut to_pods, Direction::Ingress),
     ] {
-        c.rule(
-            "ct state established,related accept",
-            "replies and related flows of allowed connections",
-        );
         if network_policies {
             netpol::isolation_jumps(d, c);
         }
@@ -454,6 +474,10 @@ fn policy_chains(network_policies: bool) -> [Chain; 3] {
         comment: "the receiving node's policy: decapsulated packets traverse forward".into(),
         rules: Vec::new(),
     };
+    forward.rule(
+        "ct state established,related accept",
+        "replies and related flows of allowed connections",
+    );
     forward.rule("ip daddr @cluster_v4 jump to_pods", "towards pods");
     forward.rule("ip6 daddr @cluster_v6 jump to_pods", "towards pods");
     [from_pods, to_pods, forward]

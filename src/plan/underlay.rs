@@ -290,7 +290,7 @@ pub fn mss_clamp(blocks: &[(ipnet::IpNet, &str)], uplink_mtu: Option<u32>) -> Op
     }
     let rule = |fam: &str, set: &str, mss: u32| {
         (
-            format!("{fam} daddr @{set} tcp flags & (syn | rst) == syn tcp option maxseg size > {mss} tcp option maxseg size set {mss}"),
+            format!("tcp flags & (syn | rst) == syn {fam} daddr @{set} tcp option maxseg size > {mss} tcp option maxseg size set {mss}"),
             format!("TCP from pods to peers on fou for now: MSS for the fou path's MTU ({fou_mtu})"),
         )
     };
@@ -312,11 +312,11 @@ pub struct MssClamp {
 }
 
 impl MssClamp {
-    /// Adds the clamp to `ruleset`: its sets, and its rules in `prerouting` right after the
-    /// guard (before the policy, which only accepts or drops).
+    /// Adds the clamp to `ruleset`: its sets, and its rules in `from_vrfs` before the policy
+    /// (which only accepts or drops).
     pub fn install(self, ruleset: &mut super::nft::Ruleset) {
         ruleset.sets.extend(self.sets);
-        if let Some(pre) = ruleset.chains.iter_mut().find(|c| c.name == "prerouting") {
+        if let Some(pre) = ruleset.chains.iter_mut().find(|c| c.name == "from_vrfs") {
             let at = pre
                 .rules
                 .iter()
@@ -334,14 +334,14 @@ impl MssClamp {
 /// `/etc/protocols`, which the agent's image (and many minimal hosts) do not have.
 const SIT_L4PROTO: &str = "meta l4proto 41";
 
-/// The SRv6 ingress guard, at the head of the `prerouting` chain.
+/// The SRv6-over-IPv4 ingress guard, at the head of the `prerouting` chain (the IPv6 one is
+/// [`untracked`]'s `sid_guard`).
 ///
 /// [`IPV4_TUNNEL`] (`remote any`) decapsulates whatever protocol 41 or fou UDP reaches the
 /// node, so its outer IPv4 header is checked before, and the verdict carried across the
 /// decapsulation in [`UNDERLAY_MARK`] (the outer header is gone when the inner packet comes
 /// by). A node's address counts only on the link this node's routes lead to it (strict reverse
-/// path), so a spoofed InternalIP from elsewhere gets no mark. Then, on any path, a SID takes
-/// only packets from a node's outer IPv6 source.
+/// path), so a spoofed InternalIP from elsewhere gets no mark.
 pub fn guard(prerouting: &mut Chain) {
     let um = UNDERLAY_MARK;
     for (what, l4) in [
@@ -366,18 +366,16 @@ pub fn guard(prerouting: &mut Chain) {
         ),
         "the mark only carried the outer check across the decapsulation",
     );
-    prerouting.rule(
-        "ip6 daddr @local_sids ip6 saddr != @node_underlays counter drop",
-        "SRv6 ingress guard: a SID is a door into a VRF, only nodes may knock",
-    );
 }
 
 /// Chains at the `raw` priority that keep conntrack off the outer headers of SRv6 between
 /// nodes: the pod's packet inside is tracked on its own (the `sit` and `seg6local`
 /// decapsulations reset the packet's conntrack state), so tracking the outer flows (one per
-/// pair of nodes) only costs a lookup per packet. Packets from anything but a node stay
-/// tracked and meet the guard.
-pub fn untracked() -> [Chain; 2] {
+/// pair of nodes) only costs a lookup per packet. And the SRv6 ingress guard, `sid_guard`: on
+/// any path, a SID takes only packets from a node's outer IPv6 source. It runs here, before
+/// conntrack, so a rogue packet creates no conntrack entry, and each packet to a SID is
+/// looked up once for both decisions.
+pub fn untracked() -> [Chain; 3] {
     let raw = |hook: &'static str, comment: &str| Chain {
         name: format!("raw_{hook}"),
         hook: Some(Hook {
@@ -390,15 +388,29 @@ pub fn untracked() -> [Chain; 2] {
     };
     let mut pre = raw(
         "prerouting",
-        "no conntrack for the outer headers of SRv6 from nodes",
+        "the SRv6 ingress guard, and no conntrack for the outer headers of SRv6 from nodes",
     );
     let mut out = raw(
         "output",
         "no conntrack for the outer headers of SRv6 over IPv4 to nodes",
     );
     pre.rule(
-        "ip6 daddr @local_sids ip6 saddr @node_underlays notrack",
-        "SRv6 from a node to a local SID",
+        "ip6 daddr @local_sids goto sid_guard",
+        "SRv6 towards a local SID",
+    );
+    let mut sid_guard = Chain {
+        name: "sid_guard".into(),
+        hook: None,
+        comment: "SRv6 ingress guard: a SID is a door into a VRF, only nodes may knock".into(),
+        rules: Vec::new(),
+    };
+    sid_guard.rule(
+        "ip6 saddr @node_underlays notrack accept",
+        "SRv6 from a node to a local SID: its outer header untracked",
+    );
+    sid_guard.rule(
+        "counter drop",
+        "SRv6 ingress guard: a SID is a door into a VRF, only nodes may knock",
     );
     for (dir, chain) in [("saddr", &mut pre), ("daddr", &mut out)] {
         chain.rule(
@@ -410,7 +422,7 @@ pub fn untracked() -> [Chain; 2] {
             "SRv6 over IPv4 (6in4) between nodes",
         );
     }
-    [pre, out]
+    [pre, out, sid_guard]
 }
 
 /// The pods' MTU on a node whose `peers` are reached as listed and whose own underlay is
