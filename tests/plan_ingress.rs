@@ -180,3 +180,61 @@ fn without_a_grant_from_an_external_network_nothing_is_planned_for_node_ports() 
         .render_nft()
         .contains("counter drop comment \"no Lace routing policy allows this new connection\""));
 }
+
+/// Every pod of the node, and only those, maps `pod . pod` to the ingress address of its own
+/// block (the first address of this node's block of the pod's Network), in its family; a
+/// hostNetwork pod and a pod whose IPs are not known yet have no element.
+#[test]
+fn hairpin_maps_send_each_local_pod_to_the_ingress_address_of_its_block() {
+    let mut s = common::golden_cluster_netpol();
+    let web0 = s
+        .pods
+        .get_mut(&lace::state::ObjectKey::new("apps", "web-0"))
+        .unwrap();
+    web0.host_network = true;
+    let api0 = s
+        .pods
+        .get_mut(&lace::state::ObjectKey::new("tenant-a", "api-0"))
+        .unwrap();
+    api0.ips.clear();
+    let d = plan("node-1", &s, &[]).unwrap();
+    let map = |name: &str| -> Vec<(String, String)> {
+        d.base
+            .nft
+            .set(name)
+            .unwrap()
+            .elements
+            .iter()
+            .map(|(k, e)| (k.clone(), e.value.clone().unwrap()))
+            .collect()
+    };
+    assert_eq!(
+        map("hairpin_v4"),
+        [("10.10.1.2 . 10.10.1.2".to_string(), "10.10.1.0".to_string())],
+        "coredns-0 only: web-0 is hostNetwork, api-0 has no IPs yet, the others live on node-2"
+    );
+    assert_eq!(
+        map("hairpin_v6"),
+        [(
+            "fd00:10:0:1::2 . fd00:10:0:1::2".to_string(),
+            "fd00:10:0:1::".to_string()
+        )]
+    );
+    let n2 = plan("node-2", &s, &[]).unwrap();
+    let keys = n2
+        .base
+        .nft
+        .set("hairpin_v4")
+        .unwrap()
+        .elements
+        .keys()
+        .cloned()
+        .collect::<Vec<_>>();
+    assert!(
+        keys.contains(&"10.20.2.2 . 10.20.2.2".to_string()),
+        "{keys:?}"
+    );
+    assert!(n2
+        .render_nft()
+        .contains("ct status dnat snat ip to ip saddr . ip daddr map @hairpin_v4"));
+}

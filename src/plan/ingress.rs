@@ -34,6 +34,9 @@
 //!    decapsulated into it): Lace's prerouting marks replies of translated connections opened
 //!    from outside the cluster with [`INGRESS_MARK`], and the rule at
 //!    [`RULE_PRIORITY_INGRESS_REPLY`] (before the l3mdev rule) routes them in the main table.
+//!
+//! The same chain source-NATs a pod's Service connection that kube-proxy sent back to the pod
+//! itself (hairpin) to the ingress address of the pod's block ([`hairpin_maps`]).
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -268,6 +271,53 @@ pub(super) fn sets(
     [snat, addrs, nodeports, backends]
 }
 
+/// The hairpin maps, per family: for each pod on node `node` (allocation `me`), `pod . pod :`
+/// this node's ingress address in the pod's block. A pod's connection to a Service it backs
+/// comes back to itself; kube-proxy masquerades such a connection (the pod would drop a packet
+/// from its own address), and masquerading picks an address of the output device or its VRF,
+/// of which Lace's have none ("lp-… ate my IP address", the packet dropped). Lace's source NAT
+/// to the ingress address, ahead of kube-proxy's masquerade, takes its place. A pod is here
+/// once its `status.podIPs` are known; pods in blocks without an ingress address (IPv4 /31,
+/// /32, IPv6 /128) are not.
+pub(super) fn hairpin_maps(
+    node: &str,
+    state: &ClusterState,
+    me: &NodeAllocationSpec,
+    nets: &Networks<'_>,
+) -> [Set; 2] {
+    let map = |v: &str, family: &str| {
+        Set::new_map(
+            &format!("hairpin_{v}"),
+            &format!("{family} . {family}"),
+            family,
+            false,
+            "pods of this node reaching themselves through a Service: pod . pod : this node's ingress address in the pod's block",
+        )
+    };
+    let mut maps = [map("v4", "ipv4_addr"), map("v6", "ipv6_addr")];
+    let blocks: Vec<(IpNet, IpAddr)> = nets
+        .values()
+        .flat_map(|info| node_blocks(me.index, info.spec_subnets))
+        .filter_map(|b| ingress_address(b).map(|a| (b, a)))
+        .collect();
+    for (key, pod) in state
+        .pods
+        .iter()
+        .filter(|(_, p)| p.node == node && !p.host_network)
+    {
+        for ip in &pod.ips {
+            if let Some((_, a)) = blocks.iter().find(|(b, _)| b.contains(ip)) {
+                maps[usize::from(ip.is_ipv6())].add(
+                    format!("{ip} . {ip}"),
+                    Some(&a.to_string()),
+                    &format!("pod {key}"),
+                );
+            }
+        }
+    }
+    maps
+}
+
 /// `meta mark & MASK == MARK` text for nft.
 fn mark_is(mark: u32) -> String {
     format!("meta mark & {mark:#010x} == {mark:#010x}")
@@ -327,7 +377,7 @@ pub(super) fn snat_chain() -> Chain {
             hook: "postrouting",
             priority: "srcnat - 10",
         }),
-        comment: "NodePort connections from outside into a VRF: source NAT to this node's ingress address, before kube-proxy's masquerade".into(),
+        comment: "before kube-proxy's masquerade: NodePort connections from outside into a VRF, pods hairpinned to themselves".into(),
         rules: Vec::new(),
     };
     let masq = mark_is(KUBE_PROXY_MASQUERADE_MARK);
@@ -335,6 +385,10 @@ pub(super) fn snat_chain() -> Chain {
         chain.rule(
             format!("{ip} saddr != @cluster_{v} ct status dnat {masq} snat {ip} to {ip} daddr map @ingress_snat_{v}"),
             "kube-proxy's masquerade mark (externalTrafficPolicy Cluster): the backend's reply comes back to this node",
+        );
+        chain.rule(
+            format!("ct status dnat snat {ip} to {ip} saddr . {ip} daddr map @hairpin_{v}"),
+            "a pod hairpinned to itself through a Service: source NAT to this node's ingress address in its block",
         );
     }
     chain

@@ -61,6 +61,7 @@ pub(super) fn build_ruleset(
     let [[snat4, snat6], [i4, i6], [np4, np6], [ib4, ib6]] =
         ingress::sets(node, state, me, nets, ingress);
 
+    let [hairpin4, hairpin6] = ingress::hairpin_maps(node, state, me, nets);
     let network_policies = netpol::build(node, state);
 
     let [raw_prerouting, raw_output, sid_guard] = underlay::untracked();
@@ -99,6 +100,8 @@ pub(super) fn build_ruleset(
                 np6,
                 ib4,
                 ib6,
+                hairpin4,
+                hairpin6,
             ],
             np_sets,
         ]
