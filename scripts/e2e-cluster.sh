@@ -15,7 +15,10 @@
 #   --prefix P      controller.srv6LocatorPrefix
 #   --set V=X       more plugin chart values, e.g. node.kubeletCgroupPath=... where the kubelet
 #                   does not run in /sys/fs/cgroup/system.slice/kubelet.service
-# env: LACE_CHECKS_OUTSIDE=0  leave out the NodePort checks from this machine (when it cannot
+# env: LACE_E2E_TEST  the upstream e2e.test binary for the NetworkPolicy check (default: e2e.test
+#      on PATH, else built from its Go module when Go is installed; without Go, leave that check
+#      out with -k 'not upstream')
+#      LACE_CHECKS_OUTSIDE=0  leave out the NodePort checks from this machine (when it cannot
 #      reach the nodes' InternalIPs); LACE_WRONG_CGROUP  an existing cgroup that is not the
 #      kubelet's (default: containerd's), for the probe check
 set -euo pipefail
@@ -50,4 +53,9 @@ done
 export LACE_CHART_DIR=$PWD LACE_SRV6_PREFIX=$prefix
 LACE_HELM_SET=$(IFS=,; echo "${sets[*]}")
 export LACE_HELM_SET KUBECTL=kubectl HELM=helm
+# The upstream NetworkPolicy e2e check needs the e2e.test binary of the Kubernetes version in
+# scripts/k8s-versions (built from its Go module when Go is there).
+if [ -z "${LACE_E2E_TEST:-}" ] && ! command -v e2e.test >/dev/null && command -v go >/dev/null; then
+  LACE_E2E_TEST=$(scripts/k8s-components.sh --path e2e)/e2e.test && export LACE_E2E_TEST
+fi
 exec python3 -m pytest -p no:cacheprovider -s -ra -x "${args[@]:-tests/cluster/checks}"

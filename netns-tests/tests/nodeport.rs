@@ -12,6 +12,9 @@
 //! `test/web-local` (30081, Local: node 2 only, no masquerade mark) are bound to `default` and
 //! granted from the external `internet` Network; `test/admin` (30082, same backend) is bound
 //! to `default` and granted to no one.
+//!
+//! Beside them, on one node of its own, a pod reaching itself through a Service's ClusterIP
+//! (hairpin), with kube-proxy's DNAT and hairpin masquerade.
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};

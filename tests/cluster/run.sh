@@ -2,8 +2,8 @@
 # run.sh - the cluster tier: Lace installed with helm into a real Kubernetes cluster and checked
 # with tests/cluster/checks (the same checks scripts/e2e-cluster.sh runs on a user's cluster).
 #
-# Builds what is missing first: the Kubernetes components from Go modules
-# (scripts/k8s-components.sh, cached by version), the test images (tests/cluster/images.sh) and
+# Builds what is missing first: the Kubernetes components and the upstream e2e suites' binary
+# from Go modules (scripts/k8s-components.sh, cached by version), the test images (tests/cluster/images.sh) and
 # Lace's image (scripts/build-image.sh, the archive the image tier leaves in .cache/image).
 # Then tests/cluster/cluster.sh brings up the control plane on the host and three nodes in the
 # VM, the checks install both charts as the README says and uninstall them at the end.
@@ -37,6 +37,8 @@ if [ ! -s "$LACE_ARCHIVE" ]; then
 fi
 t=$EPOCHREALTIME
 CLUSTER_IMAGES=$(tests/cluster/images.sh | awk '{ print $3 }'; echo "$LACE_ARCHIVE")
+# The upstream e2e suites' binary, for the check that runs their NetworkPolicy tests.
+LACE_E2E_TEST=${LACE_E2E_TEST:-$(scripts/k8s-components.sh --path e2e)/e2e.test}
 csay "components and images ready in $(secs "$t")s"
 
 export LACE_CLUSTER_LIMIT=${LACE_CLUSTER_LIMIT:-$(limit_of vm:cluster)}
@@ -48,6 +50,7 @@ UP=$(secs "$t")
 set +e
 ip netns exec "$CLUSTER_NS" env KUBECONFIG="$CLUSTER_WORK/kubeconfig/admin.conf" HELM="$HELM" \
   KUBECTL="$(command -v kubectl)" LACE_CHART_DIR="$ROOT" LACE_CHECKS_STARTED="${T0%.*}" \
+  LACE_E2E_TEST="$LACE_E2E_TEST" \
   python3 -m pytest -p no:cacheprovider -s -ra -x "${@:-tests/cluster/checks}"
 rc=$?
 set -e

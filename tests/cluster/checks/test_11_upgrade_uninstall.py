@@ -1,4 +1,4 @@
-"""10. `helm upgrade --reuse-values` of both charts under traffic (no lost ping), then `helm
+"""11. `helm upgrade --reuse-values` of both charts under traffic (no lost ping), then `helm
 uninstall`: the CRDs and every Lace object are gone, running pods keep their connectivity until
 recreated, and what stays on a node is exactly what the README lists (the CNI binary and
 conflist, Lace's loopback copy and its settings where it installed one, the pinned BPF link,

@@ -1,0 +1,93 @@
+"""10. Kubernetes NetworkPolicy, judged by the upstream e2e tests (`[sig-network] Netpol`, the
+`e2e.test` binary of k8s.io/kubernetes at the tested version: scripts/k8s-components.sh e2e). The
+e2e namespaces (the framework labels each one `e2e-run`) are bound to Network `k8s-e2e`, which
+reaches itself and its own Services (tests/cluster/upstream-e2e-network.yaml), as the Kubernetes
+network model these tests assume; their NetworkPolicies then restrict inside it. FOCUS is the
+subset that fits the suite's time: each test takes one to three minutes here (three namespaces,
+two to five pods, every pod probing every pod's Service through `kubectl exec`). Prints passed /
+failed / skipped from the suite's JUnit report; every focused test must have run and passed.
+
+Env: LACE_E2E_TEST, the e2e.test binary (default: e2e.test on PATH); without one this check
+fails and says how to build it."""
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from conftest import ROOT, CheckFailed
+
+NETWORK = ROOT / "tests/cluster/upstream-e2e-network.yaml"
+# One test each of: default deny, a named port, ipBlock with except on egress, a pod whose labels
+# change, a namespace selector, UDP.
+FOCUS = [
+    "server and client should support a 'default-deny-ingress' policy",
+    "server and client should allow ingress access on one named port",
+    "server and client should enforce except clause while egress access to server in CIDR block",
+    "server and client should allow ingress access from updated pod",
+    "server and client should enforce policy to allow traffic only from a different namespace, based on NamespaceSelector",
+    "server and client using UDP should enforce policy based on Ports",
+]
+
+
+def e2e_binary():
+    path = os.environ.get("LACE_E2E_TEST") or shutil.which("e2e.test")
+    if not path:
+        raise CheckFailed(
+            "no upstream e2e.test binary: build it with `scripts/k8s-components.sh e2e` (Go) and "
+            "put its bin directory on PATH, or set LACE_E2E_TEST to it")
+    return path
+
+
+def junit_results(report_dir):
+    """(name, outcome) of every spec in the JUnit report, outcome passed / failed / skipped."""
+    results = []
+    for f in sorted(Path(report_dir).glob("junit*.xml")):
+        for case in ET.parse(f).getroot().iter("testcase"):
+            if case.find("skipped") is not None:
+                outcome = "skipped"
+            elif case.find("failure") is not None or case.find("error") is not None:
+                outcome = "failed"
+            else:
+                outcome = "passed"
+            results.append((case.get("name", ""), outcome))
+    return results
+
+
+def test_upstream_networkpolicy_e2e(cluster):
+    binary = e2e_binary()
+    cluster.k("apply", "-f", str(NETWORK))
+    try:
+        def ready():
+            net = cluster.kj("get", "networks.lace.io", "k8s-e2e")
+            c = cluster.condition(net, "Ready") or {}
+            return c.get("status") == "True", net.get("status")
+        cluster.wait("Network k8s-e2e Ready", ready, timeout=120)
+        report = tempfile.mkdtemp(prefix="lace-e2e-netpol-")
+        argv = [binary, f"--kubeconfig={os.environ.get('KUBECONFIG', '')}", "--provider=skeleton",
+                *[f"--ginkgo.focus={f}" for f in FOCUS], "--ginkgo.timeout=40m", "--ginkgo.no-color",
+                f"--report-dir={report}", "--disable-log-dump"]
+        t = time.time()
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=2700)
+        took = time.time() - t
+        Path(report, "e2e.log").write_text(p.stdout + p.stderr)
+        results = junit_results(report)
+        ran = [(n, o) for n, o in results if o != "skipped"]
+        counts = {o: sum(1 for _, x in results if x == o) for o in ("passed", "failed", "skipped")}
+        print(f"\nupstream Netpol e2e ({len(FOCUS)} focused, {took:.0f}s): {counts['passed']} passed, "
+              f"{counts['failed']} failed, {counts['skipped']} skipped; log and JUnit in {report}")
+        for name, outcome in ran:
+            print(f"  {outcome}: {name}")
+        failed = [n for n, o in ran if o == "failed"]
+        missing = [f for f in FOCUS if not any(f in n for n, _ in ran)]
+        if failed or missing or p.returncode != 0:
+            tail = "\n".join((p.stdout + p.stderr).splitlines()[-40:])
+            raise CheckFailed(
+                f"expected every focused upstream Netpol test to run and pass; failed: {failed}, "
+                f"not run (a focus matching no test: renamed upstream?): {missing}, e2e.test exit "
+                f"status {p.returncode}; the log ends:\n{tail}")
+    finally:
+        cluster.k("delete", "-f", str(NETWORK), "--ignore-not-found", "--timeout=120s", check=False, timeout=150)
