@@ -18,7 +18,7 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from conftest import ROOT, CheckFailed
+from conftest import ROOT, SYSTEM_NS, CheckFailed
 
 NETWORK = ROOT / "tests/cluster/upstream-e2e-network.yaml"
 # One test each of: default deny (ingress; both ways), a named port (ingress; egress), ipBlock
@@ -62,8 +62,22 @@ def junit_results(report_dir):
     return results
 
 
+def unready_system_pods(cluster):
+    """kube-system pods that are neither Ready nor done: the e2e suite waits for none to be left
+    before its first test (10 minutes, then it fails)."""
+    bad = []
+    for p in cluster.items("pods", "-n", SYSTEM_NS):
+        phase = p.get("status", {}).get("phase")
+        ready = (cluster.condition(p, "Ready") or {}).get("status") == "True"
+        if phase != "Succeeded" and not (phase == "Running" and ready):
+            bad.append(f"{p['metadata']['name']} ({phase})")
+    return bad
+
+
 def test_upstream_networkpolicy_e2e(cluster):
     binary = e2e_binary()
+    cluster.wait("every kube-system pod Running and Ready (the e2e suite's precondition)",
+                 lambda: (not (b := unready_system_pods(cluster)), b), timeout=300)
     cluster.k("apply", "-f", str(NETWORK))
     try:
         def ready():
