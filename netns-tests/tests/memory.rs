@@ -9,6 +9,7 @@
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
 
 use ipnet::{IpNet, Ipv4Net};
 use lace::dataplane::{
@@ -129,10 +130,19 @@ fn lace_state(ns: &Netns) -> Vec<String> {
 fn reconcile(rec: &Reconciler, plan: &DesiredNode) -> ApplyReport {
     let r = rec.reconcile(plan).unwrap();
     assert!(r.skipped.is_empty(), "skipped {:?}", r.skipped);
-    let drift = rec.memory_drift().unwrap();
+    // The kernel adds a device's own link-local address when the device comes up, a moment
+    // after the write that brought it up, and notifies it; the reconciler's idle step (every
+    // second) takes such notifications in. So the memory may trail the kernel for up to that
+    // long; a real difference stays.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let mut drift = rec.memory_drift().unwrap();
+    while !drift.is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+        drift = rec.memory_drift().unwrap();
+    }
     assert!(
         drift.is_empty(),
-        "the reconciler's memory differs from the kernel after {r:#?}:\n{}",
+        "the reconciler's memory differs from the kernel 3 s after {r:#?}:\n{}",
         drift.join("\n")
     );
     r
