@@ -51,7 +51,7 @@ set +e
 ip netns exec "$CLUSTER_NS" env KUBECONFIG="$CLUSTER_WORK/kubeconfig/admin.conf" HELM="$HELM" \
   KUBECTL="$(command -v kubectl)" LACE_CHART_DIR="$ROOT" LACE_CHECKS_STARTED="${T0%.*}" \
   LACE_E2E_TEST="$LACE_E2E_TEST" \
-  python3 -m pytest -p no:cacheprovider -s -ra -x "${@:-tests/cluster/checks}"
+  python3 -m pytest -p no:cacheprovider -s -ra -x --durations=0 "${@:-tests/cluster/checks}"
 rc=$?
 set -e
 csay "cluster up in ${UP}s; the whole run took $(secs "$T0")s"

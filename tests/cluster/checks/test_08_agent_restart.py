@@ -2,6 +2,7 @@
 nothing while the DaemonSet replaces it (the datapath is the kernel's; the agent is only its
 programmer)."""
 
+import re
 import time
 
 from conftest import AGENT_LABELS, SYSTEM_NS, CheckFailed
@@ -22,11 +23,22 @@ def ping_while(cluster, src, dst_ip, action, interval=0.2):
     finally:
         out = cluster.in_pod(SYSTEM_NS, src, "kill -INT $(cat /tmp/lace-ping.pid); sleep 1; "
                              "cat /tmp/lace-ping.out || echo 'the pod restarted during the check'")
-    for line in out.splitlines():
-        if "packets transmitted" in line:
-            parts = line.split()
-            return int(parts[0]), int(parts[3]), out
-    raise CheckFailed(f"ping from {src} to {dst_ip} printed no summary:\n{out[-500:]}")
+    return ping_counts(out, f"ping from {src} to {dst_ip}")
+
+
+def ping_counts(out, what):
+    """(sent, received) from ping's output. The request sent just before the interrupt has had no
+    time for its reply (ping exits at once on SIGINT and counts it lost): it counts as neither,
+    unless a later one was lost too."""
+    sent = next((int(l.split()[0]) for l in out.splitlines() if "packets transmitted" in l), None)
+    if sent is None:
+        raise CheckFailed(f"{what} printed no summary:\n{out[-500:]}")
+    # busybox's ping (the agnhost image's) numbers from seq=0, iputils' from icmp_seq=1.
+    first = 1 if "icmp_seq=" in out else 0
+    seqs = {int(m) - first for m in re.findall(r"bytes from .*seq=(\d+)", out)}
+    if sent - 1 not in seqs and seqs == set(range(sent - 1)):
+        return sent - 1, len(seqs)
+    return sent, len(seqs)
 
 
 def pingers(cluster):
