@@ -1,7 +1,8 @@
-//! Element updates of the nft ruleset against the real `nft` and kernel: for policy changes
+//! Updates of the nft ruleset in place against the real `nft` and kernel: for policy changes
 //! of every kind (a Network pair added or removed, an element's reasons changed, a Network
-//! removed, a local Service backend gone, a verdict changed), installing ruleset A and then
-//! A's element changes towards B leaves exactly the table a fresh install of B leaves.
+//! removed, a local Service backend gone, a verdict changed: element changes; NetworkPolicies
+//! coming, changing and going: chains and sets too), installing ruleset A and then A's changes
+//! towards B leaves exactly the table a fresh install of B leaves.
 //!
 //! Each install runs in a fresh network namespace (`unshare -n`), so it needs root and
 //! nf_tables (as `nft -c` in `plan_golden.rs` does). Set `LACE_SKIP_NFT_CHECK=1` only where
@@ -14,7 +15,7 @@ use std::process::Command;
 
 use lace::plan::nft::Ruleset;
 use lace::plan::plan;
-use lace::state::ClusterState;
+use lace::state::{ClusterState, ObjectKey};
 use serde_json::Value;
 
 fn skip() -> bool {
@@ -27,7 +28,8 @@ fn skip() -> bool {
 
 /// Runs the `nft -f` scripts in order in a new network namespace and returns table
 /// `inet lace` as nft's JSON, normalized: no handles, elements sorted (a hash set lists its
-/// elements in no particular order).
+/// elements in no particular order), sets and chains by name, rules by chain in their order
+/// (a chain or set added by an update is listed after the others).
 fn install(label: &str, scripts: &[&str]) -> Value {
     let dir = tempfile::tempdir().expect("temp dir");
     let mut cmd = String::from("set -e\n");
@@ -52,7 +54,23 @@ fn install(label: &str, scripts: &[&str]) -> Value {
     v
 }
 
+/// `nft -j` output normalized (see [`install`]).
 fn normalize(v: &mut Value) {
+    strip(v);
+    if let Some(Value::Array(objects)) = v.get_mut("nftables") {
+        // Stable: rules keep their order inside their chain.
+        objects.sort_by_key(|o| {
+            let (kind, body) = o
+                .as_object()
+                .and_then(|m| m.iter().next())
+                .expect("an object");
+            let name = body.get("chain").or_else(|| body.get("name"));
+            (kind.clone(), name.map(Value::to_string))
+        });
+    }
+}
+
+fn strip(v: &mut Value) {
     match v {
         Value::Object(m) => {
             m.remove("handle");
@@ -60,10 +78,10 @@ fn normalize(v: &mut Value) {
             if let Some(Value::Array(elems)) = m.get_mut("elem") {
                 elems.sort_by_key(|e| e.to_string());
             }
-            m.values_mut().for_each(normalize);
+            m.values_mut().for_each(strip);
         }
         Value::Array(a) => {
-            a.iter_mut().for_each(normalize);
+            a.iter_mut().for_each(strip);
             // The metainfo object, emptied above.
             a.retain(|x| !matches!(x, Value::Object(m) if m.is_empty()));
         }
@@ -77,7 +95,6 @@ fn check(label: &str, a: &Ruleset, b: &Ruleset) {
     let changes = a
         .element_changes(b)
         .unwrap_or_else(|| panic!("{label}: more than elements differ"));
-    assert!(!changes.is_empty(), "{label}: nothing changes");
     let delta = changes.render();
     for l in delta.lines().filter(|l| !l.starts_with('\t') && *l != "}") {
         assert!(
@@ -85,8 +102,26 @@ fn check(label: &str, a: &Ruleset, b: &Ruleset) {
             "{label}: not an element command: {l}"
         );
     }
+    check_delta(label, a, b, &delta);
+}
+
+/// A then the table changes A → B (any, writing exactly `chains`) gives B's table.
+fn check_changes(label: &str, a: &Ruleset, b: &Ruleset, chains: &[&str]) {
+    let changes = a
+        .changes(b)
+        .unwrap_or_else(|| panic!("{label}: only a full replace can apply the change"));
+    let mut written = changes.chains();
+    written.sort_unstable();
+    let mut expected = chains.to_vec();
+    expected.sort_unstable();
+    assert_eq!(written, expected, "{label}: the chains written");
+    check_delta(label, a, b, &changes.render());
+}
+
+fn check_delta(label: &str, a: &Ruleset, b: &Ruleset, delta: &str) {
+    assert!(!delta.is_empty(), "{label}: nothing changes");
     let (ra, rb) = (a.render(), b.render());
-    let updated = install(label, &[&ra, &delta]);
+    let updated = install(label, &[&ra, delta]);
     let fresh = install(label, &[&rb]);
     assert_eq!(updated, fresh, "{label}: delta\n{delta}");
     assert_ne!(
@@ -169,6 +204,64 @@ fn element_changes_applied_to_a_leave_the_table_a_fresh_b_leaves() {
     let without = ruleset("node-2", &s, &pods2);
     check("backend gone", &with, &without);
     check("backend back", &without, &with);
+}
+
+/// NetworkPolicies coming, changing and going write NetworkPolicy's chains (and the jumps to
+/// them) and its sets, never a new table.
+#[test]
+fn network_policy_changes_applied_in_place_leave_the_table_a_fresh_install_leaves() {
+    if skip() {
+        return;
+    }
+    let pods = common::golden_attachments();
+    let without = ruleset("node-1", &common::golden_cluster(), &pods);
+    let golden = common::golden_cluster_netpol();
+    let with = ruleset("node-1", &golden, &pods);
+
+    let api = ObjectKey::new("tenant-a", "api");
+    let mut s = golden.clone();
+    let rule = &mut s
+        .network_policies
+        .get_mut(&api)
+        .expect("tenant-a/api")
+        .ingress[1];
+    rule.ports[0].end_port = Some(8200);
+    let port_changed = ruleset("node-1", &s, &pods);
+
+    let mut s = golden.clone();
+    s.network_policies.remove(&api);
+    let one_removed = ruleset("node-1", &s, &pods);
+
+    let mut s = golden.clone();
+    let mut web2 = s.network_policies[&ObjectKey::new("apps", "web")].clone();
+    web2.ingress[0].ports.truncate(1);
+    s.network_policies
+        .insert(ObjectKey::new("apps", "web-2"), web2);
+    let one_added = ruleset("node-1", &s, &pods);
+
+    for (label, a, b, chains) in [
+        (
+            "first policies",
+            &without,
+            &with,
+            &["np_ingress", "np_egress", "to_pods", "from_pods"][..],
+        ),
+        (
+            "last policies gone",
+            &with,
+            &without,
+            &["np_ingress", "np_egress", "to_pods", "from_pods"],
+        ),
+        // Ports live in sets: elements only.
+        ("a port range changed", &with, &port_changed, &[]),
+        ("back", &port_changed, &with, &[]),
+        ("a policy removed", &with, &one_removed, &["np_ingress"]),
+        ("a policy back", &one_removed, &with, &["np_ingress"]),
+        ("a policy added", &with, &one_added, &["np_ingress"]),
+        ("the added one gone", &one_added, &with, &["np_ingress"]),
+    ] {
+        check_changes(label, a, b, chains);
+    }
 }
 
 /// An update computed against another ruleset than the kernel's fails, and as a whole: the

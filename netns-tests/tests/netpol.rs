@@ -18,7 +18,8 @@
 //! once: first without any NetworkPolicy (every probe of the later phases connects), then
 //! deny-all ingress, allow from a namespace, a pod label change that makes a pod a peer
 //! (element updates only, every handle of the table kept), a named port, an ipBlock with
-//! `except`, and egress to DNS only. A refused probe must also show up in the drop counter of
+//! `except`, and egress to DNS only; every phase after the first updates the table in place
+//! (NetworkPolicy's chains and sets written, no new table). A refused probe must also show up in the drop counter of
 //! the NetworkPolicy chain that enforces it (`np_ingress` on the destination's node, `np_egress`
 //! on the source's).
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
@@ -663,10 +664,11 @@ fn element_updates_only(node: &str, report: &ApplyReport) -> Result<usize, Strin
             report.writes
         ));
     }
-    match ops
-        .iter()
-        .find(|op| !op.starts_with("nft update table inet lace: "))
-    {
+    match ops.iter().find(|op| {
+        !op.starts_with("nft update table inet lace: ")
+            || op.contains("chain(s) written")
+            || op.contains("set(s) added")
+    }) {
         Some(op) => Err(format!(
             "{node}: expected element updates of inet lace only, saw {op:?} among {ops:#?}"
         )),
@@ -716,6 +718,17 @@ fn network_policies_deny_all_namespace_named_port_ip_block_and_dns_egress() {
             writes > 0,
             "{name}: expected writes, the reconcilers wrote none"
         );
+        if previous.is_some() {
+            // Every change after the first install is made in place: NetworkPolicies coming,
+            // changing and going write their chains and sets, not a new table.
+            for (i, rep) in NODES.iter().zip(&reports) {
+                let replaced = rep.sample.iter().find(|op| op.starts_with("nft replace"));
+                assert!(
+                    replaced.is_none(),
+                    "{name}: node{i}: expected the table updated in place, saw {replaced:?}"
+                );
+            }
+        }
         if labels_only {
             // Element updates and nothing else, every handle of the table (its chains, rules
             // and sets) kept.

@@ -108,7 +108,7 @@ pub fn apply(
                         failures.push(fail(&op, e));
                     }
                 }
-                Op::NftSwap { ref script, .. } | Op::NftElements { ref script, .. } => {
+                Op::NftSwap { ref script, .. } | Op::NftUpdate { ref script, .. } => {
                     writes += 1;
                     if let Err(e) = nft::apply(script) {
                         failures.push(fail(&op, e));
@@ -255,7 +255,7 @@ fn message(
         Op::Sysctl { .. }
         | Op::Tunsrc(_)
         | Op::NftSwap { .. }
-        | Op::NftElements { .. }
+        | Op::NftUpdate { .. }
         | Op::NftDelete
         | Op::AddFou { .. }
         | Op::DelFou { .. } => return Ok(None),

@@ -244,7 +244,7 @@ pub fn model(o: &mut ObservedNode, ops: &[Op]) {
                 o.sysctls.insert(key.clone(), Some(value.clone()));
             }
             Op::Tunsrc(a) => o.tunsrc = Some(*a),
-            Op::NftSwap { tag, .. } | Op::NftElements { tag, .. } => {
+            Op::NftSwap { tag, .. } | Op::NftUpdate { tag, .. } => {
                 o.nft = NftState::Present {
                     tag: Some(tag.clone()),
                 }

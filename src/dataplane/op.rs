@@ -10,6 +10,40 @@ use ipnet::IpNet;
 use super::observed::{FouListener, KernelNexthop, ObservedRule, SitLink};
 use crate::plan::{RouteKey, Rule};
 
+/// What an update of the table changes, for the apply report.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Update {
+    /// Elements deleted and added.
+    pub deleted: usize,
+    pub added: usize,
+    /// Chains that come, go or have their rules written again.
+    pub chains: Vec<String>,
+    /// Sets and maps that come and go.
+    pub sets_added: usize,
+    pub sets_removed: usize,
+}
+
+impl fmt::Display for Update {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} element(s) deleted, {} added",
+            self.deleted, self.added
+        )?;
+        if !self.chains.is_empty() {
+            write!(f, ", chain(s) written: {}", self.chains.join(" "))?;
+        }
+        if self.sets_added + self.sets_removed > 0 {
+            write!(
+                f,
+                ", {} set(s) added, {} removed",
+                self.sets_added, self.sets_removed
+            )?;
+        }
+        Ok(())
+    }
+}
+
 /// One change to the kernel, naming its object.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Op {
@@ -78,13 +112,13 @@ pub enum Op {
         script: String,
         tag: String,
     },
-    /// Delete and add elements of table `inet lace`'s sets and maps, and swap its tag, in one
-    /// transaction (`script`): the table held a known ruleset differing only in elements.
-    NftElements {
+    /// Change table `inet lace` in place, in one transaction (`script`): delete and add
+    /// elements, sets and chains, write the rules of the chains that change, and swap its tag
+    /// (the table held a known ruleset with the same base chains).
+    NftUpdate {
         script: String,
         tag: String,
-        deleted: usize,
-        added: usize,
+        update: Update,
     },
     AddRule(Rule),
     /// Add or replace (`NLM_F_CREATE | NLM_F_REPLACE`) a route.
@@ -117,7 +151,7 @@ impl Op {
             Op::SetMaster { .. } => 3,
             // Before sysctls: the ruleset's `ct` expressions load conntrack, which registers
             // `net.netfilter.nf_hooks_lwtunnel`.
-            Op::NftSwap { .. } | Op::NftElements { .. } => 4,
+            Op::NftSwap { .. } | Op::NftUpdate { .. } => 4,
             Op::Sysctl { .. } => 5,
             // After enslaving: moving an up link into a VRF cycles it, which drops its
             // link-local addresses; after sysctls: the tunnel's IPv6 may have been disabled.
@@ -180,15 +214,9 @@ impl fmt::Display for Op {
             ),
             Op::DelFou { listener } => write!(f, "fou del port {}", listener.port),
             Op::NftSwap { tag, .. } => write!(f, "nft replace table inet lace ({tag})"),
-            Op::NftElements {
-                tag,
-                deleted,
-                added,
-                ..
-            } => write!(
-                f,
-                "nft update table inet lace: {deleted} element(s) deleted, {added} added ({tag})"
-            ),
+            Op::NftUpdate { tag, update, .. } => {
+                write!(f, "nft update table inet lace: {update} ({tag})")
+            }
             Op::AddRule(r) => write!(f, "rule add {r}"),
             Op::PutRoute { key, nh } => write!(
                 f,

@@ -161,36 +161,127 @@ impl Set {
             && self.interval == other.interval
             && self.comment == other.comment
     }
+
+    /// `set` or `map`, as nft commands name it.
+    fn kind(&self) -> &'static str {
+        if self.value_type.is_some() {
+            "map"
+        } else {
+            "set"
+        }
+    }
+
+    /// The set's block inside `table inet lace { }`, with its elements.
+    fn render(&self, out: &mut String) {
+        let _ = writeln!(out, "\t{} {} {{", self.kind(), self.name);
+        let ty = match &self.value_type {
+            Some(v) => format!("{} : {v}", self.key_type),
+            None => self.key_type.clone(),
+        };
+        let _ = writeln!(out, "\t\ttype {ty}");
+        if self.interval {
+            let _ = writeln!(out, "\t\tflags interval");
+        }
+        let _ = writeln!(out, "\t\tcomment {}", quote(&self.comment));
+        if !self.elements.is_empty() {
+            let _ = writeln!(out, "\t\telements = {{");
+            for (key, e) in &self.elements {
+                let _ = writeln!(out, "\t\t\t{},", element_text(key, e));
+            }
+            let _ = writeln!(out, "\t\t}}");
+        }
+        let _ = writeln!(out, "\t}}");
+    }
 }
 
-/// The element changes that turn one ruleset into another of the same shape (same chains and
-/// rules, same set declarations): what to delete and what to add, by set. An element whose
-/// comment or value changed is deleted and added again: nft cannot update one in place.
+/// The changes that turn one ruleset into another with the same base chains: elements of the
+/// sets and maps both declare alike (an element whose comment or value changed is deleted and
+/// added again: nft cannot update one in place), sets and maps that come or go, regular chains
+/// that come or go, and chains whose rules change (flushed and written again: NetworkPolicy's
+/// chains when a policy changes). What stays the same is not touched.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ElementChanges<'a> {
+pub struct TableChanges<'a> {
     /// (set name, key) of elements to delete.
     pub deleted: Vec<(&'a str, &'a str)>,
     /// (set name, key, element) of elements to add.
     pub added: Vec<(&'a str, &'a str, &'a Element)>,
+    /// Sets and maps that go.
+    pub removed_sets: Vec<&'a Set>,
+    /// Sets and maps that come, with their elements.
+    pub new_sets: Vec<&'a Set>,
+    /// Regular chains that go.
+    pub removed_chains: Vec<&'a str>,
+    /// Regular chains that come, with their rules.
+    pub new_chains: Vec<&'a Chain>,
+    /// Chains (base chains included) whose rules change: their new version.
+    pub rewritten: Vec<&'a Chain>,
 }
 
-impl ElementChanges<'_> {
+impl TableChanges<'_> {
     /// Whether nothing changes.
     pub fn is_empty(&self) -> bool {
-        self.deleted.is_empty() && self.added.is_empty()
+        self.elements_only() && self.deleted.is_empty() && self.added.is_empty()
     }
 
-    /// `nft -f` commands for the changes: all deletions first (so an element deleted and
-    /// added again is not a duplicate), one command per set. Run as one transaction with
-    /// nothing else, they leave no moment where the table holds a mix of both rulesets.
+    /// Whether only elements change (no set, chain or rule).
+    pub fn elements_only(&self) -> bool {
+        self.removed_sets.is_empty()
+            && self.new_sets.is_empty()
+            && self.removed_chains.is_empty()
+            && self.new_chains.is_empty()
+            && self.rewritten.is_empty()
+    }
+
+    /// The names of the chains that come, go or are rewritten.
+    pub fn chains(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = self.removed_chains.clone();
+        names.extend(self.new_chains.iter().map(|c| c.name.as_str()));
+        names.extend(self.rewritten.iter().map(|c| c.name.as_str()));
+        names
+    }
+
+    /// `nft -f` commands for the changes, in the order one transaction needs them: the rules
+    /// that change or go are flushed first (nothing then uses what goes), elements deleted
+    /// (an element deleted and added again is then no duplicate), sets and chains that go
+    /// deleted (a map's elements jumping to a chain go with the map), then what comes:
+    /// sets, empty chains (a rule may jump to any of them), rules, elements. Run as one
+    /// transaction with nothing else, they leave no moment where the table holds a mix of
+    /// both rulesets.
     pub fn render(&self) -> String {
         let mut out = String::new();
+        for c in self
+            .removed_chains
+            .iter()
+            .copied()
+            .chain(self.rewritten.iter().map(|c| c.name.as_str()))
+        {
+            let _ = writeln!(out, "flush chain inet {TABLE} {c}");
+        }
         let mut deleted = self.deleted.iter().peekable();
         while let Some((set, key)) = deleted.next() {
             let _ = writeln!(out, "delete element inet {TABLE} {set} {{");
             let _ = writeln!(out, "\t{key},");
             while let Some((_, key)) = deleted.next_if(|(s, _)| s == set) {
                 let _ = writeln!(out, "\t{key},");
+            }
+            let _ = writeln!(out, "}}");
+        }
+        for s in &self.removed_sets {
+            let _ = writeln!(out, "delete {} inet {TABLE} {}", s.kind(), s.name);
+        }
+        for c in &self.removed_chains {
+            let _ = writeln!(out, "delete chain inet {TABLE} {c}");
+        }
+        if !(self.new_sets.is_empty() && self.new_chains.is_empty() && self.rewritten.is_empty()) {
+            let _ = writeln!(out, "table inet {TABLE} {{");
+            for s in &self.new_sets {
+                s.render(&mut out);
+            }
+            for c in &self.new_chains {
+                c.render(&mut out, true, false);
+            }
+            for c in self.new_chains.iter().chain(&self.rewritten) {
+                c.render(&mut out, false, true);
             }
             let _ = writeln!(out, "}}");
         }
@@ -207,22 +298,69 @@ impl ElementChanges<'_> {
     }
 }
 
-impl Ruleset {
-    /// The element changes from `self` to `new`, or `None` when they differ in more than
-    /// elements (a chain, a rule or a set declaration), which only a full replace can apply.
-    pub fn element_changes<'a>(&'a self, new: &'a Ruleset) -> Option<ElementChanges<'a>> {
-        if self.chains != new.chains
-            || self.sets.len() != new.sets.len()
-            || !self
-                .sets
-                .iter()
-                .zip(&new.sets)
-                .all(|(a, b)| a.same_declaration(b))
-        {
-            return None;
+impl Chain {
+    /// The chain's block inside `table inet lace { }`: its declaration (comment, hook) and
+    /// its rules, or only one of them (a block for an existing chain appends its rules).
+    fn render(&self, out: &mut String, declaration: bool, rules: bool) {
+        let _ = writeln!(out, "\tchain {} {{", self.name);
+        if declaration {
+            let _ = writeln!(out, "\t\tcomment {}", quote(&self.comment));
+            if let Some(h) = &self.hook {
+                let _ = writeln!(
+                    out,
+                    "\t\ttype {} hook {} priority {}; policy accept;",
+                    h.kind, h.hook, h.priority
+                );
+            }
         }
-        let mut changes = ElementChanges::default();
-        for (old, new) in self.sets.iter().zip(&new.sets) {
+        if rules {
+            for r in &self.rules {
+                let _ = writeln!(out, "\t\t{} comment {}", r.statement, quote(&r.comment));
+            }
+        }
+        let _ = writeln!(out, "\t}}");
+    }
+}
+
+impl Ruleset {
+    /// The changes from `self` to `new`, or `None` when only a full replace can apply them: a
+    /// base chain comes, goes or changes its hook, a chain its comment, or a set or map keeps
+    /// its name with another declaration (rules that do not change would still use it).
+    pub fn changes<'a>(&'a self, new: &'a Ruleset) -> Option<TableChanges<'a>> {
+        let mut changes = TableChanges::default();
+        let new_chains: BTreeMap<&str, &Chain> =
+            new.chains.iter().map(|c| (c.name.as_str(), c)).collect();
+        let old_chains: BTreeMap<&str, &Chain> =
+            self.chains.iter().map(|c| (c.name.as_str(), c)).collect();
+        for old in &self.chains {
+            match new_chains.get(old.name.as_str()) {
+                None if old.hook.is_some() => return None,
+                None => changes.removed_chains.push(&old.name),
+                Some(n) if n.hook != old.hook || n.comment != old.comment => return None,
+                Some(n) if n.rules != old.rules => changes.rewritten.push(n),
+                Some(_) => {}
+            }
+        }
+        for n in &new.chains {
+            if !old_chains.contains_key(n.name.as_str()) {
+                if n.hook.is_some() {
+                    return None;
+                }
+                changes.new_chains.push(n);
+            }
+        }
+        let new_sets: BTreeMap<&str, &Set> =
+            new.sets.iter().map(|s| (s.name.as_str(), s)).collect();
+        let old_sets: BTreeMap<&str, &Set> =
+            self.sets.iter().map(|s| (s.name.as_str(), s)).collect();
+        for old in &self.sets {
+            let Some(new) = new_sets.get(old.name.as_str()) else {
+                changes.removed_sets.push(old);
+                continue;
+            };
+            if !old.same_declaration(new) {
+                return None;
+            }
             let set = new.name.as_str();
             for (key, e) in &old.elements {
                 if new.elements.get(key) != Some(e) {
@@ -235,7 +373,17 @@ impl Ruleset {
                 }
             }
         }
+        changes.new_sets.extend(
+            new.sets
+                .iter()
+                .filter(|s| !old_sets.contains_key(s.name.as_str())),
+        );
         Some(changes)
+    }
+
+    /// [`Ruleset::changes`] when they are element changes only.
+    pub fn element_changes<'a>(&'a self, new: &'a Ruleset) -> Option<TableChanges<'a>> {
+        self.changes(new).filter(TableChanges::elements_only)
     }
 
     /// The set or map called `name`.
@@ -260,40 +408,10 @@ impl Ruleset {
         let _ = writeln!(out, "delete table inet {TABLE}");
         let _ = writeln!(out, "table inet {TABLE} {{");
         for s in &self.sets {
-            let kind = if s.value_type.is_some() { "map" } else { "set" };
-            let _ = writeln!(out, "\t{kind} {} {{", s.name);
-            let ty = match &s.value_type {
-                Some(v) => format!("{} : {v}", s.key_type),
-                None => s.key_type.clone(),
-            };
-            let _ = writeln!(out, "\t\ttype {ty}");
-            if s.interval {
-                let _ = writeln!(out, "\t\tflags interval");
-            }
-            let _ = writeln!(out, "\t\tcomment {}", quote(&s.comment));
-            if !s.elements.is_empty() {
-                let _ = writeln!(out, "\t\telements = {{");
-                for (key, e) in &s.elements {
-                    let _ = writeln!(out, "\t\t\t{},", element_text(key, e));
-                }
-                let _ = writeln!(out, "\t\t}}");
-            }
-            let _ = writeln!(out, "\t}}");
+            s.render(&mut out);
         }
         for c in &self.chains {
-            let _ = writeln!(out, "\tchain {} {{", c.name);
-            let _ = writeln!(out, "\t\tcomment {}", quote(&c.comment));
-            if let Some(h) = &c.hook {
-                let _ = writeln!(
-                    out,
-                    "\t\ttype {} hook {} priority {}; policy accept;",
-                    h.kind, h.hook, h.priority
-                );
-            }
-            for r in &c.rules {
-                let _ = writeln!(out, "\t\t{} comment {}", r.statement, quote(&r.comment));
-            }
-            let _ = writeln!(out, "\t}}");
+            c.render(&mut out, true, true);
         }
         let _ = writeln!(out, "}}");
         out
@@ -374,20 +492,126 @@ mod tests {
     }
 
     #[test]
-    fn anything_but_elements_changing_needs_a_full_replace() {
+    fn rules_sets_and_chains_changing_are_more_than_element_changes() {
         let a = ruleset(&[(P1, "accept", "x")], &[]);
         let mut b = a.clone();
         b.chains[0].rules[0].comment = "other".into();
         assert_eq!(a.element_changes(&b), None);
-        let mut b = a.clone();
-        b.sets[1].comment = "other".into();
-        assert_eq!(a.element_changes(&b), None);
-        let mut b = a.clone();
-        b.sets.swap(0, 1);
-        assert_eq!(a.element_changes(&b), None);
+        let c = a.changes(&b).unwrap();
+        assert_eq!(c.chains(), ["c"]);
+        assert!(c.deleted.is_empty() && c.added.is_empty() && c.new_sets.is_empty());
         let mut b = a.clone();
         b.sets.pop();
         assert_eq!(a.element_changes(&b), None);
+        assert_eq!(a.changes(&b).unwrap().removed_sets, [&a.sets[1]]);
+        // The order of the declarations is not a change.
+        let mut b = a.clone();
+        b.sets.swap(0, 1);
+        assert!(a.changes(&b).unwrap().is_empty());
+    }
+
+    /// A hooked chain named `name` with one rule.
+    fn base_chain(name: &str, hook: &'static str) -> Chain {
+        let mut c = Chain {
+            name: name.into(),
+            hook: Some(Hook {
+                kind: "filter",
+                hook,
+                priority: "filter",
+            }),
+            comment: name.into(),
+            rules: Vec::new(),
+        };
+        c.rule("jump c", "to c");
+        c
+    }
+
+    #[test]
+    fn only_base_chains_and_declarations_changing_need_a_full_replace() {
+        let mut a = ruleset(&[(P1, "accept", "x")], &[]);
+        a.chains.push(base_chain("forward", "forward"));
+        let replace = |b: &Ruleset| a.changes(b).is_none();
+        let mut b = a.clone();
+        b.chains.push(base_chain("input", "input"));
+        assert!(replace(&b), "a base chain comes");
+        let mut b = a.clone();
+        b.chains.pop();
+        assert!(replace(&b), "a base chain goes");
+        let mut b = a.clone();
+        b.chains[1].hook.as_mut().unwrap().hook = "output";
+        assert!(replace(&b), "a hook changes");
+        let mut b = a.clone();
+        b.chains[0].comment = "other".into();
+        assert!(replace(&b), "a chain's comment changes");
+        let mut b = a.clone();
+        b.sets[1].interval = true;
+        assert!(replace(&b), "a set is declared anew under its name");
+        // A base chain's rules changing is a rewrite of that chain.
+        let mut b = a.clone();
+        b.chains[1].rule("accept", "more");
+        assert_eq!(a.changes(&b).unwrap().chains(), ["forward"]);
+    }
+
+    #[test]
+    fn a_transaction_flushes_and_deletes_first_then_declares_then_writes_rules_and_elements() {
+        let a = ruleset(
+            &[(P1, "accept", "x"), (P2, "accept", "y")],
+            &[("lv-a", "A")],
+        );
+        let mut b = a.clone();
+        // c jumps to a new chain d using a new set; the pairs map loses P2; names goes.
+        b.sets.pop();
+        b.sets[0].elements.remove(P2);
+        let mut extra = Set::new("extra", "ipv4_addr", false, "extra");
+        extra.add("10.9.9.9".into(), None, "why");
+        b.sets.push(extra);
+        b.chains[0].rules.clear();
+        b.chains[0].rule("ip saddr . ip daddr vmap @pairs", "r");
+        b.chains[0].rule("jump d", "to d");
+        let mut d = Chain {
+            name: "d".into(),
+            hook: None,
+            comment: "d".into(),
+            rules: Vec::new(),
+        };
+        d.rule("ip daddr @extra accept", "extra");
+        b.chains.push(d);
+        let c = a.changes(&b).unwrap();
+        assert_eq!(c.chains(), ["d", "c"]);
+        assert_eq!((c.new_sets.len(), c.removed_sets.len()), (1, 1));
+        let text = c.render();
+        let heads: Vec<&str> = text
+            .lines()
+            .filter(|l| !l.starts_with("\t\t") && *l != "}" && *l != "\t}")
+            .collect();
+        assert_eq!(
+            heads,
+            [
+                "flush chain inet lace c",
+                "delete element inet lace pairs {",
+                "\t10.3.0.0/16 . 10.4.0.0/16,",
+                "delete set inet lace names",
+                "table inet lace {",
+                "\tset extra {",
+                "\tchain d {",
+                "\tchain d {",
+                "\tchain c {",
+            ],
+            "{text}"
+        );
+        assert!(
+            text.contains("\tchain d {\n\t\tcomment \"d\"\n\t}\n"),
+            "{text}"
+        );
+        assert!(text.contains("\t\tjump d comment \"to d\"\n"));
+        // Back again: d is flushed and deleted after its rules go, extra with it.
+        let back = b.changes(&a).unwrap();
+        let text = back.render();
+        let flush = text.find("flush chain inet lace d").unwrap();
+        let delete = text.find("delete chain inet lace d").unwrap();
+        let set = text.find("delete set inet lace extra").unwrap();
+        assert!(flush < set && set < delete, "{text}");
+        assert!(text.contains("add element inet lace pairs {"));
     }
 
     #[test]

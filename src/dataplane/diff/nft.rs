@@ -15,17 +15,18 @@
 //! Without knowledge of the table's contents, a new ruleset replaces the table (`table`,
 //! `delete table`, the whole table, in one transaction). The [`Reconciler`] remembers the
 //! ruleset it last wrote or found ([`KnownRuleset`]); when the kernel's tag is that
-//! ruleset's and the new ruleset differs from it only in set and map elements, one
-//! transaction deletes and adds just those elements and swaps the tag element. Both are one
-//! `nft -f` run, hence atomic: a packet sees the old ruleset or the new one, never a mix and
-//! never no table. Checking the kernel's tag first makes the memory safe: a table whose tag
-//! is not the remembered one (someone re-tagged it, or it predates a restart) is replaced, or
-//! left alone when its tag is already the plan's.
+//! ruleset's and the new ruleset has the same base chains, one transaction changes the table
+//! in place ([`Ruleset::changes`]): the elements that differ, the sets and regular chains that
+//! come or go, the rules of the chains that change (flushed and written again), and the tag
+//! element. Both are one `nft -f` run, hence atomic: a packet sees the old ruleset or the new
+//! one, never a mix and never no table. Checking the kernel's tag first makes the memory
+//! safe: a table whose tag is not the remembered one (someone re-tagged it, or it predates a
+//! restart) is replaced, or left alone when its tag is already the plan's.
 //!
 //! [`Reconciler`]: crate::dataplane::Reconciler
 
 use crate::dataplane::observed::NftState;
-use crate::dataplane::op::Op;
+use crate::dataplane::op::{Op, Update};
 use crate::hash::fnv1a64;
 use crate::plan::nft::{Ruleset, TABLE};
 
@@ -72,11 +73,11 @@ pub fn replace_script(rendered: &str, tag: &str) -> Result<String, UntaggableRul
     Ok(rendered.replacen(&open, &head, 1))
 }
 
-/// The transaction that turns the kernel's `from` into `to` by elements alone, `None` when
-/// they differ in more (chains, rules, set declarations). Returns the script and the numbers
-/// of elements deleted and added.
-pub fn update_script(from: &Ruleset, to: &Ruleset, tag: &str) -> Option<(String, usize, usize)> {
-    let changes = from.element_changes(to)?;
+/// The transaction that turns the kernel's `from` into `to` without replacing the table
+/// ([`Ruleset::changes`]), `None` when only a replace can. Returns the script and what it
+/// changes.
+pub fn update_script(from: &Ruleset, to: &Ruleset, tag: &str) -> Option<(String, Update)> {
+    let changes = from.changes(to)?;
     // `flush` rather than `delete element`: the transaction does not depend on the old tag
     // element still being there.
     let script = format!(
@@ -84,7 +85,14 @@ pub fn update_script(from: &Ruleset, to: &Ruleset, tag: &str) -> Option<(String,
         changes.render(),
         tag_element(tag)
     );
-    Some((script, changes.deleted.len(), changes.added.len()))
+    let update = Update {
+        deleted: changes.deleted.len(),
+        added: changes.added.len(),
+        chains: changes.chains().into_iter().map(str::to_string).collect(),
+        sets_added: changes.new_sets.len(),
+        sets_removed: changes.removed_sets.len(),
+    };
+    Some((script, update))
 }
 
 /// A ruleset the kernel holds, known by its tag: written by this reconciler, or found
@@ -121,7 +129,7 @@ impl KnownRuleset {
 pub fn tag_after(ops: &[Op], observed: &NftState) -> Option<String> {
     for op in ops {
         match op {
-            Op::NftSwap { tag, .. } | Op::NftElements { tag, .. } => return Some(tag.clone()),
+            Op::NftSwap { tag, .. } | Op::NftUpdate { tag, .. } => return Some(tag.clone()),
             Op::NftDelete => return None,
             _ => {}
         }
@@ -149,12 +157,11 @@ pub fn op(
         return Ok(None);
     }
     if let Some(k) = known.filter(|k| k.tag == *have) {
-        if let Some((script, deleted, added)) = update_script(&k.ruleset, desired, &tag) {
-            return Ok(Some(Op::NftElements {
+        if let Some((script, update)) = update_script(&k.ruleset, desired, &tag) {
+            return Ok(Some(Op::NftUpdate {
                 script,
                 tag,
-                deleted,
-                added,
+                update,
             }));
         }
     }
@@ -205,7 +212,7 @@ mod tests {
     }
 
     #[test]
-    fn only_a_known_table_with_an_element_change_is_updated() {
+    fn only_a_known_table_is_updated_in_place() {
         let a = ruleset(&["lv-a"], "iifname @names accept");
         let b = ruleset(&["lv-a", "lv-b"], "iifname @names accept");
         let c = ruleset(&["lv-a"], "iifname @names drop");
@@ -217,15 +224,16 @@ mod tests {
         // The kernel holds the plan: nothing to do, known or not.
         assert_eq!(op(&b, &rb, &have(&rb), None).unwrap(), None);
         // The kernel holds the known ruleset, the plan adds an element: an update.
-        let Some(Op::NftElements {
+        let Some(Op::NftUpdate {
             script,
             tag: t,
-            deleted: 0,
-            added: 1,
+            update,
         }) = op(&b, &rb, &have(&ra), known_a).unwrap()
         else {
             panic!("no element update");
         };
+        assert_eq!((update.deleted, update.added), (0, 1));
+        assert!(update.chains.is_empty());
         assert_eq!(t, tag(&rb));
         assert!(!script.contains("table inet lace {") && !script.contains("delete table"));
         assert!(script.starts_with("flush set inet lace plan\n"));
@@ -233,9 +241,22 @@ mod tests {
             "add element inet lace plan {{ \"digest\" comment \"{t}\" }}\n"
         )));
         assert!(script.contains("\t\"lv-b\" comment \"why\",\n"));
-        // A rule change, an unknown table, a table without tag, no table: a full replace.
+        // A rule change of a regular chain: that chain written again, in place.
+        let Some(Op::NftUpdate { script, update, .. }) = op(&c, &rc, &have(&ra), known_a).unwrap()
+        else {
+            panic!("no update in place");
+        };
+        assert_eq!(
+            (update.chains, update.deleted, update.added),
+            (vec!["c".to_string()], 0, 0)
+        );
+        assert!(script.contains("flush chain inet lace c\n"), "{script}");
+        assert!(
+            script.contains("\t\tiifname @names drop comment \"r\"\n"),
+            "{script}"
+        );
+        // An unknown table, a table without tag, no table: a full replace.
         let replaced = |o: Option<Op>| matches!(o, Some(Op::NftSwap { .. }));
-        assert!(replaced(op(&c, &rc, &have(&ra), known_a).unwrap()));
         assert!(replaced(op(&b, &rb, &have(&ra), None).unwrap()));
         assert!(replaced(op(&b, &rb, &have(&rc), known_a).unwrap()));
         assert!(replaced(

@@ -131,10 +131,10 @@ fn a_table_known_to_hold_the_last_ruleset_gets_only_the_changed_elements() {
     let ops = diff(Some(&after), &o, known.as_ref()).unwrap().ops;
     let nft_ops: Vec<&Op> = ops
         .iter()
-        .filter(|op| matches!(op, Op::NftSwap { .. } | Op::NftElements { .. }))
+        .filter(|op| matches!(op, Op::NftSwap { .. } | Op::NftUpdate { .. }))
         .collect();
     assert!(
-        matches!(nft_ops.as_slice(), [Op::NftElements { deleted, .. }] if *deleted > 0),
+        matches!(nft_ops.as_slice(), [Op::NftUpdate { update, .. }] if update.deleted > 0 && update.chains.is_empty()),
         "{nft_ops:#?}"
     );
     // Without that knowledge (a restarted reconciler) the table is replaced.
