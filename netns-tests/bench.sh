@@ -3,10 +3,12 @@
 # it as root on a kernel with VRF + seg6local (the host's if capable, else the VM), prints its
 # table. Not part of scripts/test.sh.
 #   default       netns-tests/benches/dataplane.rs: programming rate (routes, nft swaps)
+#   --netpol      netns-tests/benches/netpol.rs: 1,000 pods and 300 NetworkPolicies on a node:
+#                 a fresh node's programming, a policy or pod change -> applied (p50/p99, writes)
 #   --throughput  netns-tests/benches/throughput.rs: one TCP stream pod to pod across nodes
 #                 (iperf3), Lace's SRv6 vs native routing vs VXLAN, ratios vs native
 #
-# usage: netns-tests/bench.sh [--routes N,N... | --nft-only]
+# usage: netns-tests/bench.sh [--routes N,N... | --nft-only | --netpol]
 #                             [--throughput [--seconds S] [--repeats R] [--cases C,C...]
 #                                           [--fabrics F,F]]
 #                             [with-kernel.sh options...]
@@ -26,6 +28,7 @@ while [ $# -gt 0 ]; do
     --routes) ROUTES=${2:?--routes needs a list}; shift 2;;
     --nft-only) ROUTES=; shift;;
     --throughput) BENCH=throughput; shift;;
+    --netpol) BENCH=netpol; shift;;
     --seconds) SECONDS_=${2:?--seconds needs a number}; shift 2;;
     --repeats) REPEATS=${2:?--repeats needs a number}; shift 2;;
     --cases) CASES=${2:?--cases needs a list}; shift 2;;

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use ipnet::{IpNet, Ipv4Net};
 use lace::dataplane::{NetnsTarget, Reconciler, ROUTE_PROTOCOL};
 use lace::plan::{plan, DesiredNode, Nexthop, RouteKey, Underpath};
-use lace_netns_tests::cluster::{ipv4_cluster, underlay, TestNetwork};
+use lace_netns_tests::cluster::{ipv4_cluster, lone_node, TestNetwork};
 use lace_netns_tests::{require_root_and_vrf, Netns};
 
 const VRF_TABLE: u32 = 1_000_001;
@@ -73,12 +73,7 @@ fn with_routes(base: &DesiredNode, n: u32) -> DesiredNode {
 }
 
 fn node_ns(label: &str) -> Netns {
-    let ns = Netns::new(label).unwrap();
-    ns.ip("link add eth0 type dummy").unwrap();
-    ns.ip("link set eth0 up").unwrap();
-    ns.ip(&format!("-6 addr add {}/64 dev eth0 nodad", underlay(1)))
-        .unwrap();
-    ns
+    lone_node(label, 1).unwrap()
 }
 
 fn secs(d: Duration) -> f64 {

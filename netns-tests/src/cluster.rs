@@ -10,6 +10,18 @@ use lace::api::{
 };
 use lace::state::{ClusterState, Node};
 
+use crate::{Netns, Result};
+
+/// A namespace for node `i` alone: its uplink is a dummy `eth0` holding [`underlay`]`(i)`, all
+/// the planner needs of a fabric (benches that program a node without traffic).
+pub fn lone_node(label: &str, i: u16) -> Result<Netns> {
+    let ns = Netns::new(label)?;
+    ns.ip("link add eth0 type dummy")?;
+    ns.ip("link set eth0 up")?;
+    ns.ip(&format!("-6 addr add {}/64 dev eth0 nodad", underlay(i)))?;
+    Ok(ns)
+}
+
 /// Node `i`'s address on the test fabric: `2001:db8:ff::<i>`.
 pub fn underlay(i: u16) -> Ipv6Addr {
     Ipv6Addr::new(0x2001, 0xdb8, 0xff, 0, 0, 0, 0, i)
