@@ -21,15 +21,14 @@ from pathlib import Path
 from conftest import ROOT, SYSTEM_NS, CheckFailed
 
 NETWORK = ROOT / "tests/cluster/upstream-e2e-network.yaml"
-# One test each of: default deny both ways, a named port, ipBlock with except on egress, a pod
-# whose labels change, a namespace selector, UDP.
+# One test each of: default deny both ways, a named port, ipBlock with except on egress, a
+# namespace selector (a pod whose labels change and UDP ports are left to the netns tests: the
+# suite's time).
 FOCUS = [
     "server and client should support a 'default-deny-all' policy",
     "server and client should allow ingress access on one named port",
     "server and client should enforce except clause while egress access to server in CIDR block",
-    "server and client should allow ingress access from updated pod",
     "server and client should enforce policy to allow traffic only from a different namespace, based on NamespaceSelector",
-    "server and client using UDP should enforce policy based on Ports",
 ]
 
 
