@@ -422,6 +422,16 @@ impl Ruleset {
 mod tests {
     use super::*;
 
+    /// A regular chain without rules, its comment its name.
+    fn chain(name: &str) -> Chain {
+        Chain {
+            name: name.into(),
+            hook: None,
+            comment: name.into(),
+            rules: Vec::new(),
+        }
+    }
+
     /// A map of pairs, a set of names and one chain using both.
     fn ruleset(pairs: &[(&str, &str, &str)], names: &[(&str, &str)]) -> Ruleset {
         let mut map = Set::new_vmap("pairs", "ipv4_addr . ipv4_addr", true, "pairs");
@@ -432,12 +442,7 @@ mod tests {
         for (k, why) in names {
             set.add(format!("\"{k}\""), None, why);
         }
-        let mut chain = Chain {
-            name: "c".into(),
-            hook: None,
-            comment: "c".into(),
-            rules: Vec::new(),
-        };
+        let mut chain = chain("c");
         chain.rule("iifname @names ip saddr . ip daddr vmap @pairs", "r");
         Ruleset {
             sets: vec![map, set],
@@ -513,14 +518,12 @@ mod tests {
     /// A hooked chain named `name` with one rule.
     fn base_chain(name: &str, hook: &'static str) -> Chain {
         let mut c = Chain {
-            name: name.into(),
             hook: Some(Hook {
                 kind: "filter",
                 hook,
                 priority: "filter",
             }),
-            comment: name.into(),
-            rules: Vec::new(),
+            ..chain(name)
         };
         c.rule("jump c", "to c");
         c
@@ -568,12 +571,7 @@ mod tests {
         b.chains[0].rules.clear();
         b.chains[0].rule("ip saddr . ip daddr vmap @pairs", "r");
         b.chains[0].rule("jump d", "to d");
-        let mut d = Chain {
-            name: "d".into(),
-            hook: None,
-            comment: "d".into(),
-            rules: Vec::new(),
-        };
+        let mut d = chain("d");
         d.rule("ip daddr @extra accept", "extra");
         b.chains.push(d);
         let c = a.changes(&b).unwrap();
