@@ -20,15 +20,18 @@
 //!   apply time is nft's).
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
+#[path = "../../tests/common/mod.rs"]
+mod common;
+
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use lace::api::LabelSelector;
+use common::{np_port, selector};
 use lace::dataplane::{ApplyReport, NetnsTarget, Reconciler};
 use lace::plan::{plan, DesiredNode};
 use lace::state::{
-    ClusterState, ContainerPort, Namespace, NetworkPolicy, ObjectKey, Pod, PolicyPeer, PolicyPort,
-    PolicyRule, PortRef,
+    ClusterState, ContainerPort, Namespace, NetworkPolicy, ObjectKey, Pod, PolicyPeer, PolicyRule,
+    PortRef,
 };
 use lace_netns_tests::cluster::{ipv4_cluster, lone_node, TestNetwork};
 use lace_netns_tests::require_root_and_vrf;
@@ -69,21 +72,6 @@ fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect()
-}
-
-fn selector(pairs: &[(&str, &str)]) -> LabelSelector {
-    LabelSelector {
-        match_labels: labels(pairs),
-        ..Default::default()
-    }
-}
-
-fn port(protocol: &str, port: PortRef, end_port: Option<u16>) -> PolicyPort {
-    PolicyPort {
-        protocol: protocol.into(),
-        port: Some(port),
-        end_port,
-    }
 }
 
 fn ns_name(i: u32) -> String {
@@ -136,7 +124,7 @@ fn policies(i: u32) -> Vec<(String, NetworkPolicy)> {
                         namespace_selector: None,
                         pod_selector: Some(selector(&[("app", "app-1")])),
                     }],
-                    ports: vec![port("TCP", PortRef::Name("http".into()), None)],
+                    ports: vec![np_port("TCP", PortRef::Name("http".into()), None)],
                 }],
                 ..Default::default()
             },
@@ -151,7 +139,7 @@ fn policies(i: u32) -> Vec<(String, NetworkPolicy)> {
                         namespace_selector: Some(team(i + 1)),
                         pod_selector: None,
                     }],
-                    ports: vec![port("TCP", PortRef::Number(8080), Some(8090))],
+                    ports: vec![np_port("TCP", PortRef::Number(8080), Some(8090))],
                 }],
                 ..Default::default()
             },
@@ -166,7 +154,7 @@ fn policies(i: u32) -> Vec<(String, NetworkPolicy)> {
                         cidr: "10.0.0.0/8".parse().unwrap(),
                         except: vec![format!("10.{}.0.0/16", 1 + i % 4).parse().unwrap()],
                     }],
-                    ports: vec![port("TCP", PortRef::Number(443), None)],
+                    ports: vec![np_port("TCP", PortRef::Number(443), None)],
                 }],
                 ..Default::default()
             },
@@ -184,8 +172,8 @@ fn policies(i: u32) -> Vec<(String, NetworkPolicy)> {
                         pod_selector: Some(selector(&[("app", "app-4")])),
                     }],
                     ports: vec![
-                        port("UDP", PortRef::Number(53), None),
-                        port("TCP", PortRef::Number(53), None),
+                        np_port("UDP", PortRef::Number(53), None),
+                        np_port("TCP", PortRef::Number(53), None),
                     ],
                 }],
                 ..Default::default()

@@ -450,7 +450,7 @@ pub fn mk_pod(
     );
 }
 
-fn selector(pairs: &[(&str, &str)]) -> LabelSelector {
+pub fn selector(pairs: &[(&str, &str)]) -> LabelSelector {
     LabelSelector {
         match_labels: pairs
             .iter()
@@ -460,7 +460,7 @@ fn selector(pairs: &[(&str, &str)]) -> LabelSelector {
     }
 }
 
-fn np_port(protocol: &str, port: PortRef, end_port: Option<u16>) -> PolicyPort {
+pub fn np_port(protocol: &str, port: PortRef, end_port: Option<u16>) -> PolicyPort {
     PolicyPort {
         protocol: protocol.into(),
         port: Some(port),
