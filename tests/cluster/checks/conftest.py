@@ -167,6 +167,27 @@ spec:
         pod = self.kj("get", "pod", "-n", ns, name)
         return [i["ip"] for i in pod["status"].get("podIPs", [])]
 
+    def pod_story(self, ns, pod):
+        """What a failure in pod needs beside its own message: phase, each container's state,
+        restarts and last termination, and the pod's latest events."""
+        try:
+            p = self.kj("get", "pod", "-n", ns, pod)
+        except (CheckFailed, subprocess.SubprocessError, json.JSONDecodeError) as e:
+            return f"{ns}/{pod}: not readable ({e})"
+        parts = [f"{ns}/{pod}: phase {p['status'].get('phase')}"]
+        for c in p["status"].get("containerStatuses", []):
+            last = c.get("lastState", {}).get("terminated")
+            parts.append(f"container {c['name']}: state {list(c.get('state', {}))}, "
+                         f"restarts {c.get('restartCount')}"
+                         + (f", last ended {last.get('finishedAt')} ({last.get('reason')}, "
+                            f"exit {last.get('exitCode')})" if last else ""))
+        events = self.run([self.kubectl, "-n", ns, "get", "events", "--field-selector",
+                           f"involvedObject.name={pod}", "--sort-by=.lastTimestamp", "-o",
+                           "custom-columns=LAST:.lastTimestamp,REASON:.reason,MESSAGE:.message",
+                           "--no-headers"], check=False).stdout.strip().splitlines()
+        parts.append("events: " + (" | ".join(events[-6:]) or "none"))
+        return "; ".join(parts)
+
     def shell(self, ns, pod):
         """A shell kept open in pod (one `kubectl exec` for many commands: each exec costs
         seconds under emulation); reopened when it died."""
@@ -188,17 +209,20 @@ spec:
             sh.stdin.flush()
         except BrokenPipeError:
             self.state["shells"].pop((ns, pod), None)
-            raise CheckFailed(f"the shell in {ns}/{pod} closed")
+            raise CheckFailed(f"the shell in {ns}/{pod} closed; {self.pod_story(ns, pod)}")
         # Raw reads: select() sees only the pipe, not what a buffered reader already took in.
         out, deadline = b"", time.time() + timeout
         while (marker + b"\n") not in out:
             left = deadline - time.time()
             if left <= 0 or not select.select([sh.stdout], [], [], left)[0]:
                 sh.kill()
-                raise CheckFailed(f"no answer from {ns}/{pod} within {timeout}s to: {script}")
+                raise CheckFailed(f"no answer from {ns}/{pod} within {timeout}s to: {script}; "
+                                  f"{self.pod_story(ns, pod)}")
             chunk = os.read(sh.stdout.fileno(), 65536)
             if not chunk:
-                raise CheckFailed(f"the shell in {ns}/{pod} ended: {out.decode(errors='replace')[-300:]}")
+                self.state["shells"].pop((ns, pod), None)
+                raise CheckFailed(f"the shell in {ns}/{pod} ended: {out.decode(errors='replace')[-300:]}; "
+                                  f"{self.pod_story(ns, pod)}")
             out += chunk
         return out[:out.index(marker + b"\n")].decode(errors="replace")
 

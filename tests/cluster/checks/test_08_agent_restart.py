@@ -23,7 +23,7 @@ def ping_while(cluster, src, dst_ip, action, interval=0.2):
     finally:
         out = cluster.in_pod(SYSTEM_NS, src, "kill -INT $(cat /tmp/lace-ping.pid); sleep 1; "
                              "cat /tmp/lace-ping.out || echo 'the pod restarted during the check'")
-    return ping_counts(out, f"ping from {src} to {dst_ip}")
+    return (*ping_counts(out, f"ping from {src} to {dst_ip}"), out)
 
 
 def ping_counts(out, what):
