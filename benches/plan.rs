@@ -93,6 +93,7 @@ fn scenario(nodes: u32, networks: u32, pods_per_node: u32, dual_stack: bool) -> 
                     host_ifname: format!("lp-{p:05}"),
                     network: net.clone(),
                     ips: vec![ipnet::IpNet::from(ip)],
+                    host_ports: Vec::new(),
                 });
             }
         }

@@ -19,6 +19,7 @@ pub mod dataplane;
 pub mod durable;
 #[cfg(feature = "agent")]
 mod hash;
+pub mod hostport;
 pub mod index;
 #[cfg(feature = "kube")]
 pub mod k8s;

@@ -13,6 +13,7 @@ use crate::api::{
     LabelSelector, NetworkAllocationSpec, NetworkBindingPolicySpec, NetworkRoutingPolicySpec,
     NetworkSpec, NodeAllocationSpec, ServiceBindingPolicySpec, ServiceRoutingPolicySpec, Underlay,
 };
+use crate::hostport::HostPort;
 
 /// `namespace/name` of a namespaced object.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -205,6 +206,9 @@ pub struct PodAttachment {
     pub host_ifname: String,
     pub network: String,
     pub ips: Vec<IpNet>,
+    /// The pod's hostPorts, as the runtime passed them at ADD.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub host_ports: Vec<HostPort>,
 }
 
 /// Cluster-wide settings that are not objects (chart values, agent flags).

@@ -123,8 +123,23 @@ fn golden_plan_network_policies() {
     golden("netpol-node-2.nft", &node2.render_nft());
 }
 
+/// node-1 with hostPorts ([`common::golden_attachments_host_ports`]): the DNAT maps, the
+/// accepted pods and the main-table routes into the pods' VRFs.
+#[test]
+fn golden_plan_host_ports() {
+    let desired = plan(
+        "node-1",
+        &common::golden_cluster(),
+        &common::golden_attachments_host_ports(),
+    )
+    .expect("plans");
+    golden("hostports-node-1.plan", &desired.render());
+    golden("hostports-node-1.nft", &desired.render_nft());
+}
+
 /// Every golden ruleset.
-const GOLDEN_NFT: [&str; 7] = [
+const GOLDEN_NFT: [&str; 8] = [
+    "hostports-node-1.nft",
     "node-1.nft",
     "node-2.nft",
     "mixed-node-1.nft",

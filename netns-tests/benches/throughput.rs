@@ -577,6 +577,7 @@ fn attachment(i: u8) -> PodAttachment {
         host_ifname: HOST_IF.into(),
         network: "bench".into(),
         ips: vec![IpNet::V4(Ipv4Net::from(pod_addr(i)))],
+        host_ports: Vec::new(),
     }
 }
 

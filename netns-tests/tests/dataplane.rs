@@ -307,6 +307,7 @@ fn attachments(node: u32, with_tenant: bool) -> Vec<PodAttachment> {
                 IpNet::V4(Ipv4Net::from(p.addr)),
                 IpNet::V6(Ipv6Net::from(p.addr6)),
             ],
+            host_ports: Vec::new(),
         })
         .collect()
 }

@@ -52,6 +52,7 @@ fn desired(pods: &[&str]) -> DesiredNode {
             host_ifname: ifname.to_string(),
             network: name.to_string(),
             ips: vec![IpNet::V4(Ipv4Net::from(pod_addr(*second)))],
+            host_ports: Vec::new(),
         })
         .collect();
     plan("n1", &s, &attached).unwrap()

@@ -307,6 +307,7 @@ fn attachments(i: u16) -> Vec<PodAttachment> {
                 IpNet::V4(Ipv4Net::from(p.v4())),
                 IpNet::V6(Ipv6Net::from(p.v6())),
             ],
+            host_ports: Vec::new(),
         })
         .collect()
 }

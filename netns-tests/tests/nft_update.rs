@@ -46,6 +46,7 @@ fn desired(self_policy: bool) -> DesiredNode {
             host_ifname: (*host_if).into(),
             network: "default".into(),
             ips: vec![IpNet::V4(Ipv4Net::from(*addr))],
+            host_ports: Vec::new(),
         })
         .collect();
     plan("node1", &s, &pods).unwrap()

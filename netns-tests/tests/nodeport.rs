@@ -204,6 +204,7 @@ fn attachments(i: u16) -> Vec<PodAttachment> {
             IpNet::V4(Ipv4Net::from(WEB_V4)),
             IpNet::V6(Ipv6Net::from(WEB_V6)),
         ],
+        host_ports: Vec::new(),
     }]
 }
 

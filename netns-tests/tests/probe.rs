@@ -850,6 +850,7 @@ mod planned {
                     IpNet::V4(Ipv4Net::from(pod_addr(second))),
                     IpNet::V6(Ipv6Net::from(pod_addr_v6(second))),
                 ],
+                host_ports: Vec::new(),
             })
             .collect()
     }

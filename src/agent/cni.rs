@@ -30,14 +30,16 @@ use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
 
-use super::ipam::{AttachmentKey, IpamError, Record};
+use super::ipam::{AttachmentKey, Claim, IpamError, Record};
 use super::{Agent, Dataplane};
 use crate::binding;
 use crate::dataplane::{gateway, DataplaneError, PodInterface, POD_LINK_PREFIX};
 use crate::hash::fnv1a64;
 use crate::plan::{vrf_name, vrf_table, RouteKey};
 use crate::state::{ObjectKey, Pod};
-use crate::wire::{CniError, CniResult, Command, ErrorCode, Interface, IpConfig, Request, Route};
+use crate::wire::{
+    host_ports, CniError, CniResult, Command, ErrorCode, Interface, IpConfig, Request, Route,
+};
 
 /// CHECK found a difference.
 pub const CHECK_FAILED: ErrorCode = ErrorCode(100);
@@ -334,6 +336,8 @@ async fn add(agent: &Arc<Agent>, req: &Request) -> Result<CniResult, CniError> {
         return Err(missing("K8S_POD_NAMESPACE and K8S_POD_NAME", req.command));
     };
     let pod = ObjectKey::new(ns.clone(), name.clone());
+    let host_ports = host_ports(&req.config)
+        .map_err(|e| CniError::new(ErrorCode::INVALID_NETCONF, e.to_string()))?;
     let placement = place(agent, &pod).await?;
     let host = host_ifname(&key.container_id, &key.ifname);
     // Before allocating: a runtime's namespace that is not there fails the ADD at once.
@@ -357,9 +361,17 @@ async fn add(agent: &Arc<Agent>, req: &Request) -> Result<CniResult, CniError> {
             netns_path.clone(),
         );
         blocking(move || {
-            agent
-                .ipam
-                .allocate(&key, &pod, &network, &blocks, &host, Some(netns_path))
+            agent.ipam.allocate(
+                &key,
+                Claim {
+                    pod: &pod,
+                    network: &network,
+                    blocks: &blocks,
+                    host_ifname: &host,
+                    netns: Some(netns_path),
+                    host_ports,
+                },
+            )
         })
         .await?
     };
@@ -378,7 +390,7 @@ async fn add(agent: &Arc<Agent>, req: &Request) -> Result<CniResult, CniError> {
             tracing::info!(
                 pod = %pod, container = %key.container_id, ifname = %key.ifname, host = %host,
                 network = %placement.network, vrf = %placement.vrf, table = placement.table,
-                ips = ?record.ips, "ADD"
+                ips = ?record.ips, host_ports = ?record.host_ports, "ADD"
             );
             Ok(result(
                 &key.ifname,

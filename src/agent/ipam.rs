@@ -35,6 +35,7 @@ use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 
+use crate::hostport::HostPort;
 use crate::state::{ObjectKey, PodAttachment};
 
 /// The store's file in the state directory.
@@ -75,8 +76,31 @@ pub enum IpamError {
     Exhausted { network: String, block: IpNet },
     #[error("Network {network:?} has no block on this node")]
     NoBlocks { network: String },
+    #[error(
+        "hostPort {port} is taken on this node by pod {holder} (container {container}): a node \
+         exposes one host address, port and protocol once; delete that pod or give this one \
+         another hostPort"
+    )]
+    HostPortTaken {
+        port: String,
+        holder: ObjectKey,
+        container: String,
+    },
     #[error("IPAM state lock poisoned by a panic in another request")]
     Poisoned,
+}
+
+/// What one ADD asks of the store for its attachment.
+#[derive(Clone, Debug)]
+pub struct Claim<'a> {
+    pub pod: &'a ObjectKey,
+    /// The Network, and this node's blocks of it (one address is taken from each).
+    pub network: &'a str,
+    pub blocks: &'a [IpNet],
+    pub host_ifname: &'a str,
+    pub netns: Option<PathBuf>,
+    /// The pod's hostPorts: none may conflict with another attachment's.
+    pub host_ports: Vec<HostPort>,
 }
 
 /// Identity of one pod interface: what the runtime passes as `CNI_CONTAINERID` and
@@ -105,6 +129,9 @@ pub struct Record {
     /// `CNI_NETNS` at ADD (for CHECK and for cleaning a half-created pod at DEL).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub netns: Option<PathBuf>,
+    /// The pod's hostPorts (`runtimeConfig.portMappings` at ADD).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub host_ports: Vec<HostPort>,
 }
 
 impl Record {
@@ -116,6 +143,7 @@ impl Record {
             host_ifname: self.host_ifname.clone(),
             network: self.network.clone(),
             ips: self.ips.clone(),
+            host_ports: self.host_ports.clone(),
         }
     }
 }
@@ -227,25 +255,38 @@ impl IpamStore {
         Ok(out)
     }
 
-    /// Allocates one address from each of `blocks` (this node's blocks of `network`) for
-    /// `key` and persists it before returning. If `key` already holds addresses of the same
-    /// Network (a retried ADD), they are returned unchanged; if it holds another Network's,
-    /// those are released first.
-    pub fn allocate(
-        &self,
-        key: &AttachmentKey,
-        pod: &ObjectKey,
-        network: &str,
-        blocks: &[IpNet],
-        host_ifname: &str,
-        netns: Option<PathBuf>,
-    ) -> Result<Record, IpamError> {
+    /// Allocates one address from each of the claim's blocks (this node's blocks of its
+    /// Network) for `key`, with its hostPorts, and persists it before returning. If `key`
+    /// already holds addresses of the same Network (a retried ADD), they are returned
+    /// unchanged; if it holds another Network's, those are released first. A hostPort another
+    /// attachment holds fails the claim.
+    pub fn allocate(&self, key: &AttachmentKey, claim: Claim<'_>) -> Result<Record, IpamError> {
+        let Claim {
+            pod,
+            network,
+            blocks,
+            host_ifname,
+            netns,
+            host_ports,
+        } = claim;
         if blocks.is_empty() {
             return Err(IpamError::NoBlocks {
                 network: network.to_owned(),
             });
         }
         let mut records = self.lock()?;
+        for (k, r) in records.iter().filter(|(k, _)| *k != key) {
+            if let Some(hp) = host_ports
+                .iter()
+                .find(|hp| r.host_ports.iter().any(|o| o.conflicts_with(hp)))
+            {
+                return Err(IpamError::HostPortTaken {
+                    port: hp.to_string(),
+                    holder: r.pod.clone(),
+                    container: k.container_id.clone(),
+                });
+            }
+        }
         if let Some(existing) = records.get(key) {
             if existing.network == network
                 && existing.ips.len() == blocks.len()
@@ -256,8 +297,9 @@ impl IpamStore {
                     .all(|(ip, b)| b.contains(&ip.addr()))
             {
                 let mut rec = existing.clone();
-                if rec.netns != netns {
+                if rec.netns != netns || rec.host_ports != host_ports {
                     rec.netns = netns;
+                    rec.host_ports = host_ports;
                     records.insert(key.clone(), rec.clone());
                     self.persist(&records)?;
                 }
@@ -283,6 +325,7 @@ impl IpamStore {
             host_ifname: host_ifname.to_owned(),
             ips,
             netns,
+            host_ports,
         };
         let previous = records.insert(key.clone(), rec.clone());
         if let Err(e) = self.persist(&records) {
@@ -440,15 +483,24 @@ mod tests {
         ]
     }
 
-    fn alloc(s: &IpamStore, i: usize, blocks: &[IpNet]) -> Result<Record, IpamError> {
-        s.allocate(
-            &key(i),
-            &pod(i),
-            "default",
+    fn claim<'a>(
+        pod: &'a ObjectKey,
+        network: &'a str,
+        blocks: &'a [IpNet],
+        host_ifname: &'a str,
+    ) -> Claim<'a> {
+        Claim {
+            pod,
+            network,
             blocks,
-            &format!("lp-{i}"),
-            None,
-        )
+            host_ifname,
+            netns: None,
+            host_ports: Vec::new(),
+        }
+    }
+
+    fn alloc(s: &IpamStore, i: usize, blocks: &[IpNet]) -> Result<Record, IpamError> {
+        s.allocate(&key(i), claim(&pod(i), "default", blocks, &format!("lp-{i}")))
     }
 
     #[test]
@@ -522,7 +574,7 @@ mod tests {
         // The failed ADD left nothing behind.
         assert_eq!(s.records().unwrap().len(), 2);
         let none = s
-            .allocate(&key(9), &pod(9), "tenant", &[], "lp-9", None)
+            .allocate(&key(9), claim(&pod(9), "tenant", &[], "lp-9"))
             .unwrap_err()
             .to_string();
         assert!(none.contains("\"tenant\""), "{none}");
@@ -546,6 +598,50 @@ mod tests {
         let c = alloc(&s, 2, &blocks()).unwrap();
         assert_eq!(c.ips, a.ips, "lowest free address is reused");
         assert_eq!(s.in_use().unwrap()["default"], 4);
+    }
+
+    #[test]
+    fn host_ports_are_kept_and_a_conflict_is_refused_naming_the_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = IpamStore::open(dir.path()).unwrap();
+        let web = |container_port, host_ip: Option<&str>| HostPort {
+            protocol: crate::hostport::Protocol::Tcp,
+            host_port: 8080,
+            container_port,
+            host_ip: host_ip.map(|ip| ip.parse().unwrap()),
+        };
+        let (pods, blocks): (Vec<ObjectKey>, _) = ((0..3).map(pod).collect(), blocks());
+        let with = |i: usize, hp: HostPort| Claim {
+            host_ports: vec![hp],
+            ..claim(&pods[i], "default", &blocks, "lp")
+        };
+        let a = s.allocate(&key(0), with(0, web(80, Some("192.0.2.1")))).unwrap();
+        assert_eq!(a.host_ports, vec![web(80, Some("192.0.2.1"))]);
+        // Another address of the node: no conflict.
+        s.allocate(&key(1), with(1, web(81, Some("192.0.2.2")))).unwrap();
+        // Every address: conflicts with both; nothing is recorded.
+        let err = s.allocate(&key(2), with(2, web(82, None))).unwrap_err();
+        assert!(matches!(err, IpamError::HostPortTaken { .. }), "{err}");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("8080/TCP -> 82") && msg.contains("pod default/p0") && msg.contains("container c0"),
+            "{msg}"
+        );
+        assert_eq!(s.records().unwrap().len(), 2);
+        // A retried ADD of the holder keeps its port, and it survives a restart.
+        s.allocate(&key(0), with(0, web(80, Some("192.0.2.1")))).unwrap();
+        drop(s);
+        let s = IpamStore::open(dir.path()).unwrap();
+        assert_eq!(s.get(&key(0)).unwrap().unwrap().host_ports, a.host_ports);
+        assert_eq!(
+            s.pod_attachments().unwrap()[0].host_ports,
+            a.host_ports,
+            "the planner sees the pod's hostPorts"
+        );
+        // Released, the port is free again.
+        s.release(&key(0)).unwrap();
+        s.release(&key(1)).unwrap();
+        s.allocate(&key(2), with(2, web(82, None))).unwrap();
     }
 
     #[test]

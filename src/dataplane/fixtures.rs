@@ -97,6 +97,7 @@ pub fn desired(with_b: bool) -> DesiredNode {
         host_ifname: "lp-pa".into(),
         network: "a".into(),
         ips: vec!["10.1.1.10/32".parse().unwrap()],
+        host_ports: Vec::new(),
     }];
     if with_b {
         pods.push(PodAttachment {
@@ -105,6 +106,7 @@ pub fn desired(with_b: bool) -> DesiredNode {
             host_ifname: "lp-pb".into(),
             network: "b".into(),
             ips: vec!["10.2.1.10/32".parse().unwrap()],
+            host_ports: Vec::new(),
         });
     }
     plan("n1", &state(with_b), &pods).unwrap()

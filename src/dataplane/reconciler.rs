@@ -405,7 +405,7 @@ fn converge(
             // After a failure the table may or may not have changed: forget, and let the next
             // observation decide.
             *known = if failures.is_empty() {
-                let desired_nft = desired.as_ref().map(|d| &d.base.nft);
+                let desired_nft = desired.as_ref().map(|d| d.nft());
                 KnownRuleset::after(known.take(), desired_nft, nft_tag)
             } else {
                 None

@@ -110,6 +110,7 @@ pub(super) fn build_base(
                 n.name.to_string(),
                 PodNetwork {
                     table: n.table,
+                    vrf: n.vrf.clone(),
                     blocks,
                 },
             )

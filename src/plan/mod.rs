@@ -34,6 +34,7 @@
 //! routes of the local pods when attachments change.
 
 mod base;
+mod hostport;
 pub mod ingress;
 mod netpol;
 pub mod nft;
@@ -394,6 +395,7 @@ impl fmt::Display for Rule {
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct PodNetwork {
     table: u32,
+    vrf: String,
     blocks: Vec<IpNet>,
 }
 
@@ -456,8 +458,11 @@ pub struct DesiredNode {
     pub node: String,
     /// The pod-independent part.
     pub base: Arc<NodeBase>,
-    /// Routes of local pods: `/32` `/128` in their Network's table and in [`PROBE_TABLE`].
+    /// Routes of local pods: `/32` `/128` in their Network's table and in [`PROBE_TABLE`],
+    /// and in the main table for pods with hostPorts.
     pub pod_routes: BTreeMap<RouteKey, Nexthop>,
+    /// The base's ruleset with the local pods' hostPort elements, when there are any.
+    pub host_port_nft: Option<Arc<nft::Ruleset>>,
 }
 
 impl DesiredNode {
@@ -486,9 +491,14 @@ impl DesiredNode {
         })
     }
 
+    /// The nftables ruleset: the base's, with the local pods' hostPorts.
+    pub fn nft(&self) -> &nft::Ruleset {
+        self.host_port_nft.as_deref().unwrap_or(&self.base.nft)
+    }
+
     /// The nftables ruleset as `nft -f` text.
     pub fn render_nft(&self) -> String {
-        self.base.nft.render()
+        self.nft().render()
     }
 
     /// A human-readable rendering of everything but the nft ruleset, in `ip`-like syntax.
@@ -657,6 +667,7 @@ impl Planner {
     /// The full plan for these local attachments (cost: the attachments only).
     pub fn plan(&self, local: &[PodAttachment]) -> Result<DesiredNode, PlanError> {
         let mut pod_routes = BTreeMap::new();
+        let mut host_ports = hostport::Mapped::default();
         let mut owners: HashMap<IpAddr, &ObjectKey> = HashMap::new();
         for att in local {
             let Some(pn) = self.base.pod_networks.get(&att.network) else {
@@ -711,11 +722,15 @@ impl Planner {
                     probe,
                 );
             }
+            host_ports.add(att, &pn.vrf);
         }
+        let host_port_nft = host_ports.ruleset(&self.base.nft).map(Arc::new);
+        pod_routes.append(&mut host_ports.routes);
         Ok(DesiredNode {
             node: self.node.clone(),
             base: Arc::clone(&self.base),
             pod_routes,
+            host_port_nft,
         })
     }
 }

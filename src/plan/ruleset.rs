@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 
 use ipnet::IpNet;
 
+use super::hostport;
 use super::ingress::{self, Ingress};
 use super::netpol;
 use super::nft::{self, Chain, Hook, Set};
@@ -103,6 +104,7 @@ pub(super) fn build_ruleset(
                 hairpin4,
                 hairpin6,
             ],
+            hostport::sets(),
             np_sets,
         ]
         .concat(),
@@ -125,6 +127,7 @@ pub(super) fn build_ruleset(
                 ingress::snat_chain(),
                 masquerade(),
             ],
+            hostport::chains().into(),
         ]
         .concat(),
     }
@@ -450,6 +453,7 @@ fn policy_chains(network_policies: bool) -> [Chain; 3] {
         ingress::accept_from_ingress(c);
     }
     ingress::accept_nodeports(&mut to_pods);
+    hostport::accept(&mut to_pods);
     from_pods.rule(
         "ip saddr @egress_v4 ip daddr != @cluster_v4 accept",
         "NetworkRoutingPolicy to an external Network",
@@ -527,6 +531,7 @@ fn host_to_pods_chains() -> [Chain; 2] {
     // does not masquerade them (externalTrafficPolicy Local), and the VRF's transmit path
     // runs this hook for them.
     ingress::accept_nodeports(&mut from_host);
+    hostport::accept(&mut from_host);
     from_host.rule(
         "counter drop",
         "host processes other than the kubelet do not open connections to pods",

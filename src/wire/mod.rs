@@ -18,6 +18,7 @@ pub mod del_queue;
 mod environment;
 mod netconf;
 mod protocol;
+mod runtime;
 mod spec;
 
 pub use environment::{
@@ -33,6 +34,7 @@ pub use netconf::{
 pub use protocol::{
     decode_line, encode_line, Command, FrameError, Request, Response, MAX_MESSAGE_BYTES,
 };
+pub use runtime::{host_ports, PortMappingError, PORT_MAPPINGS};
 pub use spec::{
     CniError, CniResult, CniVersion, Dns, ErrorCode, Interface, IpConfig, ResultError, Route,
     UnknownVersion, VersionInfo,

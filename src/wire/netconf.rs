@@ -1,6 +1,7 @@
 //! The network configuration: what the runtime passes on stdin ([`NetConf`]) and the conflist
 //! the agent writes for it ([`ConfList`]), with Lace's own keys ([`PluginSettings`]).
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use serde::de::DeserializeOwned;
@@ -8,7 +9,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::environment::is_cni_identifier;
+use super::runtime::{host_ports, PortMappingError, PORT_MAPPINGS};
 use super::{CniError, CniResult, CniVersion, ErrorCode};
+use crate::hostport::HostPort;
 
 /// Value of `type` in Lace's conflist entry: the file name of the plugin in the CNI bin dir.
 pub const PLUGIN_TYPE: &str = "lace";
@@ -123,6 +126,8 @@ pub struct NetConf {
     pub prev_result: Option<CniResult>,
     /// Attachments still in use (`GC` only).
     pub valid_attachments: Option<Vec<Attachment>>,
+    /// The pod's hostPorts (`runtimeConfig.portMappings`).
+    pub host_ports: Vec<HostPort>,
     /// The whole configuration as received, unknown keys included, forwarded to the agent.
     pub raw: Map<String, Value>,
 }
@@ -164,6 +169,9 @@ pub enum NetConfError {
         #[source]
         source: serde_json::Error,
     },
+    /// `runtimeConfig.portMappings` (the pod's hostPorts) cannot be used.
+    #[error(transparent)]
+    PortMappings(PortMappingError),
     /// `type` names another plugin.
     #[error(
         "network configuration type is {0:?}, but this plugin serves {PLUGIN_TYPE:?} (and \
@@ -216,6 +224,7 @@ impl NetConfError {
             | NetConfError::WrongType(_)
             | NetConfError::InvalidName(_)
             | NetConfError::RelativePath { .. }
+            | NetConfError::PortMappings(_)
             | NetConfError::Timeout(_) => ErrorCode::INVALID_NETCONF,
         }
     }
@@ -397,12 +406,14 @@ impl NetConf {
             Some(list) => Some(list),
             None => field(&raw, LEGACY_ATTACHMENTS_KEY)?,
         };
+        let host_ports = host_ports(&raw).map_err(NetConfError::PortMappings)?;
         Ok(NetConf {
             cni_version,
             name,
             settings,
             prev_result,
             valid_attachments,
+            host_ports,
             raw,
         })
     }
@@ -425,6 +436,10 @@ pub struct PluginEntry {
     /// Always [`PLUGIN_TYPE`].
     #[serde(rename = "type")]
     pub plugin_type: String,
+    /// The runtime capabilities Lace takes (`{"portMappings": true}`): the runtime passes
+    /// what the pod asks of them in `runtimeConfig`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub capabilities: BTreeMap<String, bool>,
     /// Lace's keys.
     #[serde(flatten)]
     pub settings: PluginSettings,
@@ -454,6 +469,7 @@ impl ConfList {
             name: name.into(),
             plugins: vec![PluginEntry {
                 plugin_type: PLUGIN_TYPE.to_owned(),
+                capabilities: BTreeMap::from([(PORT_MAPPINGS.to_owned(), true)]),
                 settings,
             }],
         }

@@ -259,6 +259,7 @@ pub fn mk_attachment(
                 IpNet::from(a)
             })
             .collect(),
+        host_ports: Vec::new(),
     }
 }
 
@@ -395,6 +396,29 @@ pub fn golden_attachments() -> Vec<PodAttachment> {
             &["10.30.1.2", "fd00:30:0:1::2"],
         ),
     ]
+}
+
+/// [`golden_attachments`] with hostPorts: web-0 (IPv4 only) exposes 8080/TCP on every address
+/// of the node and 8443/TCP on 192.0.2.10 only, coredns-0 (dual-stack) 5353/UDP on every
+/// address (both families) and 5354/UDP on 2001:db8::10 only (IPv6).
+pub fn golden_attachments_host_ports() -> Vec<PodAttachment> {
+    use lace::hostport::{HostPort, Protocol};
+    let hp = |protocol, host_port, container_port, host_ip: Option<&str>| HostPort {
+        protocol,
+        host_port,
+        container_port,
+        host_ip: host_ip.map(|ip| ip.parse().unwrap()),
+    };
+    let mut out = golden_attachments();
+    out[0].host_ports = vec![
+        hp(Protocol::Udp, 5353, 53, None),
+        hp(Protocol::Udp, 5354, 53, Some("2001:db8::10")),
+    ];
+    out[1].host_ports = vec![
+        hp(Protocol::Tcp, 8080, 80, None),
+        hp(Protocol::Tcp, 8443, 443, Some("192.0.2.10")),
+    ];
+    out
 }
 
 /// Local pods of node-2 in the golden cluster (coredns-1 is a kube-dns backend).

@@ -210,7 +210,7 @@ fn diff_in(
     // --- nft, sysctls, tunsrc: read afresh by every reconcile, never notified -------------
     if scope == Scope::All {
         out.ops.extend(nft::op(
-            &base.nft,
+            d.nft(),
             &d.render_nft(),
             &observed.nft,
             known_nft,

@@ -27,6 +27,7 @@ fn desired_v4(s: &ClusterState) -> DesiredNode {
         host_ifname: "lp-pa".into(),
         network: "a".into(),
         ips: vec!["10.1.1.10/32".parse().unwrap()],
+        host_ports: Vec::new(),
     };
     plan("n1", s, &[pod]).unwrap()
 }
@@ -283,6 +284,7 @@ fn desired_dual(s: &ClusterState) -> DesiredNode {
                 "10.1.1.10/32".parse().unwrap(),
                 "fd00:1:0:1::a/128".parse().unwrap(),
             ],
+            host_ports: Vec::new(),
         },
         PodAttachment {
             pod: ObjectKey::new("ns", "pb"),
@@ -290,6 +292,7 @@ fn desired_dual(s: &ClusterState) -> DesiredNode {
             host_ifname: "lp-pb".into(),
             network: "a".into(),
             ips: vec!["10.1.1.11/32".parse().unwrap()],
+            host_ports: Vec::new(),
         },
     ];
     plan("n1", s, &pods).unwrap()
