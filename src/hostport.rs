@@ -113,7 +113,11 @@ mod tests {
         assert!(hp(Tcp, 8080, Some("192.0.2.1")).conflicts_with(&any));
         assert!(!any.conflicts_with(&hp(Udp, 8080, None)));
         assert!(!any.conflicts_with(&hp(Tcp, 8081, None)));
-        assert!(!hp(Tcp, 8080, Some("192.0.2.1")).conflicts_with(&hp(Tcp, 8080, Some("192.0.2.2"))));
+        assert!(!hp(Tcp, 8080, Some("192.0.2.1")).conflicts_with(&hp(
+            Tcp,
+            8080,
+            Some("192.0.2.2")
+        )));
         assert!(hp(Sctp, 9, Some("2001:db8::1")).conflicts_with(&hp(Sctp, 9, Some("2001:db8::1"))));
     }
 

@@ -58,6 +58,11 @@ enum Command {
         /// With `--probe`: the network namespace standing in for the node (tests, the demo).
         #[arg(long, requires = "probe")]
         netns: Option<PathBuf>,
+        /// Plan with the local pods the node's agent recorded in this state directory (its
+        /// `--state-dir`; read without taking the agent's lock): their routes, and their
+        /// hostPorts in the ruleset, each naming its pod. Without it the plan has no local pods.
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
     },
     /// Explain the policies of a directory of manifests: each pod's Network (and the binding
     /// policy that chose it) and every allowed `from -> to` Network pair (and the routing
@@ -169,6 +174,7 @@ fn main() -> Result<()> {
             nft_only,
             probe,
             netns,
+            state_dir,
         } => {
             let state = load(&manifests)?;
             let facts = if probe {
@@ -176,7 +182,12 @@ fn main() -> Result<()> {
             } else {
                 Default::default()
             };
-            let plan = lace::plan::plan_with(&node, &state, &facts, &[])
+            let local = match &state_dir {
+                Some(dir) => lace::agent::ipam::IpamStore::read_attachments(dir)
+                    .with_context(|| format!("reading the agent's records in {}", dir.display()))?,
+                None => Vec::new(),
+            };
+            let plan = lace::plan::plan_with(&node, &state, &facts, &local)
                 .with_context(|| format!("planning node {node:?} from {}", manifests.display()))?;
             let mut text = String::new();
             if !nft_only {

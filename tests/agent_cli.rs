@@ -146,3 +146,68 @@ fn policy_for_one_pod_shows_its_network_policies() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("team-a/nope"));
 }
+
+/// `plan --state-dir`: the node's local pods as its agent recorded them (the IPAM store), with
+/// a pod's hostPorts as DNAT map elements naming the pod and its route from the main table
+/// into its VRF.
+#[test]
+fn plan_with_the_agents_records_shows_each_host_port_naming_its_pod() {
+    use lace::agent::ipam::{AttachmentKey, Claim, IpamStore};
+    use lace::hostport::{HostPort, Protocol};
+    use lace::state::ObjectKey;
+    let state = lace::load::load_dir(Path::new(&example())).unwrap();
+    let blocks = lace::alloc::node_blocks(
+        state.node_allocations["node-1"].index,
+        &state.networks["default"].subnets,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let key = AttachmentKey {
+        container_id: "c-ingress".into(),
+        ifname: "eth0".into(),
+    };
+    let pod = ObjectKey::new("ingress", "controller-0");
+    let rec = IpamStore::open(dir.path())
+        .unwrap()
+        .allocate(
+            &key,
+            Claim {
+                pod: &pod,
+                network: "default",
+                blocks: &blocks,
+                host_ifname: "lp-ingress",
+                netns: None,
+                host_ports: vec![HostPort {
+                    protocol: Protocol::Tcp,
+                    host_port: 443,
+                    container_port: 8443,
+                    host_ip: None,
+                }],
+            },
+        )
+        .unwrap();
+    let v4 = rec
+        .ips
+        .iter()
+        .find(|ip| ip.addr().is_ipv4())
+        .unwrap()
+        .addr();
+    let dir_arg = dir.path().display().to_string();
+    let out = agent(&[
+        "plan",
+        "--manifests",
+        &example(),
+        "--node",
+        "node-1",
+        "--state-dir",
+        &dir_arg,
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    let element = format!("tcp . 443 comment \"pod ingress/controller-0\" : {v4} . 8443");
+    assert!(text.contains(&element), "no `{element}` in:\n{text}");
+    assert!(text.contains(&format!("{v4}/32 dev lv-default")), "{text}");
+    // Without the records: no local pods, no hostPorts.
+    let out = agent(&["plan", "--manifests", &example(), "--node", "node-1"]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(!text.contains("controller-0"), "{text}");
+}

@@ -15,6 +15,10 @@
 //!
 //! Beside them, on one node of its own, a pod reaching itself through a Service's ClusterIP
 //! (hairpin), with kube-proxy's DNAT and hairpin masquerade.
+//!
+//! hostPorts (the runtime's `portMappings`) on the same three nodes: the web pod maps ports of
+//! node 2 to itself, reached from the host outside, from node 2 itself and from another pod
+//! on node 2, in both families, and gone once the pod's hostPorts are.
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -574,4 +578,208 @@ fn a_pod_reaches_itself_through_a_service() {
             node.exec("nft", &["list", "ruleset"]).unwrap_or_default()
         );
     }
+}
+
+/// hostPorts of the web pod on node 2: TCP 9080 on every address of the node, TCP 9443 on its
+/// IPv4 address only (hostIP), UDP 9053 on every address.
+const HP_ANY: u16 = 9080;
+const HP_V4_ONLY: u16 = 9443;
+const HP_UDP: u16 = 9053;
+const UDP_TARGET: u16 = 8053;
+/// Another pod of `default` on node 2.
+const PEER_V4: Ipv4Addr = Ipv4Addr::new(10, 1, 2, 11);
+const PEER_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 1, 0, 2, 0, 0, 0, 11);
+
+/// Node 2's attachments: the web pod with `host_ports`, and the peer pod.
+fn host_port_attachments(host_ports: Vec<lace::hostport::HostPort>) -> Vec<PodAttachment> {
+    let mut atts = attachments(2);
+    atts[0].host_ports = host_ports;
+    atts.push(PodAttachment {
+        pod: ObjectKey::new("test", "peer"),
+        container_id: "c-peer".into(),
+        host_ifname: "lp-peer".into(),
+        network: "default".into(),
+        ips: vec![
+            IpNet::V4(Ipv4Net::from(PEER_V4)),
+            IpNet::V6(Ipv6Net::from(PEER_V6)),
+        ],
+        host_ports: Vec::new(),
+    });
+    atts
+}
+
+/// Reached from outside the cluster (the client's own address seen), from node 2 itself
+/// and from the peer pod (its Network reaches itself here), both families; only on node 2,
+/// and the hostIP mapping on its address only. Then the pod's hostPorts are gone (its DEL):
+/// nothing is reached, and the main table no longer routes the pod into the VRF. Each plan is
+/// applied twice (the second writes nothing), and once more by a new reconciler, as after an
+/// agent restart.
+#[test]
+fn host_ports_from_outside_from_the_node_and_from_pods() {
+    use lace::hostport::{HostPort, Protocol};
+    require_root_and_vrf();
+    let mut w = World::build(Underpath::Ipv6);
+    w.topo.add("peer").unwrap();
+    let (node2, peer) = (w.node(2), w.ns("peer"));
+    attach_pod(node2, "lp-peer", peer, PEER_V4).unwrap();
+    add_pod_v6(node2, "lp-peer", peer, PEER_V6).unwrap();
+    let web = w.ns("web");
+    let _servers = [
+        PeerEcho::start(web, (IpAddr::V4(WEB_V4), TARGET_PORT).into(), PATIENT),
+        PeerEcho::start(web, (IpAddr::V6(WEB_V6), TARGET_PORT).into(), PATIENT),
+    ];
+    let _udp = echo::UdpEcho::start(web, (IpAddr::V4(WEB_V4), UDP_TARGET).into());
+    let hp = |protocol, host_port, container_port, host_ip: Option<IpAddr>| HostPort {
+        protocol,
+        host_port,
+        container_port,
+        host_ip,
+    };
+    let mapped = vec![
+        hp(Protocol::Tcp, HP_ANY, TARGET_PORT, None),
+        hp(
+            Protocol::Tcp,
+            HP_V4_ONLY,
+            TARGET_PORT,
+            Some(node_addr(2, false)),
+        ),
+        hp(Protocol::Udp, HP_UDP, UDP_TARGET, None),
+    ];
+    let mut s = cluster(false, Underpath::Ipv6);
+    s.network_routes.insert(
+        "default-to-default".into(),
+        NetworkRoutingPolicySpec {
+            from: "default".into(),
+            to: "default".into(),
+        },
+    );
+    let plan_with = |host_ports: Vec<HostPort>| -> Vec<DesiredNode> {
+        NODES
+            .iter()
+            .map(|&i| {
+                let atts = if i == 2 {
+                    host_port_attachments(host_ports.clone())
+                } else {
+                    vec![]
+                };
+                plan(&label(i), &s, &atts).unwrap()
+            })
+            .collect()
+    };
+    let recs: Vec<Reconciler> = NODES
+        .iter()
+        .map(|&i| Reconciler::new(NetnsTarget::Path(w.node(i).path())).unwrap())
+        .collect();
+
+    let p = plan_with(mapped);
+    assert!(apply(&recs, &p) > 0);
+    assert_eq!(
+        apply(&recs, &p),
+        0,
+        "applying the plan twice writes nothing"
+    );
+    let restarted = Reconciler::new(NetnsTarget::Path(w.node(2).path())).unwrap();
+    assert_eq!(
+        restarted.reconcile(&p[1]).unwrap().writes,
+        0,
+        "a new reconciler (an agent restart) finds the hostPorts in place"
+    );
+    let nft = w
+        .node(2)
+        .exec("nft", &["list", "map", "inet", "lace", "hostports_any_v4"])
+        .unwrap();
+    assert!(
+        nft.contains(&format!(
+            "tcp . {HP_ANY} comment \"pod test/web\" : {WEB_V4} . {TARGET_PORT}"
+        )),
+        "the mapping, its comment naming the pod:\n{nft}"
+    );
+
+    let (outside, node2, peer) = (w.ns("outside"), w.node(2), w.ns("peer"));
+    let mut wrong = Vec::new();
+    let mut expect =
+        |what: String, got: Result<IpAddr, String>, want: Option<IpAddr>| match (want, got) {
+            (Some(want), Ok(seen)) if seen != want => {
+                wrong.push(format!("{what}: the pod saw {seen}, not {want}"))
+            }
+            (Some(_), Ok(_)) | (None, Err(_)) => {}
+            (Some(_), Err(e)) => wrong.push(format!("{what}: expected to connect, but {e}")),
+            (None, Ok(seen)) => wrong.push(format!(
+                "{what}: expected no connection, but the pod saw {seen}"
+            )),
+        };
+    for v6 in [false, true] {
+        let (me, peer_ip) = if v6 {
+            (IpAddr::V6(OUTSIDE_V6), IpAddr::V6(PEER_V6))
+        } else {
+            (IpAddr::V4(OUTSIDE_V4), IpAddr::V4(PEER_V4))
+        };
+        let to = node_addr(2, v6);
+        let ask = |ns: &Netns, port, ok: bool| {
+            echo::ask(ns, (to, port).into(), if ok { PATIENT } else { TIMEOUT })
+        };
+        expect(
+            format!("outside -> node2 {to}:{HP_ANY}"),
+            ask(outside, HP_ANY, true),
+            Some(me),
+        );
+        expect(
+            format!("node2 -> itself {to}:{HP_ANY}"),
+            ask(node2, HP_ANY, true),
+            Some(to),
+        );
+        expect(
+            format!("peer pod -> node2 {to}:{HP_ANY}"),
+            ask(peer, HP_ANY, true),
+            Some(peer_ip),
+        );
+        expect(
+            format!(
+                "outside -> node2 {to}:{HP_V4_ONLY} (hostIP {})",
+                node_addr(2, false)
+            ),
+            ask(outside, HP_V4_ONLY, !v6),
+            (!v6).then_some(me),
+        );
+        let other = node_addr(1, v6);
+        expect(
+            format!("outside -> node1 {other}:{HP_ANY} (the pod is on node 2)"),
+            echo::ask(outside, (other, HP_ANY).into(), TIMEOUT),
+            None,
+        );
+    }
+    let to = node_addr(2, false);
+    expect(
+        format!("outside -> node2 {to}:{HP_UDP}/UDP"),
+        echo::ask_udp(outside, (to, HP_UDP).into(), PATIENT),
+        Some(IpAddr::V4(OUTSIDE_V4)),
+    );
+    assert!(
+        wrong.is_empty(),
+        "hostPorts mapped:\n{}\n{}",
+        wrong.join("\n"),
+        w.diagnose(2)
+    );
+
+    // The pod's hostPorts gone (its DEL, or a new sandbox without them).
+    let p = plan_with(Vec::new());
+    assert!(apply(&recs, &p) > 0);
+    assert_eq!(
+        apply(&recs, &p),
+        0,
+        "applying the plan twice writes nothing"
+    );
+    for v6 in [false, true] {
+        let to = node_addr(2, v6);
+        let got = echo::ask(w.ns("outside"), (to, HP_ANY).into(), TIMEOUT);
+        assert!(
+            got.is_err(),
+            "outside -> node2 {to}:{HP_ANY} after the hostPorts went: connected ({got:?})"
+        );
+    }
+    let routes = w.node(2).ip("route show table main").unwrap();
+    assert!(
+        !routes.contains(&WEB_V4.to_string()),
+        "the main table still routes the pod:\n{routes}"
+    );
 }

@@ -185,25 +185,7 @@ impl IpamStore {
             .open(&lock_path)
             .map_err(io_err(&lock_path))?;
         let lock = take_lock(lock_file, &lock_path)?;
-        let path = dir.join(STORE_FILE);
-        let records = match fs::read(&path) {
-            Ok(bytes) => {
-                let file: StoreFile =
-                    serde_json::from_slice(&bytes).map_err(|source| IpamError::Corrupt {
-                        path: path.clone(),
-                        source,
-                    })?;
-                if file.version != FORMAT_VERSION {
-                    return Err(IpamError::Version {
-                        path,
-                        found: file.version,
-                    });
-                }
-                file.attachments.into_iter().collect()
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
-            Err(e) => return Err(io_err(&path)(e)),
-        };
+        let records = load(dir)?;
         // Temporary files are only ever half-written leftovers of a crash: we hold the lock.
         for entry in fs::read_dir(dir).map_err(io_err(dir))? {
             let entry = entry.map_err(io_err(dir))?;
@@ -217,6 +199,16 @@ impl IpamStore {
             records: Mutex::new(records),
             _lock: lock,
         })
+    }
+
+    /// The attachments recorded in `dir`, read without taking the lock (`lace-agent plan
+    /// --state-dir` beside a running agent: writes replace the file atomically, so a read sees
+    /// one whole state).
+    pub fn read_attachments(dir: &Path) -> Result<Vec<PodAttachment>, IpamError> {
+        Ok(load(dir)?
+            .iter()
+            .map(|(k, r)| r.to_pod_attachment(k))
+            .collect())
     }
 
     fn lock(&self) -> Result<MutexGuard<'_, BTreeMap<AttachmentKey, Record>>, IpamError> {
@@ -401,6 +393,29 @@ impl IpamStore {
     }
 }
 
+/// The records of `ipam.json` in `dir`; none when there is no such file.
+fn load(dir: &Path) -> Result<BTreeMap<AttachmentKey, Record>, IpamError> {
+    let path = dir.join(STORE_FILE);
+    match fs::read(&path) {
+        Ok(bytes) => {
+            let file: StoreFile =
+                serde_json::from_slice(&bytes).map_err(|source| IpamError::Corrupt {
+                    path: path.clone(),
+                    source,
+                })?;
+            if file.version != FORMAT_VERSION {
+                return Err(IpamError::Version {
+                    path,
+                    found: file.version,
+                });
+            }
+            Ok(file.attachments.into_iter().collect())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(BTreeMap::new()),
+        Err(e) => Err(io_err(&path)(e)),
+    }
+}
+
 fn take_lock(mut file: File, path: &Path) -> Result<Flock<File>, IpamError> {
     let deadline = Instant::now() + LOCK_WAIT;
     loop {
@@ -500,7 +515,10 @@ mod tests {
     }
 
     fn alloc(s: &IpamStore, i: usize, blocks: &[IpNet]) -> Result<Record, IpamError> {
-        s.allocate(&key(i), claim(&pod(i), "default", blocks, &format!("lp-{i}")))
+        s.allocate(
+            &key(i),
+            claim(&pod(i), "default", blocks, &format!("lp-{i}")),
+        )
     }
 
     #[test]
@@ -615,21 +633,27 @@ mod tests {
             host_ports: vec![hp],
             ..claim(&pods[i], "default", &blocks, "lp")
         };
-        let a = s.allocate(&key(0), with(0, web(80, Some("192.0.2.1")))).unwrap();
+        let a = s
+            .allocate(&key(0), with(0, web(80, Some("192.0.2.1"))))
+            .unwrap();
         assert_eq!(a.host_ports, vec![web(80, Some("192.0.2.1"))]);
         // Another address of the node: no conflict.
-        s.allocate(&key(1), with(1, web(81, Some("192.0.2.2")))).unwrap();
+        s.allocate(&key(1), with(1, web(81, Some("192.0.2.2"))))
+            .unwrap();
         // Every address: conflicts with both; nothing is recorded.
         let err = s.allocate(&key(2), with(2, web(82, None))).unwrap_err();
         assert!(matches!(err, IpamError::HostPortTaken { .. }), "{err}");
         let msg = err.to_string();
         assert!(
-            msg.contains("8080/TCP -> 82") && msg.contains("pod default/p0") && msg.contains("container c0"),
+            msg.contains("8080/TCP -> 82")
+                && msg.contains("pod default/p0")
+                && msg.contains("container c0"),
             "{msg}"
         );
         assert_eq!(s.records().unwrap().len(), 2);
         // A retried ADD of the holder keeps its port, and it survives a restart.
-        s.allocate(&key(0), with(0, web(80, Some("192.0.2.1")))).unwrap();
+        s.allocate(&key(0), with(0, web(80, Some("192.0.2.1"))))
+            .unwrap();
         drop(s);
         let s = IpamStore::open(dir.path()).unwrap();
         assert_eq!(s.get(&key(0)).unwrap().unwrap().host_ports, a.host_ports);
@@ -637,6 +661,11 @@ mod tests {
             s.pod_attachments().unwrap()[0].host_ports,
             a.host_ports,
             "the planner sees the pod's hostPorts"
+        );
+        assert_eq!(
+            IpamStore::read_attachments(dir.path()).unwrap(),
+            s.pod_attachments().unwrap(),
+            "read beside the running store, without its lock"
         );
         // Released, the port is free again.
         s.release(&key(0)).unwrap();

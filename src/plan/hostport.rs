@@ -143,12 +143,15 @@ impl Mapped {
                     Some(h) => (format!("hostports_{v}"), format!("{h} . {proto} . {port}")),
                     None => (format!("hostports_any_{v}"), format!("{proto} . {port}")),
                 };
-                if self.elements.iter().any(|(m, k, _, _)| *m == map && *k == key) {
+                if self
+                    .elements
+                    .iter()
+                    .any(|(m, k, _, _)| *m == map && *k == key)
+                {
                     continue;
                 }
                 let value = format!("{ip} . {}", hp.container_port);
-                self.elements
-                    .push((map, key, Some(value), reason.clone()));
+                self.elements.push((map, key, Some(value), reason.clone()));
                 self.elements.push((
                     format!("hostport_pods_{v}"),
                     format!("{proto} . {port} . {ip}"),

@@ -156,11 +156,26 @@ mod tests {
     fn bad_entries_are_named_with_the_fix() {
         let cases = [
             (json!("8080"), "not a list of objects"),
-            (json!([{"hostPort": 0, "containerPort": 80}]), "hostPort 0 is not a port"),
-            (json!([{"hostPort": 70000, "containerPort": 80}]), "hostPort 70000"),
-            (json!([{"hostPort": 80, "containerPort": -1}]), "containerPort -1"),
-            (json!([{"hostPort": 80, "containerPort": 80, "protocol": "icmp"}]), "\"icmp\" is not one of TCP, UDP, SCTP"),
-            (json!([{"hostPort": 80, "containerPort": 80, "hostIP": "node-1"}]), "hostIP \"node-1\" is not an IP address"),
+            (
+                json!([{"hostPort": 0, "containerPort": 80}]),
+                "hostPort 0 is not a port",
+            ),
+            (
+                json!([{"hostPort": 70000, "containerPort": 80}]),
+                "hostPort 70000",
+            ),
+            (
+                json!([{"hostPort": 80, "containerPort": -1}]),
+                "containerPort -1",
+            ),
+            (
+                json!([{"hostPort": 80, "containerPort": 80, "protocol": "icmp"}]),
+                "\"icmp\" is not one of TCP, UDP, SCTP",
+            ),
+            (
+                json!([{"hostPort": 80, "containerPort": 80, "hostIP": "node-1"}]),
+                "hostIP \"node-1\" is not an IP address",
+            ),
             (json!([{"containerPort": 80}]), "portMappings[0]"),
             (
                 json!([{"hostPort": 80, "containerPort": 80}, {"hostPort": 80, "containerPort": 81, "hostIP": "192.0.2.1"}]),

@@ -209,12 +209,8 @@ fn diff_in(
 
     // --- nft, sysctls, tunsrc: read afresh by every reconcile, never notified -------------
     if scope == Scope::All {
-        out.ops.extend(nft::op(
-            d.nft(),
-            &d.render_nft(),
-            &observed.nft,
-            known_nft,
-        )?);
+        out.ops
+            .extend(nft::op(d.nft(), &d.render_nft(), &observed.nft, known_nft)?);
         for (key, value) in &base.sysctls {
             let of_fresh = sysctl_device(key).is_some_and(|l| fresh.contains(l));
             if of_fresh
