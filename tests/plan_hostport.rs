@@ -111,6 +111,18 @@ fn without_host_ports_the_plan_is_the_base_and_the_maps_are_declared_empty() {
         assert_eq!(elements(&d, set), Vec::<String>::new(), "{set}");
     }
     assert_eq!(main_route(&d, "10.20.1.2/32"), None);
+    // The node's InternalIPs, by which pods reach hostPorts.
+    let state = common::golden_cluster();
+    for (set, v6) in [("node_ips_v4", false), ("node_ips_v6", true)] {
+        let want: Vec<String> = state.nodes["node-1"]
+            .internal_ips
+            .iter()
+            .filter(|ip| ip.is_ipv6() == v6)
+            .map(|ip| format!("{ip}  # node node-1"))
+            .collect();
+        assert!(!want.is_empty(), "the golden node-1 has {set} addresses");
+        assert_eq!(elements(&d, set), want, "{set}");
+    }
     // The rules are in the base: a pod with a hostPort changes elements only, never chains.
     let with = node1(&common::golden_attachments_host_ports());
     assert_eq!(with.nft().chains, d.nft().chains);

@@ -5,7 +5,8 @@
 //! 1. **DNAT.** `hostports` (nat prerouting, before kube-proxy's DNAT) and `hostports_local`
 //!    (nat output: connections the node opens) translate `<address>:<hostPort>` to
 //!    `<pod>:<containerPort>` through maps: `hostports_any_v4`/`_v6` (protocol . port) for
-//!    mappings on every address of the node (`fib daddr type local`), `hostports_v4`/`_v6`
+//!    mappings on every address of the node (its InternalIPs, set `node_ips_v4`/`_v6`, and
+//!    whatever else `fib daddr type local` finds), `hostports_v4`/`_v6`
 //!    (address . protocol . port) for those with a `hostIP`.
 //! 2. **Routing.** The main table routes each such pod's address into its Network's VRF
 //!    (`dev lv-…`), as it routes the subnets of NodePort backends
@@ -28,15 +29,31 @@ use ipnet::IpNet;
 
 use super::nft::{Chain, Hook, Ruleset, Set};
 use super::{host_net, Nexthop, RouteKey, MAIN_TABLE};
-use crate::state::PodAttachment;
+use crate::state::{ClusterState, PodAttachment};
 
 const FAMILIES: [(&str, &str, &str); 2] = [("ip", "v4", "ipv4_addr"), ("ip6", "v6", "ipv6_addr")];
 
-/// The sets and maps, declared empty: per family the maps by hostIP and on every address,
-/// and the mapped pods.
-pub(super) fn sets() -> Vec<Set> {
+/// The sets and maps: per family the maps by hostIP and on every address and the mapped
+/// pods, declared empty, and node `node`'s InternalIPs.
+pub(super) fn sets(node: &str, state: &ClusterState) -> Vec<Set> {
     let mut out = Vec::new();
     for (_, v, addr) in FAMILIES {
+        let mut internal = Set::new(
+            &format!("node_ips_{v}"),
+            addr,
+            false,
+            "this node's InternalIPs: hostPorts on every address, for pods",
+        );
+        for ip in state
+            .nodes
+            .get(node)
+            .into_iter()
+            .flat_map(|n| &n.internal_ips)
+            .filter(|ip| ip.is_ipv6() == (v == "v6"))
+        {
+            internal.add(ip.to_string(), None, &format!("node {node}"));
+        }
+        out.push(internal);
         out.push(Set::new_map(
             &format!("hostports_{v}"),
             &format!("{addr} . inet_proto . inet_service"),
@@ -80,6 +97,16 @@ pub(super) fn chains() -> [Chain; 2] {
             c.rule(
                 format!("dnat {ip} addr . port to {ip} daddr . meta l4proto . th dport map @hostports_{v}"),
                 "hostPorts on one address of the node (hostIP)",
+            );
+        }
+        // A pod's packet comes from a VRF slave, and newer kernels (Debian's 6.12) look its
+        // `fib daddr type` up in the VRF, where no address of the node is local: the node's
+        // InternalIPs, the addresses pods know the node by (`status.hostIP`), are matched by
+        // set.
+        for (ip, v, _) in FAMILIES {
+            c.rule(
+                format!("{ip} daddr @node_ips_{v} dnat {ip} addr . port to meta l4proto . th dport map @hostports_any_{v}"),
+                "hostPorts on every address of the node: its InternalIPs",
             );
         }
         for (ip, v, _) in FAMILIES {

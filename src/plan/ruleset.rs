@@ -104,7 +104,7 @@ pub(super) fn build_ruleset(
                 hairpin4,
                 hairpin6,
             ],
-            hostport::sets(),
+            hostport::sets(node, state),
             np_sets,
         ]
         .concat(),

@@ -1,8 +1,19 @@
 """9. The runtime executes the plugin: a deleted pod's address is freed (DEL), and STATUS / GC
 are answered where the runtime calls them (read from the agent's metrics: containerd 2.x calls
-STATUS on every CRI status poll; no containerd release calls GC or CHECK)."""
+STATUS on every CRI status poll; no containerd release calls GC or CHECK).
 
-from conftest import E2E_NS, agent_metrics, metric
+hostPorts: a pod's `ports[].hostPort` reaches Lace from the kubelet through the runtime
+(containerd passes it as the `portMappings` capability the conflist declares) and is reached
+from outside the cluster on the pod's node only, whatever the pod's Network; once the pod is
+deleted the port is gone. From where these checks run, outside the cluster (as check 4's
+NodePort): LACE_CHECKS_OUTSIDE=0 leaves it out, saying so."""
+
+import os
+import socket
+
+import pytest
+
+from conftest import AGNHOST, E2E_NS, agent_metrics, metric
 
 
 def test_delete_frees_the_address_and_status_is_called(cluster):
@@ -26,3 +37,49 @@ def test_delete_frees_the_address_and_status_is_called(cluster):
     assert calls["STATUS"] > metric(before, "lace_cni_requests_total", verb="STATUS"), (
         f"expected containerd to keep calling STATUS, saw {calls['STATUS']} after and "
         f"{metric(before, 'lace_cni_requests_total', verb='STATUS')} before")
+
+
+HOST_PORT = 18080
+
+
+def _connects(ip, port):
+    try:
+        with socket.create_connection((ip, port), timeout=3):
+            return True
+    except OSError:
+        return False
+
+
+def test_host_port_reached_from_outside_on_the_pods_node(cluster):
+    if os.environ.get("LACE_CHECKS_OUTSIDE", "1") == "0":
+        pytest.skip("hostPort from outside the cluster: left out (LACE_CHECKS_OUTSIDE=0)")
+    nodes = cluster.nodes()
+    node = nodes[1]
+    ips = {n["metadata"]["name"]: a["address"] for n in cluster.items("nodes")
+           for a in n["status"]["addresses"] if a["type"] == "InternalIP" and ":" not in a["address"]}
+    cluster.apply(f"""apiVersion: v1
+kind: Pod
+metadata: {{name: host-port, namespace: {E2E_NS}, labels: {{lace-check: "true", role: host-port}}}}
+spec:
+  nodeName: {node}
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: agnhost
+    image: {AGNHOST}
+    args: [netexec, --http-port=8080]
+    ports: [{{containerPort: 8080, hostPort: {HOST_PORT}}}]
+""")
+    cluster.wait_pods_ready(E2E_NS, "role=host-port", 1, timeout=300)
+
+    def reached():
+        got = {n: _connects(ip, HOST_PORT) for n, ip in ips.items()}
+        return got == {n: n == node for n in ips}, got
+    cluster.wait(f"hostPort {HOST_PORT} reached from outside on {node} ({ips[node]}) and on no "
+                 "other node (the pod is in the default Network, granted to no one)",
+                 reached, timeout=60, interval=2)
+    cluster.k("-n", E2E_NS, "delete", "pod", "host-port", "--timeout=300s", timeout=320)
+
+    def gone():
+        return not _connects(ips[node], HOST_PORT), ips[node]
+    cluster.wait(f"hostPort {HOST_PORT} on {node} gone with its pod", gone, timeout=60)
+    print(f"\nhostPort {HOST_PORT} reached on {node} only, gone after the pod was deleted")
