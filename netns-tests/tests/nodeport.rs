@@ -199,17 +199,19 @@ fn attachments(i: u16) -> Vec<PodAttachment> {
     if i != 2 {
         return vec![];
     }
-    vec![PodAttachment {
-        pod: ObjectKey::new("test", "web"),
-        container_id: "c-web".into(),
-        host_ifname: "lp-web".into(),
+    vec![pod_attachment("web", WEB_V4, WEB_V6)]
+}
+
+/// Pod `test/<name>` of `default` with host interface `lp-<name>` and both addresses.
+fn pod_attachment(name: &str, v4: Ipv4Addr, v6: Ipv6Addr) -> PodAttachment {
+    PodAttachment {
+        pod: ObjectKey::new("test", name),
+        container_id: format!("c-{name}"),
+        host_ifname: format!("lp-{name}"),
         network: "default".into(),
-        ips: vec![
-            IpNet::V4(Ipv4Net::from(WEB_V4)),
-            IpNet::V6(Ipv6Net::from(WEB_V6)),
-        ],
+        ips: vec![IpNet::V4(Ipv4Net::from(v4)), IpNet::V6(Ipv6Net::from(v6))],
         host_ports: Vec::new(),
-    }]
+    }
 }
 
 fn plans(granted: bool, under: Underpath) -> Vec<DesiredNode> {
@@ -594,17 +596,7 @@ const PEER_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 1, 0, 2, 0, 0, 0, 11);
 fn host_port_attachments(host_ports: Vec<lace::hostport::HostPort>) -> Vec<PodAttachment> {
     let mut atts = attachments(2);
     atts[0].host_ports = host_ports;
-    atts.push(PodAttachment {
-        pod: ObjectKey::new("test", "peer"),
-        container_id: "c-peer".into(),
-        host_ifname: "lp-peer".into(),
-        network: "default".into(),
-        ips: vec![
-            IpNet::V4(Ipv4Net::from(PEER_V4)),
-            IpNet::V6(Ipv6Net::from(PEER_V6)),
-        ],
-        host_ports: Vec::new(),
-    });
+    atts.push(pod_attachment("peer", PEER_V4, PEER_V6));
     atts
 }
 
