@@ -1,6 +1,7 @@
 //! The runtime's capability arguments (`runtimeConfig`) Lace's conflist declares: the pod's
-//! hostPorts as `portMappings`, in the shape containerd (go-cni) and CRI-O pass them:
-//! `{"hostPort": 8080, "containerPort": 80, "protocol": "tcp", "hostIP": ""}`.
+//! hostPorts as `portMappings`: `{"hostPort": 8080, "containerPort": 80, "protocol": "tcp",
+//! "hostIP": ""}` as the CNI conventions spell them, or with PascalCase keys as containerd 2.x
+//! sends them.
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -31,14 +32,19 @@ pub enum PortMappingError {
     Clash { first: String, second: String },
 }
 
+/// One entry, in the CNI conventions' camelCase or in the PascalCase containerd 2.x sends
+/// (go-cni's `PortMapping` has no JSON tags; Go's decoder, which the reference `portmap`
+/// plugin uses, ignores case).
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct Entry {
+    #[serde(alias = "HostPort")]
     host_port: i64,
+    #[serde(alias = "ContainerPort")]
     container_port: i64,
-    #[serde(default)]
+    #[serde(default, alias = "Protocol")]
     protocol: String,
-    #[serde(rename = "hostIP", default)]
+    #[serde(rename = "hostIP", alias = "HostIP", default)]
     host_ip: String,
 }
 
@@ -120,7 +126,9 @@ mod tests {
             {"hostPort": 8080, "containerPort": 80, "protocol": "tcp", "hostIP": ""},
             {"hostPort": 5353, "containerPort": 53, "protocol": "udp", "hostIP": "192.0.2.1"},
             {"hostPort": 9000, "containerPort": 9000, "protocol": "SCTP", "hostIP": "::"},
-            {"hostPort": 7000, "containerPort": 7001}
+            {"hostPort": 7000, "containerPort": 7001},
+            // containerd 2.x (go-cni, seen on the real cluster)
+            {"ContainerPort": 8080, "HostIP": "", "HostPort": 18080, "Protocol": "tcp"}
         ]}}))
         .unwrap();
         let want = |p, h, c, ip: Option<&str>| HostPort {
@@ -134,6 +142,7 @@ mod tests {
             vec![
                 want(Protocol::Tcp, 7000, 7001, None),
                 want(Protocol::Tcp, 8080, 80, None),
+                want(Protocol::Tcp, 18080, 8080, None),
                 want(Protocol::Udp, 5353, 53, Some("192.0.2.1")),
                 want(Protocol::Sctp, 9000, 9000, None),
             ]

@@ -13,7 +13,7 @@ import socket
 
 import pytest
 
-from conftest import AGNHOST, E2E_NS, agent_metrics, metric
+from conftest import AGNHOST, E2E_NS, CheckFailed, agent_metrics, metric
 
 
 def test_delete_frees_the_address_and_status_is_called(cluster):
@@ -69,7 +69,10 @@ spec:
     args: [netexec, --http-port=8080]
     ports: [{{containerPort: 8080, hostPort: {HOST_PORT}}}]
 """)
-    cluster.wait_pods_ready(E2E_NS, "role=host-port", 1, timeout=300)
+    try:
+        cluster.wait_pods_ready(E2E_NS, "role=host-port", 1, timeout=300)
+    except CheckFailed as e:
+        raise CheckFailed(f"{e}; {cluster.pod_story(E2E_NS, 'host-port')}") from e
 
     def reached():
         got = {n: _connects(ip, HOST_PORT) for n, ip in ips.items()}
