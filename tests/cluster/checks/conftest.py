@@ -299,3 +299,12 @@ def metric(text, name, **labels):
         if all(got.get(k) == v for k, v in labels.items()):
             total += float(m.group(3))
     return total
+
+
+def connects(ip, port):
+    """Whether a TCP connection from here (outside the cluster) to ip:port opens within 3 s."""
+    try:
+        with socket.create_connection((ip, port), timeout=3):
+            return True
+    except OSError:
+        return False

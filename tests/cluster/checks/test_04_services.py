@@ -7,10 +7,9 @@ the control plane's namespace on the fabric): LACE_CHECKS_OUTSIDE=0 leaves those
 so, where this machine cannot reach the nodes' InternalIPs."""
 
 import os
-import socket
 import time
 
-from conftest import E2E_NS, SYSTEM_NS, CheckFailed
+from conftest import E2E_NS, SYSTEM_NS, CheckFailed, connects
 
 WEB = """apiVersion: v1
 kind: Service
@@ -75,7 +74,7 @@ def test_cluster_ip_and_node_port_follow_service_routing_policies(cluster):
 
     def node_ports(want):
         def probe():
-            got = {ip: _connects(ip, 30080) for ip in ips}
+            got = {ip: connects(ip, 30080) for ip in ips}
             return all(v == want for v in got.values()), got
         return probe
     cluster.wait("NodePort 30080 denied from outside the cluster without a grant from the "
@@ -119,10 +118,3 @@ spec:
 def lookup(cluster, ns, pod, name):
     return cluster.in_pod(ns, pod, f"nslookup -timeout=2 {name}; echo rc=$?")
 
-
-def _connects(ip, port):
-    try:
-        with socket.create_connection((ip, port), timeout=3):
-            return True
-    except OSError:
-        return False

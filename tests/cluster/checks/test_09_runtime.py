@@ -9,11 +9,10 @@ deleted the port is gone. From where these checks run, outside the cluster (as c
 NodePort): LACE_CHECKS_OUTSIDE=0 leaves it out, saying so."""
 
 import os
-import socket
 
 import pytest
 
-from conftest import AGNHOST, E2E_NS, CheckFailed, agent_metrics, metric
+from conftest import AGNHOST, E2E_NS, CheckFailed, agent_metrics, connects, metric
 
 
 def test_delete_frees_the_address_and_status_is_called(cluster):
@@ -42,13 +41,6 @@ def test_delete_frees_the_address_and_status_is_called(cluster):
 HOST_PORT = 18080
 
 
-def _connects(ip, port):
-    try:
-        with socket.create_connection((ip, port), timeout=3):
-            return True
-    except OSError:
-        return False
-
 
 def test_host_port_reached_from_outside_on_the_pods_node(cluster):
     if os.environ.get("LACE_CHECKS_OUTSIDE", "1") == "0":
@@ -75,7 +67,7 @@ spec:
         raise CheckFailed(f"{e}; {cluster.pod_story(E2E_NS, 'host-port')}") from e
 
     def reached():
-        got = {n: _connects(ip, HOST_PORT) for n, ip in ips.items()}
+        got = {n: connects(ip, HOST_PORT) for n, ip in ips.items()}
         return got == {n: n == node for n in ips}, got
     cluster.wait(f"hostPort {HOST_PORT} reached from outside on {node} ({ips[node]}) and on no "
                  "other node (the pod is in the default Network, granted to no one)",
@@ -83,6 +75,6 @@ spec:
     cluster.k("-n", E2E_NS, "delete", "pod", "host-port", "--timeout=300s", timeout=320)
 
     def gone():
-        return not _connects(ips[node], HOST_PORT), ips[node]
+        return not connects(ips[node], HOST_PORT), ips[node]
     cluster.wait(f"hostPort {HOST_PORT} on {node} gone with its pod", gone, timeout=60)
     print(f"\nhostPort {HOST_PORT} reached on {node} only, gone after the pod was deleted")
