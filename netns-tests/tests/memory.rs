@@ -9,11 +9,12 @@
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 use std::net::Ipv4Addr;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ipnet::{IpNet, Ipv4Net};
 use lace::dataplane::{
-    ApplyReport, KernelNexthop, NetnsTarget, Reconciler, ReconcilerOptions, ROUTE_PROTOCOL,
+    ApplyReport, Drift, KernelNexthop, NetnsTarget, Reconciler, ReconcilerOptions, ROUTE_PROTOCOL,
 };
 use lace::plan::{plan, DesiredNode, RouteKey};
 use lace::state::{ObjectKey, PodAttachment};
@@ -181,6 +182,9 @@ fn memory_hand_edits_and_silent_flushes_are_put_back_exactly() {
     let n = &w.node;
     let plan = desired(&["a", "b"]);
     let rec = Reconciler::new(NetnsTarget::Path(n.path())).unwrap();
+    let drifts: Arc<Mutex<Vec<Drift>>> = Arc::default();
+    let sink = Arc::clone(&drifts);
+    rec.on_drift(move |d| sink.lock().unwrap().push(d));
 
     let first = reconcile(&rec, &plan);
     assert!(first.writes > 0 && first.full_dump, "{first:#?}");
@@ -199,6 +203,7 @@ fn memory_hand_edits_and_silent_flushes_are_put_back_exactly() {
     assert_quiet(&rec, &plan);
     let programmed = lace_state(n);
     assert!(programmed.iter().any(|l| l == "pod link lp-b master lv-b"));
+    assert_eq!(*drifts.lock().unwrap(), [], "foreign changes are no drift");
 
     // By hand: a route deleted, another changed, a rule deleted, a VRF deleted.
     let (gone, _) = route_in(
@@ -209,19 +214,23 @@ fn memory_hand_edits_and_silent_flushes_are_put_back_exactly() {
     let (changed, _) = route_in(&rec, TABLE_A, |nh| {
         matches!(nh, KernelNexthop::Seg6Encap { .. })
     });
-    n.ip(&format!("route del {} table {}", gone.dst, gone.table))
-        .unwrap();
-    n.ip(&format!(
-        "route replace {} table {} proto {ROUTE_PROTOCOL} encap seg6 mode encap segs 2001:db8:100::9:9:0 dev eth0",
-        changed.dst, changed.table
-    ))
-    .unwrap();
-    n.ip("rule del pref 990").unwrap();
-    n.ip("link del lv-b").unwrap();
-    assert_ne!(lace_state(n), programmed);
-
+    // One batch, reconciled at once: most likely before the idle drain (every second)
+    // looked. The edits are drift all the same, whichever of the two sees them first.
+    let edits = format!(
+        "route del {} table {}\n\
+         route replace {} table {} proto {ROUTE_PROTOCOL} encap seg6 mode encap segs 2001:db8:100::9:9:0 dev eth0\n\
+         rule del pref 990\n\
+         link del lv-b\n",
+        gone.dst, gone.table, changed.dst, changed.table
+    );
+    n.exec_stdin("ip", &["-batch", "-"], &edits).unwrap();
     let restore = reconcile(&rec, &plan);
     assert!(restore.writes > 0 && !restore.full_dump, "{restore:#?}");
+    let seen = drifts.lock().unwrap().clone();
+    assert!(
+        seen.iter().any(|d| d.ops > 0),
+        "hand edits repaired without a drift report: {seen:?}"
+    );
     assert_eq!(lace_state(n), programmed, "{restore:#?}");
     // Exactly those were put back: every operation concerns one of them.
     let touched = [

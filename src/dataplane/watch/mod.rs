@@ -105,6 +105,11 @@ impl Session {
             },
             _ => Some(String::new()),
         };
+        if sysctls.is_some() && stale.is_none() && self.unchecked {
+            // What changed since the last look is drift even though this reconcile repairs
+            // it: reported as idle would have, had it looked first.
+            self.check_drift();
+        }
         // A reconcile diffs everything it observes; any other job leaves that to idle.
         self.unchecked = sysctls.is_none() && (self.unchecked || stale.is_some());
         let cache = match (stale, self.cache.take()) {
