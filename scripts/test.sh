@@ -10,7 +10,7 @@
 #           installed, else cargo test); builds every test executable of the workspace, the
 #           netns ones and the lace / lace-agent binaries included, so later tiers build nothing
 #   doc     doc tests
-#   netns-6.1  netns-tests/run --kernel 6.1: every netns test executable, one VM each (the
+#   netns-6.1  netns-tests/run --kernel 6.1: every netns test executable, in one VM (the
 #              containerd one with crictl and a pause image built on the host first)
 #   netns-6.12 netns-tests/run --kernel 6.12 with the tests that apply Lace's real ruleset
 #              (three-node dataplane, nft element updates, NetworkPolicy, hostPorts) besides
@@ -173,6 +173,25 @@ for name in $(sed -n 's/^ *tier \([A-Za-z0-9._-]*\) .*/\1/p' "${BASH_SOURCE[0]}"
   limit_of "tier:$name" >/dev/null || { echo "test.sh: tier '$name' has no time limit (see above)" >&2; exit 1; }
 done
 trap finish EXIT
+
+# ---- cargo's outputs outside the clone, kept between runs like the Go components: a fresh clone
+# then compiles its own five crates, not the ~400 dependencies (debug and release). The
+# workspace's own artifacts are cleaned first (a fresh clone rebuilds them anyway), so the cache
+# holds one copy of them, not one per clone. One run at a time owns it; a run that finds it
+# taken builds in the clone. A CARGO_TARGET_DIR of the caller's is used as it is.
+if [ -z "${CARGO_TARGET_DIR:-}" ]; then
+  CARGO_CACHE=${LACE_CARGO_CACHE:-${XDG_CACHE_HOME:-${HOME:-/root}/.cache}/lace-cargo}
+  mkdir -p "$CARGO_CACHE"
+  exec 8>"$CARGO_CACHE/.lock"
+  if flock -n 8; then
+    export CARGO_TARGET_DIR=$CARGO_CACHE/target
+    cargo clean --quiet -p lace -p lace-cni -p lace-controller -p lace-fake-kube -p lace-netns-tests
+    echo "test.sh: cargo builds into $CARGO_TARGET_DIR ($(du -sh "$CARGO_TARGET_DIR" 2>/dev/null | cut -f1 || echo empty))"
+  else
+    exec 8>&-
+    echo "test.sh: $CARGO_CACHE is in use by another test.sh run: building in the clone"
+  fi
+fi
 
 tier setup netns-tests/vm/setup.sh
 
