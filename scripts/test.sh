@@ -12,12 +12,6 @@
 #   doc     doc tests
 #   netns-6.1  netns-tests/run --kernel 6.1: every netns test executable, in one VM (the
 #              containerd one with crictl and a pause image built on the host first)
-#   netns-6.12 netns-tests/run --kernel 6.12 with the tests that apply Lace's real ruleset
-#              (three-node dataplane, nft element updates, NetworkPolicy, hostPorts) besides
-#              smoke: newer
-#              kernels refuse bytecode 6.1 accepts (nft_byteorder since 6.12.115)
-#   demo    scripts/demo.sh (the README's demo; fails if traffic differs from the policies)
-#   charts  scripts/test-charts.sh
 #   image   scripts/test-image.sh (builds the image with buildah + mmdebstrap, checks inside it);
 #           its release binaries are built in the background from the netns tiers on, at nice
 #           19: under TCG the VMs leave CPU time idle while tests wait, and the build takes only
@@ -26,7 +20,15 @@
 #           three nodes in the VM), Lace installed with helm as the README says, the checks of
 #           tests/cluster/checks. Its components (Kubernetes, etcd, containerd, CoreDNS, from Go
 #           modules; scripts/k8s-components.sh, cached by version outside the repository) are
-#           built in the background from the start, at nice 19 like the release binaries
+#           built in the background from the start, at nice 19 like the release binaries.
+#           The tier itself runs in the background while the three below run (its output is
+#           shown after them): its checks mostly wait on the kubelets, and the VM leaves a core
+#           idle much of the time
+#   netns-6.12 netns-tests/run --kernel 6.12 with the tests that apply Lace's real ruleset
+#              (three-node dataplane, nft element updates, NetworkPolicy, hostPorts) besides
+#              smoke: newer kernels refuse bytecode 6.1 accepts (nft_byteorder since 6.12.115)
+#   demo    scripts/demo.sh (the README's demo; fails if traffic differs from the policies)
+#   charts  scripts/test-charts.sh
 # Every tier runs under its time limit, `tier:NAME` in scripts/time-limits (a tier without
 # one fails before anything runs); the netns tiers under the limits of their build and of each
 # VM run (build:netns, netns:*). At the end (also after a failure): a table of each tier's time
@@ -75,6 +77,10 @@ finish() {
   # The background release build, if still running (a tier failed first): its whole session.
   [ -z "${IMAGE_BUILD_PID:-}" ] || kill -- -"$IMAGE_BUILD_PID" 2>/dev/null || true
   [ -z "${K8S_BUILD_PID:-}" ] || kill -- -"$K8S_BUILD_PID" 2>/dev/null || true
+  # A background tier still running (another tier failed first): its session, whose own exit
+  # trap then takes down what it started (the cluster's VM and namespaces).
+  local pid
+  for pid in "${BG_PID[@]}"; do kill -- -"$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
   summary
   if [ "$DONE" = 1 ]; then
     if [ "$COUNTS_OK" = 1 ]; then
@@ -110,6 +116,38 @@ tier() {
   if [ "$rc" != 0 ]; then
     echo
     echo "test.sh: FAILED in tier '$name' (exit status $rc, after ${took}s of its ${limit}s limit): $*"
+    exit "$rc"
+  fi
+  echo "== tier $name passed in ${took}s (limit ${limit}s)"
+}
+
+# bg_tier NAME CMD... : starts CMD as tier NAME in the background (its own session, under
+# tier:NAME's limit), its output to $LOGDIR/NAME.log; bg_tier_wait NAME shows that output and
+# ends the tier as `tier` does. finish() stops it if another tier fails first.
+declare -A BG_PID=() BG_START=()
+bg_tier() {
+  local name=$1 limit; shift
+  limit=$(limit_of "tier:$name")
+  banner "$name (limit ${limit}s, in the background; its output follows the other tiers): $*"
+  BG_START[$name]=$EPOCHREALTIME
+  setsid "$TIMEBOX" -t "$limit" --label "test.sh: tier $name" -- "$@" > "$LOGDIR/$name.log" 2>&1 &
+  BG_PID[$name]=$!
+}
+bg_tier_wait() {
+  local name=$1 limit rc took
+  limit=$(limit_of "tier:$name")
+  set +e
+  wait "${BG_PID[$name]}"
+  rc=$?
+  set -e
+  unset "BG_PID[$name]"
+  took=$(secs "${BG_START[$name]}" "$EPOCHREALTIME")
+  banner "$name (limit ${limit}s): its output"
+  cat "$LOGDIR/$name.log"
+  row "$name" "$took" "$limit"
+  if [ "$rc" != 0 ]; then
+    echo
+    echo "test.sh: FAILED in tier '$name' (exit status $rc, after ${took}s of its ${limit}s limit)"
     exit "$rc"
   fi
   echo "== tier $name passed in ${took}s (limit ${limit}s)"
@@ -234,6 +272,24 @@ IMAGE_BUILD_PID=$! IMAGE_BUILD_START=$EPOCHREALTIME
 # ---- netns tests: real kernels
 netns_tier netns-6.1 --kernel 6.1
 count_netns "$LOGDIR/netns-6.1.log"
+
+# ---- the image: built for real, checked from the inside
+tier image bash scripts/test-image.sh
+if [ -f "$LOGDIR/image-binaries.done" ] && read -r brc bend < "$LOGDIR/image-binaries.done"; then
+  row "  binaries (bg)" "$(secs "$IMAGE_BUILD_START" "$bend")" -
+  if [ "$brc" != 0 ]; then
+    # The image tier built them itself and passed: worth seeing, not a failure.
+    echo "test.sh: the background release build failed (exit $brc); its log ends:"
+    tail -20 "$LOGDIR/image-binaries.log"
+  fi
+fi
+n=$(grep -Eo '^[0-9]+ passed' "$LOGDIR/image.log" | tail -1 | cut -d' ' -f1 || true)
+PASSED=$((PASSED + ${n:-0}))
+
+# ---- Lace in a real Kubernetes cluster, installed with helm from the image just built; in the
+# background while the tiers below run (see the header)
+bg_tier cluster tests/cluster/run.sh
+
 # Not the whole suite (time): smoke, plus the tests that install the planner's nft ruleset and
 # carry traffic through it (NetworkPolicy's sets and rules in the third, hostPorts' DNAT in the
 # fourth: 6.12 looks a VRF slave's `fib daddr type` up in the VRF, which 6.1 does not). A filter that
@@ -256,21 +312,7 @@ else
   COUNTS_OK=0 COUNT_NOTE="scripts/test-charts.sh printed no pytest summary line"
 fi
 
-# ---- the image: built for real, checked from the inside
-tier image bash scripts/test-image.sh
-if [ -f "$LOGDIR/image-binaries.done" ] && read -r brc bend < "$LOGDIR/image-binaries.done"; then
-  row "  binaries (bg)" "$(secs "$IMAGE_BUILD_START" "$bend")" -
-  if [ "$brc" != 0 ]; then
-    # The image tier built them itself and passed: worth seeing, not a failure.
-    echo "test.sh: the background release build failed (exit $brc); its log ends:"
-    tail -20 "$LOGDIR/image-binaries.log"
-  fi
-fi
-n=$(grep -Eo '^[0-9]+ passed' "$LOGDIR/image.log" | tail -1 | cut -d' ' -f1 || true)
-PASSED=$((PASSED + ${n:-0}))
-
-# ---- Lace in a real Kubernetes cluster, installed with helm from the image just built
-tier cluster tests/cluster/run.sh
+bg_tier_wait cluster
 if [ -f "$LOGDIR/k8s-components.done" ] && read -r krc kend < "$LOGDIR/k8s-components.done"; then
   row "  components (bg)" "$(secs "$K8S_BUILD_START" "$kend")" -
   [ "$krc" = 0 ] || { echo "test.sh: the background component build failed (exit $krc); its log ends:"; tail -20 "$LOGDIR/k8s-components.log"; }

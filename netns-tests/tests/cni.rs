@@ -1351,3 +1351,88 @@ fn loopback_and_both_libcni_generations_as_containerd_sets_pods_up() {
     );
     assert!(bed.host_links().is_empty(), "{:?}", bed.host_links());
 }
+
+// --- hostPorts through the real plugin and agent -------------------------------------------
+
+/// The elements of Lace's `hostports_any_v4` map on the bed's node, one per line.
+fn host_port_elements(bed: &Bed) -> String {
+    let out = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &bed.node.0,
+            "nft",
+            "list",
+            "map",
+            "inet",
+            "lace",
+        ])
+        .arg("hostports_any_v4")
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// hostPorts as containerd passes them (`runtimeConfig.portMappings`, go-cni's PascalCase):
+/// the first pod's mapping lands in the nft map naming the pod; a second pod asking for the
+/// same port is refused with an error naming the holder, and nothing is recorded for it; the
+/// mapping survives an agent restart (rebuilt from the agent's records); DEL removes it, and
+/// then the second pod gets the port.
+#[test]
+fn host_port_conflicts_are_refused_and_mappings_follow_the_agents_records() {
+    const DEADLINE: Duration = Duration::from_secs(10);
+    let mut bed = Bed::new("hp");
+    let (a, b) = (
+        Ns::new(format!("lace-ct-hpa-{}", bed.tag)),
+        Ns::new(format!("lace-ct-hpb-{}", bed.tag)),
+    );
+    fn add(bed: &Bed, id: &str, pod: &Ns, name: &str) -> (bool, Value) {
+        let mapping = json!({"runtimeConfig": {"portMappings": [
+            {"HostPort": 18080, "ContainerPort": 8080, "Protocol": "tcp", "HostIP": ""}]}});
+        bed.cni("ADD", id, &pod.path(), name, bed.netconf(mapping))
+    }
+    let (ok, ra) = add(&bed, "ctr-hpa", &a, "web-a");
+    assert!(ok, "ADD of web-a failed: {ra}\n{}", bed.log());
+    let a4 = addresses(&ra)[0].trim_end_matches("/32").to_owned();
+    let element_of =
+        |pod: &str, ip: &str| format!("tcp . 18080 comment \"pod default/{pod}\" : {ip} . 8080");
+    within(&bed, DEADLINE, "web-a's hostPort in the nft map", || {
+        host_port_elements(&bed).contains(&element_of("web-a", &a4))
+    });
+
+    let held = bed.ipam_addresses();
+    let (ok, rb) = add(&bed, "ctr-hpb", &b, "web-b");
+    assert!(!ok, "a second pod got hostPort 18080/TCP: {rb}");
+    let msg = rb["msg"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains("hostPort 18080/TCP") && msg.contains("default/web-a"),
+        "the refusal names the port and the pod holding it: {rb}"
+    );
+    assert_eq!(bed.ipam_addresses(), held, "nothing recorded for web-b");
+
+    bed.kill_agent();
+    bed.node_nft_delete();
+    bed.start_agent();
+    within(
+        &bed,
+        DEADLINE,
+        "web-a's hostPort back after a restart",
+        || host_port_elements(&bed).contains(&element_of("web-a", &a4)),
+    );
+
+    bed.del("ctr-hpa", &a.path());
+    within(&bed, DEADLINE, "web-a's hostPort gone after DEL", || {
+        !host_port_elements(&bed).contains("web-a")
+    });
+    let (ok, rb) = add(&bed, "ctr-hpb", &b, "web-b");
+    assert!(
+        ok,
+        "ADD of web-b after web-a's DEL failed: {rb}\n{}",
+        bed.log()
+    );
+    let b4 = addresses(&rb)[0].trim_end_matches("/32").to_owned();
+    within(&bed, DEADLINE, "web-b's hostPort in the nft map", || {
+        host_port_elements(&bed).contains(&element_of("web-b", &b4))
+    });
+    bed.del("ctr-hpb", &b.path());
+}
