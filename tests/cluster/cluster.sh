@@ -196,8 +196,10 @@ EOF
   local t0=$EPOCHREALTIME
   cluster_control_plane || return 1
   csay "control plane ready in $(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN{printf "%.1f", b-a}')s"
+  # The checkout is shared too: the VM has a /tmp of its own, so a checkout under /tmp (and
+  # vm-nodes.sh in it) would not be there otherwise.
   ip netns exec "$CLUSTER_NS" "$CLUSTER_ROOT/netns-tests/vm/vmrun.sh" --tap lc-tap -m "${LACE_CLUSTER_MEM:-6G}" -c 2 \
-    -t "${LACE_CLUSTER_LIMIT:-1800}" -w "$CLUSTER_WORK" \
+    -t "${LACE_CLUSTER_LIMIT:-1800}" -w "$CLUSTER_WORK" -w "$CLUSTER_ROOT" \
     -- "$CLUSTER_DIR/vm-nodes.sh" "$CLUSTER_WORK" > "$CLUSTER_WORK/logs/vm.log" 2>&1 &
   CLUSTER_VM_PID=$!
   local want n
