@@ -10,25 +10,23 @@
 #           installed, else cargo test); builds every test executable of the workspace, the
 #           netns ones and the lace / lace-agent binaries included, so later tiers build nothing
 #   doc     doc tests
-#   image   scripts/test-image.sh (builds the image with buildah + mmdebstrap, checks inside it);
-#           its release binaries are built in the background from here on, at nice 19: under
-#           TCG the VMs leave CPU time idle while tests wait, and the build takes only that (the
-#           image tier's own build waits for cargo's lock and finds it done)
-#   cluster tests/cluster/run.sh: a real Kubernetes cluster (control plane on this machine,
-#           three nodes in the VM), Lace installed with helm as the README says, the checks of
-#           tests/cluster/checks. Its components (Kubernetes, etcd, containerd, CoreDNS, from Go
-#           modules; scripts/k8s-components.sh, cached by version outside the repository) are
-#           built in the background from the start, at nice 19 like the release binaries.
-#   The image and cluster tiers run one after the other in the background while the four below
-#   run (their output is shown after them): the netns VM alone keeps about half of the two
-#   CPUs busy, and the cluster's checks mostly wait on the kubelets and the runtime.
 #   netns-6.1  netns-tests/run --kernel 6.1: every netns test executable, in one VM (the
 #              containerd one with crictl and a pause image built on the host first)
 #   netns-6.12 netns-tests/run --kernel 6.12 with the tests that apply Lace's real ruleset
 #              (three-node dataplane, nft element updates, NetworkPolicy, hostPorts) besides
-#              smoke: newer kernels refuse bytecode 6.1 accepts (nft_byteorder since 6.12.115)
+#              smoke: newer
+#              kernels refuse bytecode 6.1 accepts (nft_byteorder since 6.12.115)
 #   demo    scripts/demo.sh (the README's demo; fails if traffic differs from the policies)
 #   charts  scripts/test-charts.sh
+#   image   scripts/test-image.sh (builds the image with buildah + mmdebstrap, checks inside it);
+#           its release binaries are built in the background from the netns tiers on, at nice
+#           19: under TCG the VMs leave CPU time idle while tests wait, and the build takes only
+#           that (the image tier's own build then waits for cargo's lock and finds it done)
+#   cluster tests/cluster/run.sh: a real Kubernetes cluster (control plane on this machine,
+#           three nodes in the VM), Lace installed with helm as the README says, the checks of
+#           tests/cluster/checks. Its components (Kubernetes, etcd, containerd, CoreDNS, from Go
+#           modules; scripts/k8s-components.sh, cached by version outside the repository) are
+#           built in the background from the start, at nice 19 like the release binaries
 # Every tier runs under its time limit, `tier:NAME` in scripts/time-limits (a tier without
 # one fails before anything runs); the netns tiers under the limits of their build and of each
 # VM run (build:netns, netns:*). At the end (also after a failure): a table of each tier's time
@@ -77,12 +75,6 @@ finish() {
   # The background release build, if still running (a tier failed first): its whole session.
   [ -z "${IMAGE_BUILD_PID:-}" ] || kill -- -"$IMAGE_BUILD_PID" 2>/dev/null || true
   [ -z "${K8S_BUILD_PID:-}" ] || kill -- -"$K8S_BUILD_PID" 2>/dev/null || true
-  # A background tier still running (another tier failed first): its session, whose own exit
-  # trap then takes down what it started (the cluster's VM and namespaces).
-  if [ -n "${BG_PID:-}" ]; then
-    kill -- -"$BG_PID" 2>/dev/null || true
-    wait "$BG_PID" 2>/dev/null || true
-  fi
   summary
   if [ "$DONE" = 1 ]; then
     if [ "$COUNTS_OK" = 1 ]; then
@@ -121,54 +113,6 @@ tier() {
     exit "$rc"
   fi
   echo "== tier $name passed in ${took}s (limit ${limit}s)"
-}
-
-# bg_tiers NAME CMD NAME CMD ... : starts the tiers (each CMD one word: a script) one after
-# another in the background, in a session of their own, each under its tier:NAME limit with
-# its output to $LOGDIR/NAME.log, stopping at the first failure; bg_tiers_wait then shows each
-# one's output and ends it as `tier` does. finish() stops them if another tier fails first.
-BG_PID= BG_TIERS=()
-bg_tiers() {
-  local args=() name
-  while [ $# -gt 0 ]; do
-    name=$1
-    BG_TIERS+=("$name")
-    args+=("$name" "$(limit_of "tier:$name")" "$2")
-    banner "$name (limit $(limit_of "tier:$name")s, in the background; its output follows the other tiers): $2"
-    shift 2
-  done
-  LOGDIR=$LOGDIR TIMEBOX=$TIMEBOX setsid bash -c '
-    while [ $# -gt 0 ]; do
-      t0=$EPOCHREALTIME
-      "$TIMEBOX" -t "$2" --label "test.sh: tier $1" -- $3 > "$LOGDIR/$1.log" 2>&1
-      rc=$?
-      echo "$rc $t0 $EPOCHREALTIME" > "$LOGDIR/$1.result"
-      [ "$rc" = 0 ] || exit "$rc"
-      shift 3
-    done' bg-tiers "${args[@]}" &
-  BG_PID=$!
-}
-bg_tiers_wait() {
-  local name limit rc t0 t1 took
-  set +e
-  wait "$BG_PID"
-  set -e
-  BG_PID=
-  for name in "${BG_TIERS[@]}"; do
-    limit=$(limit_of "tier:$name")
-    [ -f "$LOGDIR/$name.result" ] || { echo "test.sh: tier '$name' did not run"; exit 1; }
-    read -r rc t0 t1 < "$LOGDIR/$name.result"
-    took=$(secs "$t0" "$t1")
-    banner "$name (limit ${limit}s): its output"
-    cat "$LOGDIR/$name.log"
-    row "$name" "$took" "$limit"
-    if [ "$rc" != 0 ]; then
-      echo
-      echo "test.sh: FAILED in tier '$name' (exit status $rc, after ${took}s of its ${limit}s limit)"
-      exit "$rc"
-    fi
-    echo "== tier $name passed in ${took}s (limit ${limit}s)"
-  done
 }
 
 # netns_tier NAME ARGS... : netns-tests/run ARGS as tier NAME. Its limit is that of its build
@@ -225,7 +169,7 @@ done
 command -v python3 >/dev/null || { echo "test.sh: python3 missing (apt-get install python3)" >&2; exit 1; }
 command -v go >/dev/null || [ -x /usr/local/go/bin/go ] ||
   { echo "test.sh: Go not found (go in PATH or /usr/local/go/bin): install Go 1.26 or newer; the netns tier builds crictl from its Go module (scripts/k8s-components.sh)" >&2; exit 1; }
-for name in $(sed -n 's/^ *tier \([A-Za-z0-9._-]*\) .*/\1/p' "${BASH_SOURCE[0]}") image cluster; do
+for name in $(sed -n 's/^ *tier \([A-Za-z0-9._-]*\) .*/\1/p' "${BASH_SOURCE[0]}"); do
   limit_of "tier:$name" >/dev/null || { echo "test.sh: tier '$name' has no time limit (see above)" >&2; exit 1; }
 done
 trap finish EXIT
@@ -287,10 +231,6 @@ setsid nice -n 19 bash -c '{ echo 19 > /proc/self/autogroup; } 2>/dev/null
   image-binaries "$LOGDIR/image-binaries" "$LOGDIR/image-binaries.log" "$LOGDIR/image-binaries.done" &
 IMAGE_BUILD_PID=$! IMAGE_BUILD_START=$EPOCHREALTIME
 
-# ---- the image (its build waits for the release binaries above), then Lace in a real
-# Kubernetes cluster installed with helm from it: in the background from here on (see the header)
-bg_tiers image "bash scripts/test-image.sh" cluster tests/cluster/run.sh
-
 # ---- netns tests: real kernels
 netns_tier netns-6.1 --kernel 6.1
 count_netns "$LOGDIR/netns-6.1.log"
@@ -316,8 +256,8 @@ else
   COUNTS_OK=0 COUNT_NOTE="scripts/test-charts.sh printed no pytest summary line"
 fi
 
-# ---- the background tiers' output
-bg_tiers_wait
+# ---- the image: built for real, checked from the inside
+tier image bash scripts/test-image.sh
 if [ -f "$LOGDIR/image-binaries.done" ] && read -r brc bend < "$LOGDIR/image-binaries.done"; then
   row "  binaries (bg)" "$(secs "$IMAGE_BUILD_START" "$bend")" -
   if [ "$brc" != 0 ]; then
@@ -328,6 +268,9 @@ if [ -f "$LOGDIR/image-binaries.done" ] && read -r brc bend < "$LOGDIR/image-bin
 fi
 n=$(grep -Eo '^[0-9]+ passed' "$LOGDIR/image.log" | tail -1 | cut -d' ' -f1 || true)
 PASSED=$((PASSED + ${n:-0}))
+
+# ---- Lace in a real Kubernetes cluster, installed with helm from the image just built
+tier cluster tests/cluster/run.sh
 if [ -f "$LOGDIR/k8s-components.done" ] && read -r krc kend < "$LOGDIR/k8s-components.done"; then
   row "  components (bg)" "$(secs "$K8S_BUILD_START" "$kend")" -
   [ "$krc" = 0 ] || { echo "test.sh: the background component build failed (exit $krc); its log ends:"; tail -20 "$LOGDIR/k8s-components.log"; }

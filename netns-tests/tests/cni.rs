@@ -993,23 +993,7 @@ fn add_and_its_reconcile_write_each_object_once_and_resync_restores_nft() {
         &bed,
         Duration::from_secs(15),
         "the nft table is back",
-        || {
-            Command::new("ip")
-                .args([
-                    "netns",
-                    "exec",
-                    &bed.node.0,
-                    "nft",
-                    "list",
-                    "table",
-                    "inet",
-                    "lace",
-                ])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success())
-        },
+        || bed.node_nft(&["list", "table", "inet", "lace"]).0,
     );
     assert!(metric(&bed, "lace_dataplane_resyncs_total") > resyncs);
 }
@@ -1356,21 +1340,8 @@ fn loopback_and_both_libcni_generations_as_containerd_sets_pods_up() {
 
 /// The elements of Lace's `hostports_any_v4` map on the bed's node, one per line.
 fn host_port_elements(bed: &Bed) -> String {
-    let out = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &bed.node.0,
-            "nft",
-            "list",
-            "map",
-            "inet",
-            "lace",
-        ])
-        .arg("hostports_any_v4")
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    bed.node_nft(&["list", "map", "inet", "lace", "hostports_any_v4"])
+        .1
 }
 
 /// hostPorts as containerd passes them (`runtimeConfig.portMappings`, go-cni's PascalCase):

@@ -627,26 +627,24 @@ impl Bed {
             .unwrap_or(0)
     }
 
-    /// `nft delete table inet lace` in the node's namespace.
-    pub fn node_nft_delete(&self) {
+    /// `nft ARGS` in the node's namespace: (success, stdout, stderr).
+    pub fn node_nft(&self, args: &[&str]) -> (bool, String, String) {
         let out = Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                &self.node.0,
-                "nft",
-                "delete",
-                "table",
-                "inet",
-                "lace",
-            ])
+            .args(["netns", "exec", &self.node.0, "nft"])
+            .args(args)
             .output()
             .unwrap();
-        assert!(
+        (
             out.status.success(),
-            "nft delete table inet lace: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    /// `nft delete table inet lace` in the node's namespace.
+    pub fn node_nft_delete(&self) {
+        let (ok, _, err) = self.node_nft(&["delete", "table", "inet", "lace"]);
+        assert!(ok, "nft delete table inet lace: {err}");
     }
 
     pub fn metrics(&self) -> String {
