@@ -41,7 +41,6 @@ def test_delete_frees_the_address_and_status_is_called(cluster):
 HOST_PORT = 18080
 
 
-
 def test_host_port_reached_from_outside_on_the_pods_node(cluster):
     if os.environ.get("LACE_CHECKS_OUTSIDE", "1") == "0":
         pytest.skip("hostPort from outside the cluster: left out (LACE_CHECKS_OUTSIDE=0)")
