@@ -16,7 +16,8 @@
 //!   routes flushed); foreign objects changing and Lace's own writes echoing back are not
 //!   drift. The repair waits [`DEBOUNCE`] for the rest of a burst, then runs, as long as the
 //!   [`DriftLimiter`] has a token: a tool that keeps undoing Lace's objects gets at most
-//!   [`DRIFT_BURST`] quick repairs, then one per [`DRIFT_REFILL`]. Drift is counted
+//!   [`DRIFT_BURST`] quick repairs, then one per [`DRIFT_REFILL`]. Drift that a reconcile
+//!   finds as it reads the kernel is repaired by that reconcile and schedules none. Drift is counted
 //!   (`lace_dataplane_drift_total`, `lace_dataplane_drift_throttled_total`) and logged at
 //!   most once per [`DRIFT_LOG_INTERVAL`].
 //! - **Periodically** (`--resync-interval`), reading the kernel with full dumps: the backstop
@@ -283,6 +284,35 @@ impl DriftLog {
     }
 }
 
+/// When drift gets repaired: the token bucket and the log it reports to.
+#[derive(Debug)]
+struct DriftRepairs {
+    limiter: DriftLimiter,
+    log: DriftLog,
+}
+
+impl DriftRepairs {
+    fn new(now: Instant) -> Self {
+        Self {
+            limiter: DriftLimiter::new(now),
+            log: DriftLog::default(),
+        }
+    }
+
+    /// Logs drift seen at `now` and says when its repair may run; `None` when the reconcile
+    /// that found it repairs it (a second one would only spend a token a later repair needs).
+    fn seen(&mut self, drift: &Drift, now: Instant) -> Option<Instant> {
+        if drift.repairing {
+            self.log.report(drift, None, now);
+            return None;
+        }
+        let slot = self.limiter.next_slot(now);
+        self.log
+            .report(drift, (slot > now).then(|| slot - now), now);
+        Some(slot)
+    }
+}
+
 /// Why a reconcile runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Trigger {
@@ -299,8 +329,7 @@ pub async fn run(agent: Arc<super::Agent>, resync_every: Duration) {
     agent.dataplane.on_drift(Box::new(move |d| {
         let _ = drift_tx.send(d);
     }));
-    let mut limiter = DriftLimiter::new(Instant::now());
-    let mut log = DriftLog::default();
+    let mut repairs = DriftRepairs::new(Instant::now());
     let mut repair_at: Option<Instant> = None;
     // When the changes seen so far are reconciled, and when the first of them came.
     let mut change: Option<(Instant, Instant)> = None;
@@ -322,12 +351,10 @@ pub async fn run(agent: Arc<super::Agent>, resync_every: Duration) {
                 let now = Instant::now();
                 agent.metrics.dataplane_drift();
                 agent.underlay_look_now.notify_one();
-                let slot = limiter.next_slot(now);
-                let throttled = (slot > now).then(|| slot - now);
-                if throttled.is_some() {
+                let Some(slot) = repairs.seen(&drift, now) else { continue };
+                if slot > now {
                     agent.metrics.dataplane_drift_throttled();
                 }
-                log.report(&drift, throttled, now);
                 let at = slot.max(now + DEBOUNCE);
                 let at = retry_at.map_or(at, |r| r.max(at));
                 repair_at = Some(repair_at.map_or(at, |r| r.min(at)));
@@ -338,7 +365,7 @@ pub async fn run(agent: Arc<super::Agent>, resync_every: Duration) {
         };
         let now = Instant::now();
         if trigger == Trigger::Drift {
-            limiter.take(now);
+            repairs.limiter.take(now);
         }
         // Whatever the trigger, this reconcile covers every change and drift seen so far.
         repair_at = None;
@@ -453,6 +480,29 @@ mod tests {
             (per_minute - 1..=per_minute + 1).contains(&repairs),
             "{repairs} repairs in a minute of flapping"
         );
+    }
+
+    #[test]
+    fn drift_a_reconcile_repairs_as_it_finds_it_schedules_no_repair_and_spends_no_token() {
+        let t0 = Instant::now();
+        let mut r = DriftRepairs::new(t0);
+        let drift = |repairing| Drift {
+            ops: 1,
+            summary: "rule add -4 pref 1000 l3mdev".into(),
+            repairing,
+        };
+        for i in 0..DRIFT_BURST * 2 {
+            assert_eq!(
+                r.seen(&drift(true), t0),
+                None,
+                "drift {i} got a repair of its own"
+            );
+        }
+        for i in 0..DRIFT_BURST {
+            assert_eq!(r.seen(&drift(false), t0), Some(t0), "repair {i} waits");
+            r.limiter.take(t0);
+        }
+        assert!(r.seen(&drift(false), t0).is_some_and(|slot| slot > t0));
     }
 
     #[test]

@@ -59,10 +59,12 @@ impl Applied {
             Ok(ops) => ops.first().map(|first| Drift {
                 ops: ops.len(),
                 summary: first.to_string(),
+                repairing: false,
             }),
             Err(e) => Some(Drift {
                 ops: 0,
                 summary: e.to_string(),
+                repairing: false,
             }),
         }
     }
@@ -77,6 +79,8 @@ pub struct Drift {
     pub ops: usize,
     /// The first of those operations, or why the notifications could not be followed.
     pub summary: String,
+    /// Found by a reconcile, which repairs it: counted and logged, nothing to schedule.
+    pub repairing: bool,
 }
 
 impl std::fmt::Display for Drift {

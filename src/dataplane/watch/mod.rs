@@ -107,8 +107,9 @@ impl Session {
         };
         if sysctls.is_some() && stale.is_none() && self.unchecked {
             // What changed since the last look is drift even though this reconcile repairs
-            // it: reported as idle would have, had it looked first.
-            self.check_drift();
+            // it: reported as idle would have, had it looked first, but marked as being
+            // repaired so that no second repair is scheduled for it.
+            self.check_drift(true);
         }
         // A reconcile diffs everything it observes; any other job leaves that to idle.
         self.unchecked = sysctls.is_none() && (self.unchecked || stale.is_some());
@@ -179,7 +180,7 @@ impl Session {
                 // What arrived while the apply ran includes its own echoes, which leave
                 // nothing to do, and whatever changed meanwhile, which does.
                 if notified {
-                    self.check_drift();
+                    self.check_drift(false);
                 }
             }
             None => self.unchecked |= notified,
@@ -210,7 +211,7 @@ impl Session {
             Err(why) => Some(why.to_string()),
         };
         match lost {
-            None => self.check_drift(),
+            None => self.check_drift(false),
             Some(why) => {
                 tracing::warn!(reason = %why, "dataplane: the kernel's notifications cannot be trusted; the next reconcile dumps");
                 self.cache = None;
@@ -218,6 +219,7 @@ impl Session {
                     self.report(Drift {
                         ops: 0,
                         summary: format!("the kernel's notifications could not be followed: {why}"),
+                        repairing: false,
                     });
                 }
             }
@@ -230,12 +232,13 @@ impl Session {
     }
 
     /// Reports drift if the cached kernel state differs from what Lace applied.
-    fn check_drift(&mut self) {
+    fn check_drift(&mut self, repairing: bool) {
         self.unchecked = false;
         let Some(cache) = &self.cache else { return };
-        let Some(drift) = self.applied.drift(&cache.node) else {
+        let Some(mut drift) = self.applied.drift(&cache.node) else {
             return;
         };
+        drift.repairing = repairing;
         tracing::debug!(%drift, "dataplane: drift");
         self.report(drift);
     }
