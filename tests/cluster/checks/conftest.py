@@ -145,6 +145,17 @@ spec:
 {extra_spec}"""
         )
 
+    def web_backends(self):
+        """Check 4's Service backends, web-N on every node but the first (where the clients
+        run): created with check 2's pods, so their start overlaps that batch's (each batch of
+        pods costs 40-60 s under emulation); idempotent, so check 4 run alone makes them too.
+        Returns how many there are."""
+        nodes = self.nodes()
+        for i, node in enumerate(nodes[1:], 2):
+            self.agnhost_pod(E2E_NS, f"web-{i}", node, labels={"role": "web"},
+                             extra_spec="    readinessProbe: {httpGet: {path: /healthz, port: 8080}, periodSeconds: 2}\n")
+        return len(nodes) - 1
+
     def check_pods(self):
         """The agnhost pods test_02 made ({name: IPv4}), from the cluster if this session did
         not make them (a module run on its own)."""

@@ -1,7 +1,8 @@
 """2. Pods get their addresses from the Network their binding policy picks: kube-system pods
 from the system Network (10.244.0.0/18), others from the default Network (10.244.128.0/17).
 Creates the agnhost pods the later checks use: sys-N in kube-system and def-N in lace-e2e, one
-per node, each serving HTTP on 8080 with readiness and liveness probes. Then 30 pods of one
+per node, each serving HTTP on 8080 with readiness and liveness probes (and check 4's Service
+backends, which start beside them but are not waited for here). Then 30 pods of one
 Deployment at once: the time from create to Ready (p50, max), each with its own address."""
 
 import ipaddress
@@ -29,6 +30,7 @@ def test_pods_get_addresses_from_their_networks(cluster):
             name = f"{prefix}-{i}"
             cluster.agnhost_pod(ns, name, node, labels={"app": "lace-check"}, extra_spec=PROBES)
             pods.append((ns, name))
+    cluster.web_backends()  # check 4's, started now beside these
     cluster.wait_pods_ready(SYSTEM_NS, "app=lace-check", len(nodes), timeout=600)
     cluster.wait_pods_ready(E2E_NS, "app=lace-check", len(nodes), timeout=600)
     took = time.time() - start

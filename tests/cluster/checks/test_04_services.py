@@ -39,13 +39,9 @@ spec: {{from: {src}, to: {dst}, services: [{refs}]}}
 
 
 def test_cluster_ip_and_node_port_follow_service_routing_policies(cluster):
-    nodes = cluster.nodes()
-    # Backends on every node but the first, where the clients run.
-    for i, node in enumerate(nodes[1:], 2):
-        cluster.agnhost_pod(E2E_NS, f"web-{i}", node, labels={"role": "web"},
-                            extra_spec="    readinessProbe: {httpGet: {path: /healthz, port: 8080}, periodSeconds: 2}\n")
+    backends = cluster.web_backends()
     cluster.apply(WEB)
-    cluster.wait_pods_ready(E2E_NS, "role=web", len(nodes) - 1, timeout=600)
+    cluster.wait_pods_ready(E2E_NS, "role=web", backends, timeout=600)
     cip = cluster.kj("get", "service", "-n", E2E_NS, "web")["spec"]["clusterIP"]
     svc = f"tcp {cip} 80"
 
