@@ -13,9 +13,9 @@
 #   netns-6.1  netns-tests/run --kernel 6.1: every netns test executable, in one VM (the
 #              containerd one with crictl and a pause image built on the host first)
 #   netns-6.12 netns-tests/run --kernel 6.12 with the tests that apply Lace's real ruleset
-#              (nft element updates, NetworkPolicy, hostPorts) besides smoke: newer kernels
-#              refuse bytecode 6.1 accepts (nft_byteorder since 6.12.115). The cluster tier's
-#              nodes run 6.12 too, with three nodes' SRv6, Services and policies
+#              (three-node dataplane, nft element updates, NetworkPolicy, hostPorts) besides
+#              smoke: newer
+#              kernels refuse bytecode 6.1 accepts (nft_byteorder since 6.12.115)
 #   demo    scripts/demo.sh (the README's demo; fails if traffic differs from the policies)
 #   charts  scripts/test-charts.sh
 #   image   scripts/test-image.sh (builds the image with buildah + mmdebstrap, checks inside it);
@@ -236,11 +236,9 @@ netns_tier netns-6.1 --kernel 6.1
 count_netns "$LOGDIR/netns-6.1.log"
 # Not the whole suite (time): smoke, plus the tests that install the planner's nft ruleset and
 # carry traffic through it (NetworkPolicy's sets and rules in the third, hostPorts' DNAT in the
-# fourth: 6.12 looks a VRF slave's `fib daddr type` up in the VRF, which 6.1 does not). The
-# three-node dataplane test (90-200 s here) is left to the cluster tier, whose nodes run 6.12:
-# three nodes over SRv6 under real pods, Services and policies, agents restarted and upgraded.
-# A filter that matches no test fails the tier.
-netns_tier netns-6.12 --kernel 6.12 --filter smoke --filter nft_element_change --filter network_policies_deny_all --filter host_ports_from_outside
+# fourth: 6.12 looks a VRF slave's `fib daddr type` up in the VRF, which 6.1 does not). A filter that
+# matches no test fails the tier.
+netns_tier netns-6.12 --kernel 6.12 --filter smoke --filter dataplane_three_nodes --filter nft_element_change --filter network_policies_deny_all --filter host_ports_from_outside
 count_netns "$LOGDIR/netns-6.12.log"
 
 # ---- the README's demo: 3 nodes, real agents, pods by the real CNI plugin, policy vs pings

@@ -9,8 +9,7 @@
 #   their own (lace-cluster-PID). Under the VM's software emulation (TCG) the API server took 97 s
 #   to become ready and each kubectl call 2.5 s; natively 4.6 s and 0.06 s.
 # - The nodes run in one QEMU VM booting Debian's stock kernel (VRF and seg6: the host kernel
-#   has neither), 6.12 (LACE_CLUSTER_KERNEL): the netns tests cover 6.1 whole and 6.12 in part,
-#   so the cluster's Services, NetworkPolicies and hostPorts run Lace's ruleset on 6.12: each node a network namespace with its own mount and cgroup namespace
+#   has neither): each node a network namespace with its own mount and cgroup namespace
 #   (tests/cluster/vm-nodes.sh, node.sh), as kind runs nodes as containers on one kernel. One
 #   VM per node would split the host's two cores between three emulated kernels.
 # - The VM's NIC is a tap device in the control plane's namespace (192.168.99.1/24, outside the
@@ -20,8 +19,7 @@
 #   namespace and the VM.
 #
 # Settings (environment): LACE_CLUSTER_NODES (default 3), LACE_CLUSTER_LIMIT (the VM's time
-# limit, seconds), LACE_CLUSTER_MEM (VM memory, default 6G), LACE_CLUSTER_KERNEL (the VM's
-# kernel, as vmrun.sh --kernel takes it: default 6.12).
+# limit, seconds), LACE_CLUSTER_MEM (VM memory, default 6G).
 CLUSTER_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 CLUSTER_ROOT=$(cd "$CLUSTER_DIR/../.." && pwd)
 CLUSTER_API=192.168.99.1
@@ -200,7 +198,7 @@ EOF
   csay "control plane ready in $(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN{printf "%.1f", b-a}')s"
   # The checkout is shared too: the VM has a /tmp of its own, so a checkout under /tmp (and
   # vm-nodes.sh in it) would not be there otherwise.
-  ip netns exec "$CLUSTER_NS" "$CLUSTER_ROOT/netns-tests/vm/vmrun.sh" --kernel "${LACE_CLUSTER_KERNEL:-6.12}" --tap lc-tap -m "${LACE_CLUSTER_MEM:-6G}" -c 2 \
+  ip netns exec "$CLUSTER_NS" "$CLUSTER_ROOT/netns-tests/vm/vmrun.sh" --tap lc-tap -m "${LACE_CLUSTER_MEM:-6G}" -c 2 \
     -t "${LACE_CLUSTER_LIMIT:-1800}" -w "$CLUSTER_WORK" -w "$CLUSTER_ROOT" \
     -- "$CLUSTER_DIR/vm-nodes.sh" "$CLUSTER_WORK" > "$CLUSTER_WORK/logs/vm.log" 2>&1 &
   CLUSTER_VM_PID=$!
