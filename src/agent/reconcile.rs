@@ -17,9 +17,9 @@
 //!   drift. The repair waits [`DEBOUNCE`] for the rest of a burst, then runs, as long as the
 //!   [`DriftLimiter`] has a token: a tool that keeps undoing Lace's objects gets at most
 //!   [`DRIFT_BURST`] quick repairs, then one per [`DRIFT_REFILL`]. Drift that a reconcile
-//!   finds as it reads the kernel is repaired by that reconcile and schedules none. Drift is counted
-//!   (`lace_dataplane_drift_total`, `lace_dataplane_drift_throttled_total`) and logged at
-//!   most once per [`DRIFT_LOG_INTERVAL`].
+//!   finds as it reads the kernel is repaired by that reconcile and schedules none. Drift is
+//!   counted (`lace_dataplane_drift_total`, `lace_dataplane_drift_throttled_total`) and
+//!   logged at most once per [`DRIFT_LOG_INTERVAL`].
 //! - **Periodically** (`--resync-interval`), reading the kernel with full dumps: the backstop
 //!   for what no rtnetlink notification reports (sysctls, the nft table, `ip sr tunsrc`) and
 //!   for the memory itself.
