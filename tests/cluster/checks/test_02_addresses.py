@@ -79,7 +79,11 @@ spec:
   template:
     metadata: {{labels: {{app: lace-burst}}}}
     spec:
-      terminationGracePeriodSeconds: 0
+      # Not 0: with 0 the API forgets a pod at once and the nodes tear its 30 sandboxes down
+      # behind the later checks' backs (containerd's task deletes then timed out for ten
+      # minutes and held up check 5's agent rollout); with 1 the pods stay listed until their
+      # kubelet has stopped them, and the wait below covers it.
+      terminationGracePeriodSeconds: 1
       containers: [{{name: pause, image: "{PAUSE}"}}]
 """)
     start = time.time()
