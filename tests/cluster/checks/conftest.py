@@ -17,6 +17,7 @@ Environment:
 """
 
 import base64
+import calendar
 import json
 import os
 import re
@@ -269,6 +270,11 @@ def cluster():
     yield c
     for sh in c.state.get("shells", {}).values():
         sh.kill()
+
+
+def timestamp_seconds(ts):
+    """Seconds since the epoch of a Kubernetes timestamp ("2026-12-03T15:04:26Z")."""
+    return calendar.timegm(time.strptime(ts, "%Y-%m-%dT%H:%M:%SZ"))
 
 
 def b64(s):

@@ -3,10 +3,9 @@ Pending (any cluster without a CNI); with the plugin chart alone the nodes turn 
 NetworkUnavailable=False (LaceIsUp) but no pod gets an address (no Network binds it), and
 `kubectl describe` says why; with the networks chart CoreDNS runs."""
 
-import calendar
 import time
 
-from conftest import AGENT_LABELS, E2E_NS, SYSTEM_NS
+from conftest import timestamp_seconds, AGENT_LABELS, E2E_NS, SYSTEM_NS
 
 
 def test_before_install_nodes_are_not_ready_and_coredns_pending(cluster):
@@ -43,7 +42,7 @@ def test_plugin_chart_turns_nodes_ready(cluster):
         return ok, seen
     cluster.wait("every node Ready with NetworkUnavailable=False (reason LaceIsUp)", ready, timeout=600)
     started = _first_agent_start(cluster)
-    secs = time.time() - _seconds(started)
+    secs = time.time() - timestamp_seconds(started)
     cluster.state["agents_to_nodes_ready"] = secs
     print(f"\nagent pods started -> every node Ready (NetworkUnavailable=False): {secs:.0f} s")
 
@@ -85,7 +84,3 @@ def _first_agent_start(cluster):
     agents = cluster.pods(SYSTEM_NS, AGENT_LABELS)
     return min(c["state"]["running"]["startedAt"] for p in agents
                for c in p["status"].get("containerStatuses", []) if "running" in c["state"])
-
-
-def _seconds(ts):
-    return calendar.timegm(time.strptime(ts, "%Y-%m-%dT%H:%M:%SZ"))

@@ -6,10 +6,9 @@ backends, which start beside them but are not waited for here). Then 30 pods of 
 Deployment at once: the time from create to Ready (p50, max), each with its own address."""
 
 import ipaddress
-import calendar
 import time
 
-from conftest import E2E_NS, PAUSE, SYSTEM_NS, agent_metrics, metric
+from conftest import timestamp_seconds, E2E_NS, PAUSE, SYSTEM_NS, agent_metrics, metric
 
 SYSTEM_SUBNET = ipaddress.ip_network("10.244.0.0/18")
 DEFAULT_SUBNET = ipaddress.ip_network("10.244.128.0/17")
@@ -38,8 +37,8 @@ def test_pods_get_addresses_from_their_networks(cluster):
     latencies = []
     for ns, name in pods:
         p = cluster.kj("get", "pod", "-n", ns, name)
-        latencies.append(_seconds(cluster.condition(p, "Ready")["lastTransitionTime"])
-                         - _seconds(p["metadata"]["creationTimestamp"]))
+        latencies.append(timestamp_seconds(cluster.condition(p, "Ready")["lastTransitionTime"])
+                         - timestamp_seconds(p["metadata"]["creationTimestamp"]))
     latencies.sort()
     print(f"\n{len(pods)} pods created -> Ready: p50 {latencies[len(latencies) // 2]:.0f} s, "
           f"max {latencies[-1]:.0f} s (all Ready after {took:.0f} s)")
@@ -90,8 +89,8 @@ spec:
     cluster.wait_pods_ready(E2E_NS, "app=lace-burst", BURST, timeout=900)
     took = time.time() - start
     pods = cluster.pods(E2E_NS, "app=lace-burst")
-    latencies = sorted(_seconds(cluster.condition(p, "Ready")["lastTransitionTime"])
-                       - _seconds(p["metadata"]["creationTimestamp"]) for p in pods)
+    latencies = sorted(timestamp_seconds(cluster.condition(p, "Ready")["lastTransitionTime"])
+                       - timestamp_seconds(p["metadata"]["creationTimestamp"]) for p in pods)
     print(f"\n{len(pods)} pods of one Deployment created -> Ready: p50 "
           f"{latencies[len(latencies) // 2]:.0f} s, max {latencies[-1]:.0f} s "
           f"(all Ready after {took:.0f} s, on {len({p['spec']['nodeName'] for p in pods})} nodes)")
@@ -111,7 +110,3 @@ spec:
         left = cluster.pods(E2E_NS, "app=lace-burst")
         return not left, [p["metadata"]["name"] for p in left]
     cluster.wait("the burst's pods deleted", gone, timeout=600)
-
-
-def _seconds(ts):
-    return calendar.timegm(time.strptime(ts, "%Y-%m-%dT%H:%M:%SZ"))

@@ -3,11 +3,10 @@ kubelet-only probe allowance (nothing else on the host reaches a pod); with
 node.kubeletCgroupPath pointing at another cgroup (containerd's) the kubelet's probes are
 refused and a new pod never becomes Ready; set back, it does."""
 
-import calendar
 import os
 import time
 
-from conftest import AGENT_LABELS, E2E_NS, SYSTEM_NS, CheckFailed
+from conftest import timestamp_seconds, AGENT_LABELS, E2E_NS, SYSTEM_NS, CheckFailed
 
 RIGHT = os.environ.get("LACE_KUBELET_CGROUP", "/sys/fs/cgroup/system.slice/kubelet.service")
 WRONG = os.environ.get("LACE_WRONG_CGROUP", "/sys/fs/cgroup/system.slice/containerd.service")
@@ -29,7 +28,7 @@ def test_probed_pods_are_ready_and_stay_up(cluster):
     # Check 2 made them minutes ago (the checks between take longer than this): wait only for
     # what the youngest lacks, as when this module runs alone.
     pods = [p for ns in (SYSTEM_NS, E2E_NS) for p in cluster.pods(ns, "app=lace-check")]
-    started = [calendar.timegm(time.strptime(p["status"]["startTime"], "%Y-%m-%dT%H:%M:%SZ"))
+    started = [timestamp_seconds(p["status"]["startTime"])
                for p in pods if p["status"].get("startTime")]
     time.sleep(max(0.0, STAYED_UP - (time.time() - max(started, default=time.time()))))
     pods = [p for ns in (SYSTEM_NS, E2E_NS) for p in cluster.pods(ns, "app=lace-check")]
