@@ -94,6 +94,7 @@ fn scenario(nodes: u32, networks: u32, pods_per_node: u32, dual_stack: bool) -> 
                     network: net.clone(),
                     ips: vec![ipnet::IpNet::from(ip)],
                     host_ports: Vec::new(),
+                    bandwidth: None,
                 });
             }
         }

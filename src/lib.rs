@@ -11,6 +11,7 @@
 pub mod agent;
 pub mod alloc;
 pub mod api;
+pub mod bandwidth;
 pub mod binding;
 #[cfg(feature = "kube")]
 pub mod crd;

@@ -13,6 +13,7 @@ use crate::api::{
     LabelSelector, NetworkAllocationSpec, NetworkBindingPolicySpec, NetworkRoutingPolicySpec,
     NetworkSpec, NodeAllocationSpec, ServiceBindingPolicySpec, ServiceRoutingPolicySpec, Underlay,
 };
+use crate::bandwidth::Bandwidth;
 use crate::hostport::HostPort;
 
 /// `namespace/name` of a namespaced object.
@@ -209,6 +210,9 @@ pub struct PodAttachment {
     /// The pod's hostPorts, as the runtime passed them at ADD.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub host_ports: Vec<HostPort>,
+    /// What the pod's traffic is shaped to, as the runtime passed it at ADD.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bandwidth: Option<Bandwidth>,
 }
 
 /// Cluster-wide settings that are not objects (chart values, agent flags).

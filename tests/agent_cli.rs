@@ -182,6 +182,7 @@ fn plan_with_the_agents_records_shows_each_host_port_naming_its_pod() {
                     container_port: 8443,
                     host_ip: None,
                 }],
+                bandwidth: None,
             },
         )
         .unwrap();

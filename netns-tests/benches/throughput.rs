@@ -578,6 +578,7 @@ fn attachment(i: u8) -> PodAttachment {
         network: "bench".into(),
         ips: vec![IpNet::V4(Ipv4Net::from(pod_addr(i)))],
         host_ports: Vec::new(),
+        bandwidth: None,
     }
 }
 

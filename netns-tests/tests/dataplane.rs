@@ -308,6 +308,7 @@ fn attachments(node: u32, with_tenant: bool) -> Vec<PodAttachment> {
                 IpNet::V6(Ipv6Net::from(p.addr6)),
             ],
             host_ports: Vec::new(),
+            bandwidth: None,
         })
         .collect()
 }

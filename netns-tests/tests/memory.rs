@@ -54,6 +54,7 @@ fn desired(pods: &[&str]) -> DesiredNode {
             network: name.to_string(),
             ips: vec![IpNet::V4(Ipv4Net::from(pod_addr(*second)))],
             host_ports: Vec::new(),
+            bandwidth: None,
         })
         .collect();
     plan("n1", &s, &attached).unwrap()

@@ -308,6 +308,7 @@ fn attachments(i: u16) -> Vec<PodAttachment> {
                 IpNet::V6(Ipv6Net::from(p.v6())),
             ],
             host_ports: Vec::new(),
+            bandwidth: None,
         })
         .collect()
 }

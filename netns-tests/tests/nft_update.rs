@@ -47,6 +47,7 @@ fn desired(self_policy: bool) -> DesiredNode {
             network: "default".into(),
             ips: vec![IpNet::V4(Ipv4Net::from(*addr))],
             host_ports: Vec::new(),
+            bandwidth: None,
         })
         .collect();
     plan("node1", &s, &pods).unwrap()

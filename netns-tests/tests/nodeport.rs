@@ -211,6 +211,7 @@ fn pod_attachment(name: &str, v4: Ipv4Addr, v6: Ipv6Addr) -> PodAttachment {
         network: "default".into(),
         ips: vec![IpNet::V4(Ipv4Net::from(v4)), IpNet::V6(Ipv6Net::from(v6))],
         host_ports: Vec::new(),
+        bandwidth: None,
     }
 }
 

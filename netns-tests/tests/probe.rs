@@ -851,6 +851,7 @@ mod planned {
                     IpNet::V6(Ipv6Net::from(pod_addr_v6(second))),
                 ],
                 host_ports: Vec::new(),
+                bandwidth: None,
             })
             .collect()
     }

@@ -38,7 +38,8 @@ use crate::hash::fnv1a64;
 use crate::plan::{vrf_name, vrf_table, RouteKey};
 use crate::state::{ObjectKey, Pod};
 use crate::wire::{
-    host_ports, CniError, CniResult, Command, ErrorCode, Interface, IpConfig, Request, Route,
+    bandwidth, host_ports, CniError, CniResult, Command, ErrorCode, Interface, IpConfig, Request,
+    Route,
 };
 
 /// CHECK found a difference.
@@ -338,6 +339,8 @@ async fn add(agent: &Arc<Agent>, req: &Request) -> Result<CniResult, CniError> {
     let pod = ObjectKey::new(ns.clone(), name.clone());
     let host_ports = host_ports(&req.config)
         .map_err(|e| CniError::new(ErrorCode::INVALID_NETCONF, e.to_string()))?;
+    let bandwidth = bandwidth(&req.config)
+        .map_err(|e| CniError::new(ErrorCode::INVALID_NETCONF, e.to_string()))?;
     let placement = place(agent, &pod).await?;
     let host = host_ifname(&key.container_id, &key.ifname);
     // Before allocating: a runtime's namespace that is not there fails the ADD at once.
@@ -370,6 +373,7 @@ async fn add(agent: &Arc<Agent>, req: &Request) -> Result<CniResult, CniError> {
                     host_ifname: &host,
                     netns: Some(netns_path),
                     host_ports,
+                    bandwidth,
                 },
             )
         })
@@ -390,7 +394,8 @@ async fn add(agent: &Arc<Agent>, req: &Request) -> Result<CniResult, CniError> {
             tracing::info!(
                 pod = %pod, container = %key.container_id, ifname = %key.ifname, host = %host,
                 network = %placement.network, vrf = %placement.vrf, table = placement.table,
-                ips = ?record.ips, host_ports = ?record.host_ports, "ADD"
+                ips = ?record.ips, host_ports = ?record.host_ports, bandwidth = ?record.bandwidth,
+                "ADD"
             );
             Ok(result(
                 &key.ifname,

@@ -35,6 +35,7 @@ use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 
+use crate::bandwidth::Bandwidth;
 use crate::hostport::HostPort;
 use crate::state::{ObjectKey, PodAttachment};
 
@@ -101,6 +102,8 @@ pub struct Claim<'a> {
     pub netns: Option<PathBuf>,
     /// The pod's hostPorts: none may conflict with another attachment's.
     pub host_ports: Vec<HostPort>,
+    /// What the pod's traffic is shaped to.
+    pub bandwidth: Option<Bandwidth>,
 }
 
 /// Identity of one pod interface: what the runtime passes as `CNI_CONTAINERID` and
@@ -132,6 +135,10 @@ pub struct Record {
     /// The pod's hostPorts (`runtimeConfig.portMappings` at ADD).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub host_ports: Vec<HostPort>,
+    /// What the pod's traffic is shaped to (`runtimeConfig.bandwidth` at ADD); records
+    /// written before Lace shaped pods have none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bandwidth: Option<Bandwidth>,
 }
 
 impl Record {
@@ -144,6 +151,7 @@ impl Record {
             network: self.network.clone(),
             ips: self.ips.clone(),
             host_ports: self.host_ports.clone(),
+            bandwidth: self.bandwidth,
         }
     }
 }
@@ -260,6 +268,7 @@ impl IpamStore {
             host_ifname,
             netns,
             host_ports,
+            bandwidth,
         } = claim;
         if blocks.is_empty() {
             return Err(IpamError::NoBlocks {
@@ -289,9 +298,11 @@ impl IpamStore {
                     .all(|(ip, b)| b.contains(&ip.addr()))
             {
                 let mut rec = existing.clone();
-                if rec.netns != netns || rec.host_ports != host_ports {
+                if rec.netns != netns || rec.host_ports != host_ports || rec.bandwidth != bandwidth
+                {
                     rec.netns = netns;
                     rec.host_ports = host_ports;
+                    rec.bandwidth = bandwidth;
                     records.insert(key.clone(), rec.clone());
                     self.persist(&records)?;
                 }
@@ -318,6 +329,7 @@ impl IpamStore {
             ips,
             netns,
             host_ports,
+            bandwidth,
         };
         let previous = records.insert(key.clone(), rec.clone());
         if let Err(e) = self.persist(&records) {
@@ -511,6 +523,7 @@ mod tests {
             host_ifname,
             netns: None,
             host_ports: Vec::new(),
+            bandwidth: None,
         }
     }
 
@@ -671,6 +684,59 @@ mod tests {
         s.release(&key(0)).unwrap();
         s.release(&key(1)).unwrap();
         s.allocate(&key(2), with(2, web(82, None))).unwrap();
+    }
+
+    #[test]
+    fn bandwidth_is_kept_across_a_restart_and_a_retried_add() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = IpamStore::open(dir.path()).unwrap();
+        let (p, blocks) = (pod(0), blocks());
+        let shaped = |rate| {
+            Some(Bandwidth {
+                ingress: Some(crate::bandwidth::Limit {
+                    rate,
+                    burst: Some(u64::from(u32::MAX)),
+                }),
+                egress: None,
+            })
+        };
+        let with = |bandwidth| Claim {
+            bandwidth,
+            ..claim(&p, "default", &blocks, "lp-0")
+        };
+        let a = s.allocate(&key(0), with(shaped(10_000_000))).unwrap();
+        assert_eq!(a.bandwidth, shaped(10_000_000));
+        drop(s);
+        let s = IpamStore::open(dir.path()).unwrap();
+        assert_eq!(
+            s.pod_attachments().unwrap()[0].bandwidth,
+            shaped(10_000_000),
+            "the planner sees the pod's bandwidth after a restart"
+        );
+        // A retried ADD keeps the addresses and takes the bandwidth it carries.
+        let b = s.allocate(&key(0), with(shaped(20_000_000))).unwrap();
+        assert_eq!((b.ips, b.bandwidth), (a.ips, shaped(20_000_000)));
+        assert_eq!(
+            s.get(&key(0)).unwrap().unwrap().bandwidth,
+            shaped(20_000_000)
+        );
+    }
+
+    #[test]
+    fn records_written_before_bandwidth_still_load() {
+        let dir = tempfile::tempdir().unwrap();
+        // What an agent without bandwidth wrote (no `bandwidth` key).
+        let old = r#"{"version":1,"attachments":[[{"container_id":"c0000","ifname":"eth0"},
+            {"pod":{"namespace":"default","name":"p0"},"network":"default",
+             "host_ifname":"lp-0","ips":["192.0.2.1/32"]}]]}"#;
+        fs::write(dir.path().join(STORE_FILE), old).unwrap();
+        let s = IpamStore::open(dir.path()).unwrap();
+        let rec = s.get(&key(0)).unwrap().unwrap();
+        assert_eq!((rec.host_ifname.as_str(), rec.bandwidth), ("lp-0", None));
+        // And an unshaped record is written without the key.
+        alloc(&s, 1, &blocks()).unwrap();
+        let text = fs::read_to_string(dir.path().join(STORE_FILE)).unwrap();
+        assert!(!text.contains("bandwidth"), "{text}");
     }
 
     #[test]

@@ -98,6 +98,7 @@ pub fn desired(with_b: bool) -> DesiredNode {
         network: "a".into(),
         ips: vec!["10.1.1.10/32".parse().unwrap()],
         host_ports: Vec::new(),
+        bandwidth: None,
     }];
     if with_b {
         pods.push(PodAttachment {
@@ -107,6 +108,7 @@ pub fn desired(with_b: bool) -> DesiredNode {
             network: "b".into(),
             ips: vec!["10.2.1.10/32".parse().unwrap()],
             host_ports: Vec::new(),
+            bandwidth: None,
         });
     }
     plan("n1", &state(with_b), &pods).unwrap()

@@ -34,7 +34,9 @@ pub use netconf::{
 pub use protocol::{
     decode_line, encode_line, Command, FrameError, Request, Response, MAX_MESSAGE_BYTES,
 };
-pub use runtime::{host_ports, PortMappingError, PORT_MAPPINGS};
+pub use runtime::{
+    bandwidth, host_ports, BandwidthError, PortMappingError, BANDWIDTH, PORT_MAPPINGS,
+};
 pub use spec::{
     CniError, CniResult, CniVersion, Dns, ErrorCode, Interface, IpConfig, ResultError, Route,
     UnknownVersion, VersionInfo,

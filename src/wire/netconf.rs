@@ -9,8 +9,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::environment::is_cni_identifier;
-use super::runtime::{host_ports, PortMappingError, PORT_MAPPINGS};
+use super::runtime::{bandwidth, host_ports, BandwidthError, PortMappingError, PORT_MAPPINGS};
 use super::{CniError, CniResult, CniVersion, ErrorCode};
+use crate::bandwidth::Bandwidth;
 use crate::hostport::HostPort;
 
 /// Value of `type` in Lace's conflist entry: the file name of the plugin in the CNI bin dir.
@@ -128,6 +129,8 @@ pub struct NetConf {
     pub valid_attachments: Option<Vec<Attachment>>,
     /// The pod's hostPorts (`runtimeConfig.portMappings`).
     pub host_ports: Vec<HostPort>,
+    /// What the pod's traffic is shaped to (`runtimeConfig.bandwidth`).
+    pub bandwidth: Option<Bandwidth>,
     /// The whole configuration as received, unknown keys included, forwarded to the agent.
     pub raw: Map<String, Value>,
 }
@@ -172,6 +175,9 @@ pub enum NetConfError {
     /// `runtimeConfig.portMappings` (the pod's hostPorts) cannot be used.
     #[error(transparent)]
     PortMappings(PortMappingError),
+    /// `runtimeConfig.bandwidth` (the pod's bandwidth annotations) cannot be used.
+    #[error(transparent)]
+    Bandwidth(BandwidthError),
     /// `type` names another plugin.
     #[error(
         "network configuration type is {0:?}, but this plugin serves {PLUGIN_TYPE:?} (and \
@@ -225,6 +231,7 @@ impl NetConfError {
             | NetConfError::InvalidName(_)
             | NetConfError::RelativePath { .. }
             | NetConfError::PortMappings(_)
+            | NetConfError::Bandwidth(_)
             | NetConfError::Timeout(_) => ErrorCode::INVALID_NETCONF,
         }
     }
@@ -407,6 +414,7 @@ impl NetConf {
             None => field(&raw, LEGACY_ATTACHMENTS_KEY)?,
         };
         let host_ports = host_ports(&raw).map_err(NetConfError::PortMappings)?;
+        let bandwidth = bandwidth(&raw).map_err(NetConfError::Bandwidth)?;
         Ok(NetConf {
             cni_version,
             name,
@@ -414,6 +422,7 @@ impl NetConf {
             prev_result,
             valid_attachments,
             host_ports,
+            bandwidth,
             raw,
         })
     }
@@ -488,8 +497,9 @@ mod tests {
         "type": "lace",
         "agentSocket": "/run/lace/cni.sock",
         "logLevel": "info",
-        "capabilities": {"portMappings": true},
-        "runtimeConfig": {"portMappings": []},
+        "capabilities": {"portMappings": true, "bandwidth": true},
+        "runtimeConfig": {"portMappings": [], "bandwidth": {"IngressRate": 10000000,
+            "IngressBurst": 4294967295, "EgressRate": 0, "EgressBurst": 0}},
         "somethingElse": {"nested": [1, 2, 3]}
     }"#;
 
@@ -509,6 +519,11 @@ mod tests {
         );
         assert_eq!(conf.raw["somethingElse"], json!({"nested": [1, 2, 3]}));
         assert!(conf.prev_result.is_none() && conf.valid_attachments.is_none());
+        let shaped = conf.bandwidth.expect("runtimeConfig.bandwidth read");
+        assert_eq!(
+            (shaped.ingress.map(|l| l.rate), shaped.egress),
+            (Some(10_000_000), None)
+        );
     }
 
     #[test]
@@ -628,6 +643,11 @@ mod tests {
                 r#"{"cniVersion":"1.1.0","name":"n","type":"lace","ipam":{"type":"host-local"}}"#,
                 2,
                 "host-local",
+            ),
+            (
+                r#"{"cniVersion":"1.1.0","name":"n","type":"lace","runtimeConfig":{"bandwidth":{"ingressRate":-1}}}"#,
+                7,
+                "runtimeConfig.bandwidth.ingressRate is -1",
             ),
             (
                 r#"{"cniVersion":"1.1.0","name":"n","type":"lace","prevResult":{"ips":[{"address":"x"}]}}"#,

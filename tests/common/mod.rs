@@ -260,6 +260,7 @@ pub fn mk_attachment(
             })
             .collect(),
         host_ports: Vec::new(),
+        bandwidth: None,
     }
 }
 

@@ -250,6 +250,7 @@ fn ipv6_probe_routes_get_fe80_1_on_the_pod_veth_first() {
             "fd00:1:0:1::10/128".parse().unwrap(),
         ],
         host_ports: Vec::new(),
+        bandwidth: None,
     };
     let d = plan("n1", &s, &[pod]).unwrap();
     let probe6 = RouteKey {

@@ -28,6 +28,7 @@ fn desired_v4(s: &ClusterState) -> DesiredNode {
         network: "a".into(),
         ips: vec!["10.1.1.10/32".parse().unwrap()],
         host_ports: Vec::new(),
+        bandwidth: None,
     };
     plan("n1", s, &[pod]).unwrap()
 }
@@ -285,6 +286,7 @@ fn desired_dual(s: &ClusterState) -> DesiredNode {
                 "fd00:1:0:1::a/128".parse().unwrap(),
             ],
             host_ports: Vec::new(),
+            bandwidth: None,
         },
         PodAttachment {
             pod: ObjectKey::new("ns", "pb"),
@@ -293,6 +295,7 @@ fn desired_dual(s: &ClusterState) -> DesiredNode {
             network: "a".into(),
             ips: vec!["10.1.1.11/32".parse().unwrap()],
             host_ports: Vec::new(),
+            bandwidth: None,
         },
     ];
     plan("n1", s, &pods).unwrap()
