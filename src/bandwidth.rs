@@ -119,5 +119,18 @@ impl fmt::Display for Limit {
     }
 }
 
+impl fmt::Display for Bucket {
+    /// `rate 10Mbit burst 9230b limit 40480b`, as `tc` writes a `tbf`'s.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "rate {} burst {}b limit {}b",
+            format_rate(self.rate.saturating_mul(8)),
+            self.burst,
+            self.limit
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests;

@@ -212,3 +212,64 @@ fn plan_with_the_agents_records_shows_each_host_port_naming_its_pod() {
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(!text.contains("controller-0"), "{text}");
 }
+
+/// `plan --state-dir`: a pod's bandwidth, as its agent recorded it, planned as buckets on its
+/// veth and shaper, naming the pod.
+#[test]
+fn plan_with_the_agents_records_shows_each_pods_shaping_naming_it() {
+    use lace::agent::ipam::{AttachmentKey, Claim, IpamStore};
+    use lace::bandwidth::{Bandwidth, Limit};
+    use lace::state::ObjectKey;
+    let state = lace::load::load_dir(Path::new(&example())).unwrap();
+    let blocks = lace::alloc::node_blocks(
+        state.node_allocations["node-1"].index,
+        &state.networks["default"].subnets,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let key = AttachmentKey {
+        container_id: "c-shaped".into(),
+        ifname: "eth0".into(),
+    };
+    let pod = ObjectKey::new("apps", "shaped-0");
+    let limit = |rate| {
+        Some(Limit {
+            rate,
+            burst: Some(u64::from(u32::MAX)),
+        })
+    };
+    IpamStore::open(dir.path())
+        .unwrap()
+        .allocate(
+            &key,
+            Claim {
+                pod: &pod,
+                network: "default",
+                blocks: &blocks,
+                host_ifname: "lp-shaped",
+                netns: None,
+                host_ports: Vec::new(),
+                bandwidth: Some(Bandwidth {
+                    ingress: limit(10_000_000),
+                    egress: limit(20_000_000),
+                }),
+            },
+        )
+        .unwrap();
+    let dir_arg = dir.path().display().to_string();
+    let args = ["plan", "--manifests", &example(), "--node", "node-1"];
+    let out = agent(&[&args[..], &["--state-dir", &dir_arg]].concat());
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    for want in [
+        "# pod apps/shaped-0: to it 10Mbit burst 4294967295bit, from it 20Mbit burst 4294967295bit",
+        "qdisc replace dev lp-shaped root handle 4c: tbf rate 10Mbit ",
+        "action mirred egress redirect dev ls-shaped",
+        "qdisc replace dev ls-shaped root handle 4c: tbf rate 20Mbit ",
+    ] {
+        assert!(text.contains(want), "no `{want}` in:\n{text}");
+    }
+    // Without the records: nothing shaped.
+    let out = agent(&args);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(!text.contains("## shaping"), "{text}");
+}

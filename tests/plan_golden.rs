@@ -137,6 +137,26 @@ fn golden_plan_host_ports() {
     golden("hostports-node-1.nft", &desired.render_nft());
 }
 
+/// node-1 with bandwidth ([`common::golden_attachments_bandwidth`]): each shaped pod's
+/// buckets, shaper and filter; the ruleset is unchanged.
+#[test]
+fn golden_plan_bandwidth() {
+    let desired = plan(
+        "node-1",
+        &common::golden_cluster(),
+        &common::golden_attachments_bandwidth(),
+    )
+    .expect("plans");
+    golden("bandwidth-node-1.plan", &desired.render());
+    let plain = plan(
+        "node-1",
+        &common::golden_cluster(),
+        &common::golden_attachments(),
+    )
+    .expect("plans");
+    assert_eq!(desired.render_nft(), plain.render_nft());
+}
+
 /// Every golden ruleset.
 const GOLDEN_NFT: [&str; 8] = [
     "hostports-node-1.nft",

@@ -1,5 +1,7 @@
 //! Tests of the buckets planned for the rates pods ask for.
 
+use proptest::prelude::*;
+
 use super::*;
 
 fn limit(rate: u64, burst: Option<u64>) -> Limit {
@@ -33,27 +35,29 @@ fn a_burst_below_the_cap_is_kept_and_never_below_one_jumbo_frame() {
     assert_eq!(slow.limit, MIN_BURST_BYTES + 31_250);
 }
 
-#[test]
-fn buckets_stay_in_bounds_for_every_rate_and_burst() {
-    let rates = [MIN_RATE, 1_000_001, 64_000_000, 40_000_000_000, MAX_RATE];
-    let bursts = [
-        None,
-        Some(1),
-        Some(12_000),
-        Some(u64::from(u32::MAX)),
-        Some(u64::MAX),
-    ];
-    for rate in rates {
-        for burst in bursts {
-            let b = limit(rate, burst).bucket();
-            let cap = u128::from(rate / 8) * u128::from(BURST_TIME_US) / 1_000_000;
-            assert_eq!(b.rate, rate / 8);
-            assert!(b.burst >= MIN_BURST_BYTES, "{rate} {burst:?}: {b:?}");
-            assert!(
-                u128::from(b.burst) <= cap.max(u128::from(MIN_BURST_BYTES)),
-                "{rate} {burst:?}: {b:?}"
-            );
-            assert!(b.limit >= b.burst, "{rate} {burst:?}: {b:?}");
+proptest! {
+    /// Whatever the runtime passes: the rate in bytes, a bucket of at least one jumbo frame
+    /// and at most the cap (or one frame, where the cap is less), a queue beyond the bucket.
+    #[test]
+    fn buckets_stay_in_bounds_for_every_rate_and_burst(
+        rate in MIN_RATE..=MAX_RATE,
+        burst in proptest::option::of(any::<u64>()),
+    ) {
+        let b = limit(rate, burst).bucket();
+        let cap = u128::from(rate / 8) * u128::from(BURST_TIME_US) / 1_000_000;
+        prop_assert_eq!(b.rate, rate / 8);
+        prop_assert!(b.burst >= MIN_BURST_BYTES, "{:?}", b);
+        prop_assert!(
+            u128::from(b.burst) <= cap.max(u128::from(MIN_BURST_BYTES)),
+            "{:?}",
+            b
+        );
+        prop_assert!(b.limit >= b.burst, "{:?}", b);
+        if let Some(asked) = burst.map(|b| b / 8).filter(|b| *b > 0) {
+            // A burst within the bounds is kept as asked.
+            if asked >= u64::from(MIN_BURST_BYTES) && u128::from(asked) <= cap {
+                prop_assert_eq!(u64::from(b.burst), asked);
+            }
         }
     }
 }
@@ -64,6 +68,11 @@ fn rates_read_as_tc_writes_them() {
     assert_eq!(format_rate(1_500_000), "1500kbit");
     assert_eq!(format_rate(2_000_000_000), "2Gbit");
     assert_eq!(format_rate(1_001), "1001bit");
+    let b = limit(10_000_000, None).bucket();
+    assert_eq!(
+        b.to_string(),
+        format!("rate 10Mbit burst {MIN_BURST_BYTES}b limit {}b", b.limit)
+    );
     assert_eq!(
         limit(10_000_000, Some(4_294_967_295)).to_string(),
         "10Mbit burst 4294967295bit"

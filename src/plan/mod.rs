@@ -12,8 +12,10 @@
 //!   Network's SID function, so every node uses the same id for the same Network);
 //! - rule priorities [`RULE_PRIORITY_PROBE`]`..=`[`RULE_PRIORITY_L3MDEV`];
 //! - interface names starting with [`VRF_PREFIX`] (VRFs), [`INGRESS_PREFIX`] (a VRF's ingress
-//!   device, see [`ingress`]) and [`underlay::TUNNEL_PREFIX`] (the SRv6-over-IPv4 device), and
-//!   the fou listener on [`underlay::FOU_PORT`];
+//!   device, see [`ingress`]), [`underlay::TUNNEL_PREFIX`] (the SRv6-over-IPv4 device) and
+//!   [`shaping::SHAPER_PREFIX`] (a pod's egress shaper), and the fou listener on
+//!   [`underlay::FOU_PORT`];
+//! - on pod veths and shapers, the qdiscs and the filter of a pod's bandwidth ([`shaping`]);
 //! - nftables table `inet lace` ([`nft::TABLE`]);
 //! - routes in the main table are only SIDs, node locators, reply routes for pod blocks and
 //!   the subnets of Networks that receive NodePort traffic from outside ([`ingress`]).
@@ -40,6 +42,7 @@ mod netpol;
 pub mod nft;
 mod routes;
 mod ruleset;
+pub mod shaping;
 pub mod underlay;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -463,6 +466,8 @@ pub struct DesiredNode {
     pub pod_routes: BTreeMap<RouteKey, Nexthop>,
     /// The base's ruleset with the local pods' hostPort elements, when there are any.
     pub host_port_nft: Option<Arc<nft::Ruleset>>,
+    /// The local pods' bandwidth shaping, by host-side veth.
+    pub shaping: BTreeMap<String, shaping::Shaping>,
 }
 
 impl DesiredNode {
@@ -501,7 +506,8 @@ impl DesiredNode {
         self.nft().render()
     }
 
-    /// A human-readable rendering of everything but the nft ruleset, in `ip`-like syntax.
+    /// A human-readable rendering of everything but the nft ruleset, in `ip`-like syntax
+    /// (shaping in `tc`'s).
     pub fn render(&self) -> String {
         let b = &self.base;
         let mut out = String::new();
@@ -608,6 +614,7 @@ impl DesiredNode {
             };
             let _ = writeln!(out, "{fam}{dst} {nh}");
         }
+        shaping::render(&self.shaping, &mut out);
         out
     }
 }
@@ -731,6 +738,7 @@ impl Planner {
             base: Arc::clone(&self.base),
             pod_routes,
             host_port_nft,
+            shaping: shaping::plan(local),
         })
     }
 }

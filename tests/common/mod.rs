@@ -422,6 +422,29 @@ pub fn golden_attachments_host_ports() -> Vec<PodAttachment> {
     out
 }
 
+/// [`golden_attachments`] with bandwidth: web-0 asks for 10 Mbit/s towards it with
+/// containerd's burst (2^32-1 bits, capped), api-0 for 1 Gbit/s from it with no burst.
+pub fn golden_attachments_bandwidth() -> Vec<PodAttachment> {
+    use lace::bandwidth::{Bandwidth, Limit};
+    let mut out = golden_attachments();
+    out[1].bandwidth = Some(Bandwidth {
+        ingress: Some(Limit {
+            rate: 10_000_000,
+            burst: Some(u64::from(u32::MAX)),
+        }),
+        egress: None,
+    });
+    let api = out.iter_mut().find(|a| a.pod.name == "api-0").unwrap();
+    api.bandwidth = Some(Bandwidth {
+        ingress: None,
+        egress: Some(Limit {
+            rate: 1_000_000_000,
+            burst: None,
+        }),
+    });
+    out
+}
+
 /// Local pods of node-2 in the golden cluster (coredns-1 is a kube-dns backend).
 pub fn golden_attachments_node2() -> Vec<PodAttachment> {
     vec![
