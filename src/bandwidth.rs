@@ -101,7 +101,7 @@ pub fn format_rate(rate: u64) -> String {
         (1_000_000, "Mbit"),
         (1_000, "kbit"),
     ] {
-        if rate >= unit && rate % unit == 0 {
+        if rate >= unit && rate.is_multiple_of(unit) {
             return format!("{}{name}", rate / unit);
         }
     }

@@ -35,6 +35,7 @@ use super::{Agent, Dataplane};
 use crate::binding;
 use crate::dataplane::{gateway, DataplaneError, PodInterface, POD_LINK_PREFIX};
 use crate::hash::fnv1a64;
+use crate::plan::shaping::shaper_name;
 use crate::plan::{vrf_name, vrf_table, RouteKey};
 use crate::state::{ObjectKey, Pod};
 use crate::wire::{
@@ -558,14 +559,15 @@ fn default_route(of: IpAddr) -> IpNet {
     }
 }
 
-/// Deletes the host veth in the node namespace; deleting one end of a veth deletes its
-/// peer, so that also removes the pod side. Only if there was no host veth, and the pod
-/// namespace is known, are both names deleted there (a pair left there by a crashed ADD).
-/// Logs, never fails: the start-up check and GC catch what is left.
+/// Deletes the host veth in the node namespace, with the pod's shaper if it has one (its
+/// qdiscs go with the links); deleting one end of a veth deletes its peer, so that also
+/// removes the pod side. Only if there was no host veth, and the pod namespace is known, are
+/// both names deleted there (a pair left there by a crashed ADD). Logs, never fails: the
+/// start-up check, GC and the reconcile catch what is left.
 async fn remove_interfaces(agent: &Agent, host: &str, ifname: &str, pod_ns: Option<&Path>) {
-    let h = vec![host.to_owned()];
+    let h = vec![host.to_owned(), shaper_name(host)];
     match kernel_op(agent, move |dp| dp.delete_links(h)).await {
-        Ok(deleted) if !deleted.is_empty() => return,
+        Ok(deleted) if deleted.iter().any(|d| d == host) => return,
         Ok(_) => {}
         Err(e) => tracing::warn!(host, error = %e.msg, "deleting host veth"),
     }

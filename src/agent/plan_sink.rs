@@ -108,6 +108,7 @@ impl Dataplane for PlanSink {
             tunsrc: None,
             fou: None,
             nft: NftState::Absent,
+            tc: Default::default(),
         })
     }
 }

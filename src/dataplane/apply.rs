@@ -15,7 +15,7 @@ use netlink_packet_route::RouteNetlinkMessage;
 use super::nl::Nl;
 use super::observed::ObservedNode;
 use super::op::Op;
-use super::{fou, host, msg, nft, observe};
+use super::{fou, host, msg, nft, observe, tc};
 
 /// One operation that failed, with the object it concerned.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -189,8 +189,16 @@ fn errno_text(errno: i32) -> String {
 /// The errors that mean "already as wanted": creating what exists, deleting what is gone.
 fn idempotent(op: &Op, errno: i32) -> bool {
     match op {
-        Op::AddVrf { .. } | Op::AddDummy { .. } | Op::AddRule(_) | Op::AddAddress { .. } => {
-            errno == libc::EEXIST
+        Op::AddVrf { .. }
+        | Op::AddDummy { .. }
+        | Op::AddShaper { .. }
+        | Op::AddRule(_)
+        | Op::AddAddress { .. }
+        | Op::AddIngressQdisc { .. } => errno == libc::EEXIST,
+        // A root qdisc of another handle is EINVAL; a missing `ingress` qdisc ENOENT, and
+        // EINVAL to a filter deletion; a missing filter ENOENT.
+        Op::DelTbf { .. } | Op::DelIngressQdisc { .. } | Op::DelRedirect { .. } => {
+            matches!(errno, libc::ENOENT | libc::EINVAL | libc::ENODEV)
         }
         // IPv4 answers a missing route with ESRCH, IPv6 with ENOENT; a deleted VRF takes its
         // device routes with it.
@@ -218,6 +226,34 @@ fn message(
         Op::AddDummy { name } => (
             RouteNetlinkMessage::NewLink(msg::dummy(name)),
             NLM_F_CREATE | NLM_F_EXCL,
+        ),
+        Op::AddShaper { name } => (
+            RouteNetlinkMessage::NewLink(msg::ifb(name)),
+            NLM_F_CREATE | NLM_F_EXCL,
+        ),
+        Op::PutTbf { link, bucket } => (
+            RouteNetlinkMessage::NewQueueDiscipline(tc::tbf(idx(link)?, bucket)),
+            NLM_F_CREATE | NLM_F_REPLACE,
+        ),
+        Op::AddIngressQdisc { link } => (
+            RouteNetlinkMessage::NewQueueDiscipline(tc::ingress(idx(link)?)),
+            NLM_F_CREATE | NLM_F_EXCL,
+        ),
+        Op::DelRedirect { link } => (
+            RouteNetlinkMessage::DelTrafficFilter(tc::del_redirect(idx(link)?)),
+            0,
+        ),
+        Op::AddRedirect { link, shaper } => (
+            RouteNetlinkMessage::NewTrafficFilter(tc::redirect(idx(link)?, idx(shaper)?)),
+            NLM_F_CREATE | NLM_F_EXCL,
+        ),
+        Op::DelTbf { link } => (
+            RouteNetlinkMessage::DelQueueDiscipline(tc::del_tbf(idx(link)?)),
+            0,
+        ),
+        Op::DelIngressQdisc { link } => (
+            RouteNetlinkMessage::DelQueueDiscipline(tc::ingress(idx(link)?)),
+            0,
         ),
         Op::AddTunnel { name, sit, mtu } => (
             RouteNetlinkMessage::NewLink(msg::sit(name, sit, *mtu)),

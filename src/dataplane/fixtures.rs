@@ -17,7 +17,10 @@ use netlink_packet_route::route::{
 };
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 
-use super::observed::{HostRoute, NftState, ObservedLink, ObservedNode, ObservedRule};
+use super::observed::{
+    HostRoute, LinkTc, NftState, ObservedLink, ObservedNode, ObservedRule, ObservedTbf, Redirect,
+    RootQdisc,
+};
 use super::op::Op;
 use crate::api::{
     NetworkAllocationSpec, NetworkRoutingPolicySpec, NetworkSpec, NodeAllocationSpec, Subnet,
@@ -160,6 +163,7 @@ pub fn bare_host() -> ObservedNode {
         tunsrc: None,
         nft: NftState::Absent,
         fou: None,
+        tc: BTreeMap::new(),
     }
 }
 
@@ -169,6 +173,7 @@ pub fn model(o: &mut ObservedNode, ops: &[Op]) {
     for op in ops {
         match op {
             Op::ReplaceLink { name } | Op::DelLink { name } => {
+                o.tc.remove(name);
                 if let Some(l) = o.links.remove(name) {
                     // Its addresses and the routes through it go with it.
                     o.addrs.retain(|(_, i)| *i != l.index);
@@ -265,7 +270,42 @@ pub fn model(o: &mut ObservedNode, ops: &[Op]) {
             }
             Op::DelRule(r) => o.rules.retain(|x| x != r.as_ref()),
             Op::NftDelete => o.nft = NftState::Absent,
+            Op::AddShaper { name } => {
+                let index = 100 + o.links.len() as u32;
+                o.links.insert(name.clone(), link(index));
+            }
+            Op::PutTbf { link, bucket } => {
+                // The kernel keeps the bucket as the time it fills in, in 64 ns ticks.
+                let ns = u128::from(bucket.burst) * 1_000_000_000 / u128::from(bucket.rate);
+                o.tc.entry(link.clone()).or_default().root = Some(RootQdisc::Tbf(ObservedTbf {
+                    rate: bucket.rate,
+                    limit: bucket.limit,
+                    buffer_ticks: u32::try_from(ns / 64).unwrap(),
+                }));
+            }
+            Op::AddIngressQdisc { link } => o.tc.entry(link.clone()).or_default().ingress = true,
+            Op::AddRedirect { link, shaper } => {
+                let to = o.links[shaper].index;
+                o.tc.entry(link.clone()).or_default().redirect = Some(Redirect::To(to));
+            }
+            Op::DelRedirect { link } => {
+                if let Some(t) = o.tc.get_mut(link) {
+                    t.redirect = None;
+                }
+            }
+            Op::DelTbf { link } => {
+                if let Some(t) = o.tc.get_mut(link) {
+                    t.root = None;
+                }
+            }
+            Op::DelIngressQdisc { link } => {
+                if let Some(t) = o.tc.get_mut(link) {
+                    (t.ingress, t.redirect) = (false, None);
+                }
+            }
         }
+        // Observation lists only links holding some of Lace's shaping.
+        o.tc.retain(|_, t| *t != LinkTc::default());
     }
 }
 

@@ -156,6 +156,7 @@ mod pod;
 mod rawnl;
 mod reconciler;
 mod seg6;
+mod tc;
 pub mod watch;
 
 #[cfg(test)]

@@ -87,6 +87,16 @@ pub fn dummy(name: &str) -> LinkMessage {
     m
 }
 
+/// `ip link add <name> type ifb` and up: a pod's shaper.
+pub fn ifb(name: &str) -> LinkMessage {
+    let mut m = link_by_name(name);
+    m.header.flags = LinkFlags::Up;
+    m.header.change_mask = LinkFlags::Up;
+    m.attributes
+        .push(LinkAttribute::LinkInfo(vec![LinkInfo::Kind(InfoKind::Ifb)]));
+    m
+}
+
 /// `ip link add <name> mtu <mtu> type sit remote <remote|any> local <local|any> [dev <link>]
 /// ttl <ttl> [no]pmtudisc encap <type> encap-sport <sport> encap-dport <dport>`, down (it is
 /// brought up once the guard that protects it is in place).

@@ -1,7 +1,8 @@
 //! Reads the namespace's kernel state: links and addresses (to name things and find the
 //! uplinks), Lace's routes and rules (by protocol, table and priority band), the host's
 //! main-table routes (to resolve host routing), the plan's sysctls, `ip sr tunsrc`, the nft
-//! table and (while a Lace tunnel device exists) the fou receive ports.
+//! table, (while a Lace tunnel device exists) the fou receive ports, and the pods' shaping
+//! (qdiscs and filters on pod veths and shapers).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -22,11 +23,13 @@ use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 
 use super::nl::{Nl, NlError};
 use super::observed::{
-    HostRoute, KernelNexthop, NftState, ObservedLink, ObservedNode, ObservedRule, SitLink,
-    ROUTE_PROTOCOL,
+    HostRoute, KernelNexthop, LinkTc, NftState, ObservedLink, ObservedNode, ObservedRule, Redirect,
+    SitLink, POD_LINK_PREFIX, ROUTE_PROTOCOL,
 };
 use super::rawnl::RawNlError;
+use super::tc::{self, Qdisc};
 use super::{fou, host, nft, seg6};
+use crate::plan::shaping::SHAPER_PREFIX;
 use crate::plan::{
     Family, RouteKey, Rule, RuleAction as PlanRuleAction, MAIN_TABLE, PROBE_TABLE,
     RULE_PRIORITY_L3MDEV, RULE_PRIORITY_PROBE, VRF_TABLE_BASE,
@@ -43,6 +46,8 @@ pub enum ObserveError {
     Tunsrc(#[source] RawNlError),
     #[error("ip fou show: {0}")]
     Fou(#[source] RawNlError),
+    #[error("tc qdisc show and tc filter show (the pods' bandwidth): {0}")]
+    Tc(#[source] NlError),
 }
 
 /// Whether table id `table` is one Lace owns routes in.
@@ -53,7 +58,7 @@ pub fn lace_table(table: u32) -> bool {
 /// Observes everything with full dumps; `sysctls` are the keys to read.
 pub fn observe(nl: &mut Nl, sysctls: &BTreeSet<String>) -> Result<ObservedNode, ObserveError> {
     let (mut node, _) = dump(nl)?;
-    observe_host(&mut node, sysctls)?;
+    observe_host(nl, &mut node, sysctls)?;
     Ok(node)
 }
 
@@ -109,15 +114,19 @@ pub fn dump(nl: &mut Nl) -> Result<(ObservedNode, HostRoutes), ObserveError> {
         tunsrc: None,
         nft: NftState::Absent,
         fou: None,
+        tc: BTreeMap::new(),
     };
     Ok((node, host))
 }
 
-/// Reads what no rtnetlink notification reports, each time (each read costs the same for any
-/// plan size): the sysctls (`sysctls` are the keys), `ip sr tunsrc`, the nft table's tag and,
-/// while a Lace tunnel device exists, the fou receive ports (the fou module is loaded then; a
-/// node that never had Lace's tunnel need not load it).
+/// Reads what no rtnetlink notification Lace follows reports, each time: the sysctls
+/// (`sysctls` are the keys), `ip sr tunsrc`, the nft table's tag, while a Lace tunnel device
+/// exists the fou receive ports (the fou module is loaded then; a node that never had Lace's
+/// tunnel need not load it), each a read whose cost does not grow with the plan; and the
+/// pods' shaping ([`tc`]: one dump of the namespace's qdiscs, and the filters of the pod veths
+/// that redirect to a shaper).
 pub fn observe_host(
+    nl: &mut Nl,
     node: &mut ObservedNode,
     sysctls: &BTreeSet<String>,
 ) -> Result<(), ObserveError> {
@@ -132,7 +141,63 @@ pub fn observe_host(
         true => Some(fou::list().map_err(ObserveError::Fou)?),
         false => None,
     };
+    node.tc = tc(nl, &node.links, None).map_err(ObserveError::Tc)?;
     Ok(())
+}
+
+/// Lace's shaping on the pod veths (`lp-*`) and shapers (`ls-*`) among `links` (`only`: of
+/// these names alone): root qdiscs with Lace's handle, `ingress` qdiscs, and Lace's filter on
+/// each pod veth that has an `ingress` qdisc. Links holding none are left out.
+pub fn tc(
+    nl: &mut Nl,
+    links: &BTreeMap<String, ObservedLink>,
+    only: Option<&BTreeSet<String>>,
+) -> Result<BTreeMap<String, LinkTc>, NlError> {
+    let names: BTreeMap<u32, &String> = links
+        .iter()
+        .filter(|(n, _)| n.starts_with(POD_LINK_PREFIX) || n.starts_with(SHAPER_PREFIX))
+        .filter(|(n, _)| only.is_none_or(|o| o.contains(*n)))
+        .map(|(n, l)| (l.index, n))
+        .collect();
+    let mut out: BTreeMap<String, LinkTc> = BTreeMap::new();
+    if names.is_empty() {
+        return Ok(out);
+    }
+    let request = RouteNetlinkMessage::GetQueueDiscipline(Default::default());
+    for m in nl.dump("qdiscs", request)? {
+        let RouteNetlinkMessage::NewQueueDiscipline(q) = m else {
+            continue;
+        };
+        let Some((index, qdisc)) = tc::classify_qdisc(&q) else {
+            continue;
+        };
+        let Some(name) = names.get(&index) else {
+            continue;
+        };
+        let seen = out.entry((*name).clone()).or_default();
+        match qdisc {
+            Qdisc::Root(root) => seen.root = Some(root),
+            Qdisc::Ingress => seen.ingress = true,
+        }
+    }
+    for (name, seen) in out.iter_mut().filter(|(_, t)| t.ingress) {
+        let Some(link) = links.get(name) else {
+            continue;
+        };
+        let request = RouteNetlinkMessage::GetTrafficFilter(tc::filters_of_ingress(link.index));
+        let mut found = nl
+            .dump("filters", request)?
+            .into_iter()
+            .filter_map(|m| match m {
+                RouteNetlinkMessage::NewTrafficFilter(f) => tc::classify_filter(&f),
+                _ => None,
+            });
+        seen.redirect = found.next().map(|first| match found.next() {
+            None => first,
+            Some(_) => Redirect::Other,
+        });
+    }
+    Ok(out)
 }
 
 fn dump_links(nl: &mut Nl) -> Result<BTreeMap<String, ObservedLink>, NlError> {

@@ -1,8 +1,8 @@
 //! What the reconciler knows of a namespace's kernel state, in its own terms: links,
 //! addresses, Lace's routes and rules, the host's routes, the sysctls asked for, `ip sr
-//! tunsrc`, the nft table's tag and the fou receive ports ([`ObservedNode`]), and the marks by
-//! which Lace tells its own objects. Plain data: `observe` and `watch` fill it from the kernel,
-//! the pure `diff` reads it.
+//! tunsrc`, the nft table's tag, the fou receive ports and the pods' shaping
+//! ([`ObservedNode`]), and the marks by which Lace tells its own objects. Plain data: `observe`
+//! and `watch` fill it from the kernel, the pure `diff` reads it.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -136,6 +136,45 @@ pub enum NftState {
     Present { tag: Option<String> },
 }
 
+/// A root `tbf` with Lace's handle, as the kernel reports it (`tc qdisc show`). The kernel
+/// keeps the bucket as the time it takes to fill at the rate (`buffer`, in its 64 ns ticks),
+/// not as bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ObservedTbf {
+    /// Bytes per second.
+    pub rate: u64,
+    /// The queue, in bytes.
+    pub limit: u32,
+    pub buffer_ticks: u32,
+}
+
+/// The root qdisc with Lace's handle on a pod veth or shaper.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RootQdisc {
+    /// A `tbf` of the form Lace writes.
+    Tbf(ObservedTbf),
+    /// Anything else (another kind, a peak rate, a rate table): replaced or deleted.
+    Other(String),
+}
+
+/// Lace's filter on a pod veth's `ingress` qdisc.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Redirect {
+    /// Everything redirected to the link with this index, as Lace writes it.
+    To(u32),
+    /// Anything else of Lace's priority (several filters, another match or action).
+    Other,
+}
+
+/// What a pod veth or shaper holds of Lace's shaping.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LinkTc {
+    pub root: Option<RootQdisc>,
+    /// Whether it has an `ingress` qdisc (on pod veths only).
+    pub ingress: bool,
+    pub redirect: Option<Redirect>,
+}
+
 /// Everything the reconciler observed in one namespace (`Default`: a namespace holding
 /// nothing, not even the nft table).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -156,6 +195,9 @@ pub struct ObservedNode {
     pub nft: NftState,
     /// The fou receive ports, read only while a Lace tunnel device exists (`None`: not read).
     pub fou: Option<Vec<FouListener>>,
+    /// Lace's shaping on the pod veths and shapers that hold any, by link name (read by
+    /// each reconcile, never notified).
+    pub tc: BTreeMap<String, LinkTc>,
 }
 
 impl ObservedNode {
@@ -188,6 +230,13 @@ impl ObservedNode {
             .iter()
             .find(|(_, l)| l.index == *index)
             .map(|(n, l)| (n.as_str(), l))
+    }
+
+    /// Lace's shapers (`ls-*`).
+    pub fn shapers(&self) -> impl Iterator<Item = (&String, &ObservedLink)> {
+        self.links
+            .iter()
+            .filter(|(n, _)| n.starts_with(plan::shaping::SHAPER_PREFIX))
     }
 
     /// Lace's underlay tunnel links (`lu-*`).

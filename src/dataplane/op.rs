@@ -8,6 +8,8 @@ use std::net::Ipv6Addr;
 use ipnet::IpNet;
 
 use super::observed::{FouListener, KernelNexthop, ObservedRule, SitLink};
+use crate::bandwidth::Bucket;
+use crate::plan::shaping::{FILTER_PRIORITY, QDISC_MAJOR};
 use crate::plan::{RouteKey, Rule};
 
 /// What an update of the table changes, for the apply report.
@@ -67,6 +69,10 @@ pub enum Op {
         sit: SitLink,
         mtu: u32,
     },
+    /// `ip link add <name> type ifb` and up: a pod's shaper.
+    AddShaper {
+        name: String,
+    },
     LinkUp {
         name: String,
     },
@@ -91,6 +97,27 @@ pub enum Op {
     DelAddress {
         link: String,
         addr: IpNet,
+    },
+    /// `tc qdisc replace dev <link> root handle 4c: tbf ...`: a pod's bucket on its veth
+    /// (towards it) or its shaper (from it).
+    PutTbf {
+        link: String,
+        bucket: Bucket,
+    },
+    /// `tc qdisc add dev <link> ingress`, on a pod veth, for the filter to its shaper.
+    AddIngressQdisc {
+        link: String,
+    },
+    /// `tc filter del dev <link> parent ffff: prio 76`: Lace's filter on a pod veth, not as
+    /// planned, before it is added again.
+    DelRedirect {
+        link: String,
+    },
+    /// `tc filter add dev <link> parent ffff: prio 76 protocol all u32 match u32 0 0 action
+    /// mirred egress redirect dev <shaper>`: everything the pod sends to its shaper.
+    AddRedirect {
+        link: String,
+        shaper: String,
     },
     Sysctl {
         key: String,
@@ -131,6 +158,14 @@ pub enum Op {
         nh: KernelNexthop,
     },
     DelRule(Box<ObservedRule>),
+    /// `tc qdisc del dev <link> root handle 4c:`: a pod's bucket no longer planned.
+    DelTbf {
+        link: String,
+    },
+    /// `tc qdisc del dev <link> ingress`, with Lace's filter on it.
+    DelIngressQdisc {
+        link: String,
+    },
     /// `ip fou del port <port>`, before the tunnel device goes.
     DelFou {
         listener: FouListener,
@@ -146,9 +181,17 @@ impl Op {
     pub fn phase(&self) -> u8 {
         match self {
             Op::ReplaceLink { .. } => 0,
-            Op::AddVrf { .. } | Op::AddDummy { .. } | Op::AddTunnel { .. } => 1,
+            Op::AddVrf { .. }
+            | Op::AddDummy { .. }
+            | Op::AddTunnel { .. }
+            | Op::AddShaper { .. } => 1,
             Op::LinkUp { .. } | Op::SetMtu { .. } => 2,
-            Op::SetMaster { .. } => 3,
+            // A pod's shaping, once its shaper exists, before its routes carry traffic.
+            Op::SetMaster { .. }
+            | Op::PutTbf { .. }
+            | Op::AddIngressQdisc { .. }
+            | Op::DelRedirect { .. }
+            | Op::AddRedirect { .. } => 3,
             // Before sysctls: the ruleset's `ct` expressions load conntrack, which registers
             // `net.netfilter.nf_hooks_lwtunnel`.
             Op::NftSwap { .. } | Op::NftUpdate { .. } => 4,
@@ -161,8 +204,9 @@ impl Op {
             Op::AddRule(_) => 8,
             Op::PutRoute { .. } => 9,
             Op::DelRoute { .. } => 10,
-            // After the routes through its link that may still use it.
-            Op::DelAddress { .. } => 11,
+            // After the routes through its link that may still use it; the filter to a
+            // shaper goes before the shaper.
+            Op::DelAddress { .. } | Op::DelTbf { .. } | Op::DelIngressQdisc { .. } => 11,
             Op::DelRule(_) => 12,
             // The fou port goes before its device, so a port of Lace's without a Lace device
             // (which observation would not look for) never stays behind.
@@ -187,6 +231,25 @@ impl fmt::Display for Op {
             Op::ReplaceLink { name } => write!(f, "link del {name} (to re-create it as planned)"),
             Op::AddVrf { name, table } => write!(f, "link add {name} type vrf table {table}"),
             Op::AddDummy { name } => write!(f, "link add {name} type dummy"),
+            Op::AddShaper { name } => write!(f, "link add {name} type ifb up"),
+            Op::PutTbf { link, bucket } => write!(
+                f,
+                "tc qdisc replace dev {link} root handle {QDISC_MAJOR:x}: tbf {bucket}"
+            ),
+            Op::AddIngressQdisc { link } => write!(f, "tc qdisc add dev {link} ingress"),
+            Op::DelRedirect { link } => write!(
+                f,
+                "tc filter del dev {link} parent ffff: prio {FILTER_PRIORITY} (to add it as planned)"
+            ),
+            Op::AddRedirect { link, shaper } => write!(
+                f,
+                "tc filter add dev {link} parent ffff: prio {FILTER_PRIORITY} protocol all u32 \
+                 match u32 0 0 action mirred egress redirect dev {shaper}"
+            ),
+            Op::DelTbf { link } => {
+                write!(f, "tc qdisc del dev {link} root handle {QDISC_MAJOR:x}:")
+            }
+            Op::DelIngressQdisc { link } => write!(f, "tc qdisc del dev {link} ingress"),
             Op::AddTunnel { name, sit, mtu } => write!(
                 f,
                 "link add {name} mtu {mtu} type sit remote {} local {} ttl {} {}pmtudisc encap {} encap-sport {} encap-dport {}",

@@ -21,6 +21,7 @@ use super::op::Op;
 use super::pod::{self, PodFailure, PodInterface, PodLinkState};
 use super::watch::{self, Drift};
 use super::{host, nl};
+use crate::plan::shaping::shaper_name;
 use crate::plan::{self, DesiredNode};
 
 /// What a reconcile did.
@@ -260,20 +261,37 @@ impl Reconciler {
         self.worker.run(move |session| {
             let outcome = session
                 .with_observed(None, |nl, observed, full_dump| {
-                    let d = diff::attach(&pods, observed)?;
+                    // The shaping of the pods' links, read for shaped pods only.
+                    let links: BTreeSet<String> = pods
+                        .shaping
+                        .keys()
+                        .flat_map(|veth| [veth.clone(), shaper_name(veth)])
+                        .collect();
+                    let tc = match links.is_empty() {
+                        true => Default::default(),
+                        false => observe::tc(nl, &observed.links, Some(&links)).map_err(|e| {
+                            DataplaneError::Observe {
+                                target: target.clone(),
+                                source: ObserveError::Tc(e),
+                            }
+                        })?,
+                    };
+                    let d = diff::attach(&pods, observed, &tc).map_err(|source| {
+                        DataplaneError::Diff {
+                            target: target.clone(),
+                            source,
+                        }
+                    })?;
                     let report = ApplyReport::of(&d.ops, d.skipped, full_dump);
                     let (writes, failures) =
                         apply::apply(nl, observed, d.ops, apply::Batching::Pod);
-                    Ok((ApplyReport { writes, ..report }, failures))
+                    Ok::<_, DataplaneError>((ApplyReport { writes, ..report }, failures))
                 })
                 .map_err(|source| DataplaneError::Observe {
                     target: target.clone(),
                     source,
                 })?;
-            let (report, failures) = outcome.map_err(|source| DataplaneError::Diff {
-                target: target.clone(),
-                source,
-            })?;
+            let (report, failures) = outcome?;
             session.settle(Vec::new(), failures.is_empty(), None);
             if !failures.is_empty() {
                 return Err(DataplaneError::Apply {

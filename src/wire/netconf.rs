@@ -11,7 +11,6 @@ use serde_json::{Map, Value};
 use super::environment::is_cni_identifier;
 use super::runtime::{bandwidth, host_ports, BandwidthError, PortMappingError, PORT_MAPPINGS};
 use super::{CniError, CniResult, CniVersion, ErrorCode};
-use crate::bandwidth::Bandwidth;
 use crate::hostport::HostPort;
 
 /// Value of `type` in Lace's conflist entry: the file name of the plugin in the CNI bin dir.
@@ -129,8 +128,6 @@ pub struct NetConf {
     pub valid_attachments: Option<Vec<Attachment>>,
     /// The pod's hostPorts (`runtimeConfig.portMappings`).
     pub host_ports: Vec<HostPort>,
-    /// What the pod's traffic is shaped to (`runtimeConfig.bandwidth`).
-    pub bandwidth: Option<Bandwidth>,
     /// The whole configuration as received, unknown keys included, forwarded to the agent.
     pub raw: Map<String, Value>,
 }
@@ -414,7 +411,9 @@ impl NetConf {
             None => field(&raw, LEGACY_ATTACHMENTS_KEY)?,
         };
         let host_ports = host_ports(&raw).map_err(NetConfError::PortMappings)?;
-        let bandwidth = bandwidth(&raw).map_err(NetConfError::Bandwidth)?;
+        // Checked here so that a bad value fails before the agent is asked; the agent reads
+        // it from the configuration forwarded to it.
+        bandwidth(&raw).map_err(NetConfError::Bandwidth)?;
         Ok(NetConf {
             cni_version,
             name,
@@ -422,7 +421,6 @@ impl NetConf {
             prev_result,
             valid_attachments,
             host_ports,
-            bandwidth,
             raw,
         })
     }
@@ -519,10 +517,10 @@ mod tests {
         );
         assert_eq!(conf.raw["somethingElse"], json!({"nested": [1, 2, 3]}));
         assert!(conf.prev_result.is_none() && conf.valid_attachments.is_none());
-        let shaped = conf.bandwidth.expect("runtimeConfig.bandwidth read");
         assert_eq!(
-            (shaped.ingress.map(|l| l.rate), shaped.egress),
-            (Some(10_000_000), None)
+            conf.raw["runtimeConfig"]["bandwidth"]["IngressRate"],
+            json!(10_000_000),
+            "the runtime's bandwidth is forwarded to the agent"
         );
     }
 

@@ -9,10 +9,12 @@
 //! fails only with its own [`UntaggableRuleset`]).
 //!
 //! Its parts, pure too: the VRFs' ingress devices (`ingress`), the SRv6-over-IPv4 device
-//! (`tunnel`) and the nft table (`nft`: which transaction, if any, makes it hold the plan).
+//! (`tunnel`), the nft table (`nft`: which transaction, if any, makes it hold the plan) and
+//! the pods' bandwidth (`shaping`).
 
 mod ingress;
 pub(super) mod nft;
+mod shaping;
 pub(super) mod tunnel;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -23,7 +25,7 @@ use ipnet::{IpNet, Ipv6Net};
 pub use nft::{KnownRuleset, UntaggableRuleset};
 
 use super::observed::{
-    FouListener, HostRoute, KernelNexthop, NftState, ObservedLink, ObservedNode,
+    FouListener, HostRoute, KernelNexthop, LinkTc, NftState, ObservedLink, ObservedNode,
 };
 use super::op::Op;
 use crate::plan::underlay::{
@@ -103,13 +105,18 @@ pub fn drift(desired: &DesiredNode, observed: &ObservedNode) -> Result<Vec<Op>, 
     Ok(diff_in(Some(desired), observed, None, Scope::Notified)?.ops)
 }
 
-/// The operations that give the pods of `pods` (a plan whose `pod_routes` are theirs, e.g.
-/// [`crate::plan::Planner::plan`] of one attachment) what the full plan holds for them: their
-/// Networks' VRFs (created if missing), their host veths enslaved and up (with their proxy
-/// ARP sysctls), the link-local sources of their IPv6 probe routes, and their routes. Nothing
-/// else and no deletions: CNI ADD applies this, so the reconcile that follows finds the pod
-/// already as planned and writes nothing for it.
-pub fn attach(pods: &DesiredNode, observed: &ObservedNode) -> Result<Diff, DiffError> {
+/// The operations that give the pods of `pods` (a plan whose `pod_routes` and `shaping` are
+/// theirs, e.g. [`crate::plan::Planner::plan`] of one attachment) what the full plan holds
+/// for them: their Networks' VRFs (created if missing), their host veths enslaved and up
+/// (with their proxy ARP sysctls), the link-local sources of their IPv6 probe routes, their
+/// shaping (`tc`: what was read of their links' qdiscs and filters), and their routes.
+/// Nothing else and no deletions: CNI ADD applies this, so the reconcile that follows finds
+/// the pod already as planned and writes nothing for it.
+pub fn attach(
+    pods: &DesiredNode,
+    observed: &ObservedNode,
+    tc: &BTreeMap<String, LinkTc>,
+) -> Result<Diff, DiffError> {
     let tables: BTreeSet<u32> = pods.pod_routes.keys().map(|k| k.table).collect();
     let vrfs: BTreeMap<String, Vrf> = pods
         .base
@@ -130,6 +137,7 @@ pub fn attach(pods: &DesiredNode, observed: &ObservedNode) -> Result<Diff, DiffE
         }
     }
     pod_link_ops(pods, &vrfs, observed, true, &mut out.ops);
+    shaping::ops(&pods.shaping, observed, tc, false, &mut out.ops);
     let uplink = uplink(&pods.base, observed);
     for (key, nh) in &pods.pod_routes {
         if let Some(resolved) = resolve(key, nh, &pods.base, &vrfs, observed, uplink, &mut out)? {
@@ -199,6 +207,7 @@ fn diff_in(
     }
 
     let Some(d) = desired else {
+        shaping::ops(&BTreeMap::new(), observed, &observed.tc, true, &mut out.ops);
         teardown(&mut out, observed);
         out.ops.sort_by_key(Op::phase);
         return Ok(out);
@@ -206,6 +215,19 @@ fn diff_in(
     let base = &d.base;
     pod_link_ops(d, vrfs, observed, scope == Scope::All, &mut out.ops);
     link_local_ops(base, observed, &mut out.ops)?;
+    let mut shaping = Vec::new();
+    shaping::ops(&d.shaping, observed, &observed.tc, true, &mut shaping);
+    if scope == Scope::Notified {
+        // Qdiscs and filters are read by each reconcile, never notified; the shapers are
+        // links.
+        shaping.retain(|o| {
+            matches!(
+                o,
+                Op::AddShaper { .. } | Op::LinkUp { .. } | Op::DelLink { .. }
+            )
+        });
+    }
+    out.ops.extend(shaping);
 
     // --- nft, sysctls, tunsrc: read afresh by every reconcile, never notified -------------
     if scope == Scope::All {

@@ -376,7 +376,7 @@ fn attach_writes_the_pod_s_part_of_the_plan_and_the_reconcile_nothing_more() {
     assert!(o.links["lp-pb"].master.is_none());
 
     let pod = just(&d, "lp-pb");
-    let ops = attach(&pod, &o).unwrap().ops;
+    let ops = attach(&pod, &o, &o.tc).unwrap().ops;
     let b_table = d.base.vrfs["lv-b"].table;
     assert!(ops.windows(2).all(|w| w[0].phase() <= w[1].phase()));
     assert!(ops.contains(&Op::SetMaster {
@@ -415,7 +415,11 @@ fn attach_writes_the_pod_s_part_of_the_plan_and_the_reconcile_nothing_more() {
         Diff::default(),
         "the reconcile after the ADD wrote something again"
     );
-    assert_eq!(attach(&pod, &o).unwrap(), Diff::default(), "attach twice");
+    assert_eq!(
+        attach(&pod, &o, &o.tc).unwrap(),
+        Diff::default(),
+        "attach twice"
+    );
 }
 
 #[test]
@@ -424,7 +428,7 @@ fn attach_creates_a_missing_vrf_and_a_reconcile_that_ran_first_leaves_it_nothing
     let pod = just(&d, "lp-pa");
     // A fresh node: the first pod's ADD comes before the first reconcile.
     let mut o = bare_host();
-    let ops = attach(&pod, &o).unwrap().ops;
+    let ops = attach(&pod, &o, &o.tc).unwrap().ops;
     assert_eq!(
         ops[0],
         Op::AddVrf {
@@ -442,7 +446,7 @@ fn attach_creates_a_missing_vrf_and_a_reconcile_that_ran_first_leaves_it_nothing
     let mut o = bare_host();
     let ops = diff(Some(&d), &o, None).unwrap().ops;
     model(&mut o, &ops);
-    assert_eq!(attach(&pod, &o).unwrap(), Diff::default());
+    assert_eq!(attach(&pod, &o, &o.tc).unwrap(), Diff::default());
 }
 
 #[test]

@@ -19,8 +19,7 @@ impl Applied {
     /// What a reconcile of `plan` against `observed` applies: the plan, but of its pods only
     /// those whose host veth is in `observed` (the others are left to their ADD).
     pub fn of(mut plan: DesiredNode, observed: &ObservedNode) -> DesiredNode {
-        plan.pod_routes
-            .retain(|_, nh| nexthop_link(nh).is_none_or(|dev| observed.links.contains_key(dev)));
+        retain_pods(&mut plan, observed);
         plan
     }
 
@@ -35,6 +34,8 @@ impl Applied {
         if let Some(plan) = &mut self.0 {
             plan.pod_routes
                 .extend(pods.pod_routes.iter().map(|(k, nh)| (*k, nh.clone())));
+            plan.shaping
+                .extend(pods.shaping.iter().map(|(v, s)| (v.clone(), s.clone())));
         }
     }
 
@@ -47,8 +48,7 @@ impl Applied {
     /// applied: if a link of that name comes back (a retried ADD), it is the ADD's to set up.
     fn prune(&mut self, node: &ObservedNode) {
         if let Some(plan) = &mut self.0 {
-            plan.pod_routes
-                .retain(|_, nh| nexthop_link(nh).is_none_or(|dev| node.links.contains_key(dev)));
+            retain_pods(plan, node);
         }
     }
 
@@ -102,6 +102,13 @@ pub type DriftHandler = Box<dyn Fn(Drift) + Send + Sync>;
 
 /// Where drift goes: set once the agent listens ([`Reconciler::on_drift`](crate::dataplane::Reconciler::on_drift)).
 pub type DriftSink = Arc<Mutex<Option<DriftHandler>>>;
+
+/// Keeps of `plan`'s pods those whose host veth is in `node`: their routes and shaping.
+fn retain_pods(plan: &mut DesiredNode, node: &ObservedNode) {
+    plan.pod_routes
+        .retain(|_, nh| nexthop_link(nh).is_none_or(|dev| node.links.contains_key(dev)));
+    plan.shaping.retain(|veth, _| node.links.contains_key(veth));
+}
 
 /// The link a planned next hop names, if any.
 fn nexthop_link(nh: &Nexthop) -> Option<&str> {

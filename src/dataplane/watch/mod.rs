@@ -131,7 +131,7 @@ impl Session {
             }
         };
         if let Some(sysctls) = sysctls {
-            observe::observe_host(&mut cache.node, sysctls)?;
+            observe::observe_host(&mut self.nl, &mut cache.node, sysctls)?;
         }
         let full = std::mem::replace(&mut cache.fresh, false);
         Ok(f(&mut self.nl, &cache.node, full))

@@ -404,7 +404,7 @@ fn attach_switches_ipv6_on_for_the_vrf_it_creates_and_the_pod_s_veth() {
     let d = desired_dual(&s);
     for pod in ["lp-pa", "lp-pb"] {
         let o = host_v4(false);
-        let ops = attach(&just(&d, pod), &o).unwrap().ops;
+        let ops = attach(&just(&d, pod), &o, &o.tc).unwrap().ops;
         check_ipv6_order(&o, &ops, false);
         let vrf_on = Op::Sysctl {
             key: disable_ipv6_key("lv-a"),
@@ -421,7 +421,7 @@ fn attach_switches_ipv6_on_for_the_vrf_it_creates_and_the_pod_s_veth() {
     let mut o = host_v4(false);
     let ops = diff(Some(&just(&d, "lp-pb")), &o, None).unwrap().ops;
     model(&mut o, &ops);
-    let ops = attach(&just(&d, "lp-pa"), &o).unwrap().ops;
+    let ops = attach(&just(&d, "lp-pa"), &o, &o.tc).unwrap().ops;
     assert!(
         !ops.iter()
             .any(|op| matches!(op, Op::Sysctl { key, .. } if key.contains("lv-a"))),

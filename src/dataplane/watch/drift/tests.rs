@@ -204,7 +204,9 @@ fn a_pod_veth_that_appears_after_the_reconcile_looked_is_left_to_its_add() {
     let mut pods = d.clone();
     pods.pod_routes
         .retain(|_, nh| matches!(nh, crate::plan::Nexthop::Dev(x) | crate::plan::Nexthop::DevSrc { dev: x, .. } if x == "lp-pb"));
-    let ops = crate::dataplane::diff::attach(&pods, &o).unwrap().ops;
+    let ops = crate::dataplane::diff::attach(&pods, &o, &o.tc)
+        .unwrap()
+        .ops;
     model(&mut o, &ops);
     a.attached(&pods);
     assert_eq!(a.drift(&o), None);
