@@ -4,8 +4,8 @@
 //! first (the agent's copy, with go-cni's fixed configuration), then Lace's from the conflist
 //! the agent wrote, each ADD answer read as the runtime's libcni reads it ([`libcni`]: the
 //! bed's `runtime`, libcni 1.2+ unless a test picks 1.1.2).
-// Shared by `tests/cni.rs`, `tests/probe.rs`, `tests/containerd.rs` and
-// `benches/cni_latency.rs`; each uses a subset.
+// Shared by `tests/cni.rs`, `tests/bandwidth.rs`, `tests/probe.rs`, `tests/containerd.rs`,
+// `tests/ipv6_off.rs` and `benches/cni_latency.rs`; each uses a subset.
 #![allow(dead_code)]
 
 pub mod libcni;
