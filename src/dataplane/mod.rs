@@ -18,7 +18,7 @@
 //!   the nft tag, the fou ports and `ip sr tunsrc`), [`watch`] keeps it current from the
 //!   notifications, `apply` carries out the operations (messages from `msg`; `nft -f`; fou),
 //!   `pod` is the CNI's work in a pod's namespace, [`netns`] and [`nl`] are the thread and
-//!   the socket everything runs on;
+//!   the socket everything runs on, `tc` the messages of the pods' qdiscs and filters;
 //! - `reconciler`: the [`Reconciler`], which strings them together (observe, diff, apply).
 //!
 //! ## The CNI's kernel work
@@ -50,8 +50,10 @@
 //! Whenever the notification stream cannot be trusted (overrun, an undecodable or unexpected
 //! message, a failed apply) the next reconcile dumps again; see [`watch`] for what the
 //! kernel changes without notifying and how the cache follows. Sysctls, `ip sr tunsrc` and
-//! the nft table's tag are read on every reconcile (each a constant-cost read); the nft
-//! ruleset last written is remembered too (see below).
+//! the nft table's tag are read on every reconcile (each a constant-cost read), and so are
+//! the qdiscs and filters of pods' bandwidth (one dump of the namespace's qdiscs, and the
+//! filters of each pod veth with an `ingress` qdisc: a cost that grows with the node's links);
+//! the nft ruleset last written is remembered too (see below).
 //!
 //! ## Ownership
 //! Lace reads as its own, and only ever changes or deletes:
@@ -70,6 +72,10 @@
 //!   addresses and routes, so a host whose `default` disables IPv6 works too; the pod's end of
 //!   a veth gets it (and the pod's `lo`) in the pod's namespace when the pod has IPv6
 //!   (`pod::sysctls`). No other device's is ever written;
+//! - a pod's bandwidth ([`plan::shaping`]): links named [`plan::shaping::SHAPER_PREFIX`]`*`
+//!   (IFB devices shaping what pods send) and, on pod veths and shapers, the root qdisc with
+//!   handle `4c:`; on pod veths, the `ingress` qdisc and its filter of priority 76 (a veth's
+//!   other qdiscs and filters are never touched);
 //! - the fou receive port [`underlay::FOU_PORT`] (IPv4), looked at only while a Lace tunnel
 //!   device exists (it is added after the device and deleted before it);
 //! - the sysctls the plan lists (set, never reverted: their previous values are unknown);
@@ -130,6 +136,8 @@
 //! [`plan::VRF_PREFIX`]: crate::plan::VRF_PREFIX
 //! [`plan::INGRESS_PREFIX`]: crate::plan::INGRESS_PREFIX
 //! [`plan::ingress`]: crate::plan::ingress
+//! [`plan::shaping`]: crate::plan::shaping
+//! [`plan::shaping::SHAPER_PREFIX`]: crate::plan::shaping::SHAPER_PREFIX
 //! [`plan::POD_GATEWAY_V6`]: crate::plan::POD_GATEWAY_V6
 //! [`plan::disable_ipv6_key`]: crate::plan::disable_ipv6_key
 //! [`Nexthop::Host`]: crate::plan::Nexthop::Host

@@ -96,8 +96,8 @@ pub fn diff(
 }
 
 /// The operations a reconcile would issue for what rtnetlink notifies (links, addresses,
-/// rules, routes), leaving out the nft table, sysctls and `ip sr tunsrc`, whose observation
-/// the notifications do not change: empty while the kernel holds what Lace last applied of
+/// rules, routes), leaving out the nft table, sysctls, `ip sr tunsrc` and the pods' qdiscs
+/// and filters, whose observation the notifications do not change: empty while the kernel holds what Lace last applied of
 /// `desired`, whatever else changed. This is how the reconciler tells drift (something of
 /// Lace's changed without Lace) from its own writes echoing back and from changes to foreign
 /// objects.

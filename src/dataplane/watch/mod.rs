@@ -87,8 +87,8 @@ impl Session {
     /// Runs `f` with the request socket and the namespace as it is now: the cache brought up
     /// to date with what the kernel notified, or a full dump when there is no trustworthy
     /// cache (`f`'s third argument is `true` then). Sysctls (`sysctls` are the keys),
-    /// `ip sr tunsrc` and the nft table are read each time, unless `sysctls` is `None` (a
-    /// job that needs only what rtnetlink shows).
+    /// `ip sr tunsrc`, the nft table and the pods' qdiscs and filters are read each time,
+    /// unless `sysctls` is `None` (a job that needs only what rtnetlink notifies).
     pub fn with_observed<R>(
         &mut self,
         sysctls: Option<&BTreeSet<String>>,

@@ -1,7 +1,7 @@
 //! Tests of the shaping planned for local pods.
 
 use super::*;
-use crate::bandwidth::MIN_BURST_BYTES;
+use crate::bandwidth::{MIN_BURST_BYTES, MIN_QUEUE_BYTES};
 
 fn attachment(name: &str, veth: &str, bandwidth: Option<Bandwidth>) -> PodAttachment {
     PodAttachment {
@@ -88,9 +88,9 @@ qdisc replace dev lp-0123456789a root handle 4c: tbf rate 10Mbit burst {MIN_BURS
 link add ls-0123456789a type ifb up
 qdisc add dev lp-0123456789a ingress
 filter add dev lp-0123456789a parent ffff: prio 76 protocol all u32 match u32 0 0 action mirred egress redirect dev ls-0123456789a
-qdisc replace dev ls-0123456789a root handle 4c: tbf rate 1Gbit burst 625000b limit 3750000b
+qdisc replace dev ls-0123456789a root handle 4c: tbf rate 1Gbit burst 1250000b limit 4375000b
 ",
-        MIN_BURST_BYTES + 31_250
+        MIN_BURST_BYTES + MIN_QUEUE_BYTES
     );
     assert_eq!(out, want);
     // Nothing shaped: no section.
