@@ -24,8 +24,9 @@ const FROM_POD: f64 = 8e6;
 /// How far a measured rate may be from the one asked for.
 const TOLERANCE: f64 = 0.10;
 /// How often a rate below the tolerance is measured: a loaded emulated VM can hold the
-/// shaper's timer back long enough to lose tokens (a run measured 74% once, 96% the next).
-/// A rate above it fails at once: that is a pod not shaped.
+/// shaper's timer back long enough to lose tokens (with smaller buckets than Lace's, one run
+/// measured 74% of the rate, the next 96%). A rate above it fails at once: that is a pod not
+/// shaped.
 const ATTEMPTS: usize = 3;
 const IPERF_PORT: &str = "5201";
 

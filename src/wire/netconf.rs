@@ -9,7 +9,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::environment::is_cni_identifier;
-use super::runtime::{bandwidth, host_ports, BandwidthError, PortMappingError, PORT_MAPPINGS};
+use super::runtime::{
+    bandwidth, host_ports, BandwidthError, PortMappingError, BANDWIDTH, PORT_MAPPINGS,
+};
 use super::{CniError, CniResult, CniVersion, ErrorCode};
 use crate::hostport::HostPort;
 
@@ -443,8 +445,8 @@ pub struct PluginEntry {
     /// Always [`PLUGIN_TYPE`].
     #[serde(rename = "type")]
     pub plugin_type: String,
-    /// The runtime capabilities Lace takes (`{"portMappings": true}`): the runtime passes
-    /// what the pod asks of them in `runtimeConfig`.
+    /// The runtime capabilities Lace takes (`{"bandwidth": true, "portMappings": true}`):
+    /// the runtime passes what the pod asks of them in `runtimeConfig`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub capabilities: BTreeMap<String, bool>,
     /// Lace's keys.
@@ -476,7 +478,10 @@ impl ConfList {
             name: name.into(),
             plugins: vec![PluginEntry {
                 plugin_type: PLUGIN_TYPE.to_owned(),
-                capabilities: BTreeMap::from([(PORT_MAPPINGS.to_owned(), true)]),
+                capabilities: BTreeMap::from([
+                    (PORT_MAPPINGS.to_owned(), true),
+                    (BANDWIDTH.to_owned(), true),
+                ]),
                 settings,
             }],
         }
@@ -682,6 +687,11 @@ mod tests {
         let list = ConfList::lace("lace", settings.clone());
         let json = serde_json::to_value(&list).unwrap();
         assert_eq!(json["cniVersion"], "1.0.0");
+        // The runtime passes a pod's hostPorts and bandwidth only to a plugin declaring them.
+        assert_eq!(
+            json["plugins"][0]["capabilities"],
+            json!({"bandwidth": true, "portMappings": true})
+        );
         assert_eq!(json["cniVersions"], json!(["0.4.0", "1.0.0", "1.1.0"]));
         // What the runtime does: copy the list's name and version into the plugin entry.
         let mut entry = json["plugins"][0].as_object().unwrap().clone();
