@@ -185,13 +185,25 @@ pub fn tc(
             continue;
         };
         let request = RouteNetlinkMessage::GetTrafficFilter(tc::filters_of_ingress(link.index));
-        let mut found = nl
-            .dump("filters", request)?
-            .into_iter()
-            .filter_map(|m| match m {
-                RouteNetlinkMessage::NewTrafficFilter(f) => tc::classify_filter(&f),
-                _ => None,
-            });
+        let filters = match nl.dump("filters", request) {
+            Ok(filters) => filters,
+            // The veth, or its `ingress` qdisc, went since the qdiscs were read (the runtime
+            // deleted the pod's namespace): none of Lace's filters is there.
+            Err(NlError::Dump { source, .. })
+                if matches!(
+                    source.raw_os_error(),
+                    Some(libc::ENODEV | libc::ENOENT | libc::EINVAL)
+                ) =>
+            {
+                seen.ingress = false;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        let mut found = filters.into_iter().filter_map(|m| match m {
+            RouteNetlinkMessage::NewTrafficFilter(f) => tc::classify_filter(&f),
+            _ => None,
+        });
         seen.redirect = found.next().map(|first| match found.next() {
             None => first,
             Some(_) => Redirect::Other,
