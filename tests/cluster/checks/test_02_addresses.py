@@ -8,7 +8,7 @@ Deployment at once: the time from create to Ready (p50, max), each with its own 
 import ipaddress
 import time
 
-from conftest import timestamp_seconds, E2E_NS, PAUSE, SYSTEM_NS, agent_metrics, metric
+from conftest import E2E_NS, PAUSE, SYSTEM_NS, agent_metrics, metric, timestamp_seconds
 
 SYSTEM_SUBNET = ipaddress.ip_network("10.244.0.0/18")
 DEFAULT_SUBNET = ipaddress.ip_network("10.244.128.0/17")
