@@ -18,7 +18,6 @@ pub mod crd;
 #[cfg(feature = "agent")]
 pub mod dataplane;
 pub mod durable;
-#[cfg(feature = "agent")]
 mod hash;
 pub mod hostport;
 pub mod index;

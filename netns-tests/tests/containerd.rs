@@ -272,7 +272,8 @@ impl Containerd {
         let out = Command::new(ctd.runtime.ctr())
             .arg("--address")
             .arg(ctd.dir.join("containerd.sock"))
-            .args(["-n", "k8s.io", "images", "import"])
+            // ctr waits forever by default; crictl.yaml gives crictl the same 120 s.
+            .args(["--timeout", "120s", "-n", "k8s.io", "images", "import"])
             .arg(&pause_archive)
             .output()
             .unwrap();

@@ -2,8 +2,11 @@
 # run-tests.sh - runs netns test executables as root on the current kernel (host or VM) after
 # check-kernel.sh; used by netns-tests/run.
 #
-# usage: run-tests.sh [--filter NAME]... -- EXE...
+# usage: run-tests.sh [--filter NAME]... -- EXE[:SECS]...
 # A test runs if its name contains any NAME (libtest filters; all tests without --filter).
+# An executable given with :SECS runs under that limit (timebox.py: on timeout it names the test
+# in flight and prints the process tree, so a hung child shows what it waits for); then the
+# next executable runs, and one hang costs its own limit, not the whole run's.
 # Prints each executable's libtest output, then one summary line
 #   "netns tests: N passed, M failed, K ignored on kernel V"
 # and fails if a capability is missing, any test failed, no test ran, a NAME matched no test
@@ -21,9 +24,14 @@ while [ $# -gt 0 ]; do
 done
 [ $# -gt 0 ] || { echo "run-tests.sh: no test executables given" >&2; exit 2; }
 
+EXES=() LIMITS=()
+for arg in "$@"; do
+  if [[ $arg == *:* ]]; then EXES+=("${arg%:*}") LIMITS+=("${arg##*:}"); else EXES+=("$arg") LIMITS+=(""); fi
+done
+
 for f in "${FILTER[@]}"; do
   n=0
-  for exe in "$@"; do
+  for exe in "${EXES[@]}"; do
     n=$((n + $("$exe" --list --format terse "$f" | grep -c ': test$')))
   done
   [ "$n" -gt 0 ] || { echo "run-tests.sh: FAIL: --filter '$f' matches no test"; exit 1; }
@@ -33,13 +41,17 @@ done
 
 passed=0 failed=0 ignored=0 rc=0
 log=$(mktemp)
-for exe in "$@"; do
+for k in "${!EXES[@]}"; do
+  exe=${EXES[$k]} lim=${LIMITS[$k]}
   echo "---- $(basename "$exe") ${FILTER[*]}"
   start=$EPOCHREALTIME
   # One test at a time: netns tests share host-global kernel state (cgroups, bpffs pins,
   # the VM's 2 CPUs), and under emulation parallel tests only trade speed for flakiness.
-  "$exe" --test-threads=1 "${FILTER[@]}" 2>&1 | tee "$log"
+  run=("$exe" --test-threads=1 "${FILTER[@]}")
+  [ -z "$lim" ] || run=("$HERE/timebox.py" -t "$lim" --ps --label "run-tests.sh: $(basename "$exe")" -- "${run[@]}")
+  "${run[@]}" 2>&1 | tee "$log"
   st=${PIPESTATUS[0]}
+  [ "$st" != 124 ] || [ -z "$lim" ] || echo "run-tests.sh: $(basename "$exe") TIMED OUT after its ${lim}s limit"
   awk -v a="$start" -v b="$EPOCHREALTIME" -v e="$(basename "$exe")" 'BEGIN{printf "---- %s: %.1fs\n", e, b-a}'
   [ "$st" = 0 ] || { rc=1; echo "run-tests.sh: $(basename "$exe") exited with status $st"; }
   # "test result: ok. 3 passed; 0 failed; 0 ignored; 0 measured; 2 filtered out; ..."

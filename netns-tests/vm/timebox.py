@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """timebox.py - runs a command under a hard time limit; when the limit hits, says what was running.
 
-usage: timebox.py -t SECS [--label TEXT] [--times FILE] -- CMD [ARG...]
+usage: timebox.py -t SECS [--label TEXT] [--times FILE] [--ps] -- CMD [ARG...]
 
 CMD's stdout and stderr pass through unchanged (and unbuffered). Both are watched for libtest's
 progress lines: with --test-threads=1 libtest prints "test NAME ... " before a test runs and its
@@ -13,6 +13,8 @@ scripts/test.sh (every tier).
 
   --label TEXT  prefix of the timeout line (default "timebox")
   --times FILE  append "SECONDS NAME" for every test that finished (per-test timings)
+  --ps          on timeout, before the SIGTERM, print the process tree with each process's state
+                and kernel wait channel (`ps --forest`): what a hung test was waiting for
 exit: CMD's status (128+N if killed by signal N); 124 when the limit hit.
 """
 
@@ -85,11 +87,28 @@ class Tracker:
         return "it had printed nothing"
 
 
+def show_processes(label):
+    """The process tree, on stderr: which child a hung test waits for, and where in the kernel."""
+    try:
+        out = subprocess.run(["ps", "-e", "--forest", "-o", "pid,ppid,stat,etimes,wchan:28,args"],
+                             capture_output=True, text=True, timeout=20, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired) as e:
+        print("%s: ps failed: %s" % (label, e), file=sys.stderr)
+        return
+    # Kernel threads ("[kworker/0:1]") are left out, not the helpers they run (a modprobe the
+    # kernel started for an nft expression shows up under one).
+    lines = [ln for ln in out.splitlines()
+             if not re.sub(r"^\s*(\S+\s+){5}[\s|\\_]*", "", ln).startswith("[")]
+    print("%s: the processes at the timeout (kernel threads left out):\n%s"
+          % (label, "\n".join(lines)), file=sys.stderr, flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(usage=__doc__.split("\n\n")[1])
     ap.add_argument("-t", type=float, required=True, dest="limit")
     ap.add_argument("--label", default="timebox")
     ap.add_argument("--times")
+    ap.add_argument("--ps", action="store_true")
     ap.add_argument("cmd", nargs=argparse.REMAINDER)
     args = ap.parse_args()
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
@@ -129,6 +148,8 @@ def main():
             timed_out = True
             print("%s: TIMEOUT: limit %gs reached after %.1fs; %s"
                   % (args.label, args.limit, now - t0, tracker.what(now)), file=sys.stderr, flush=True)
+            if args.ps:
+                show_processes(args.label)
             signal_group(signal.SIGTERM)
             killed_at = now
         if killed_at is not None and now >= killed_at + GRACE:

@@ -32,6 +32,8 @@ pub const LOOPBACK_CONFLIST: &str =
 /// ready, install a route) before they fail: generous, since only a failure waits that long,
 /// and an agent start took over 60 s in the VM on the 2-core CI machine at load 11.
 pub const DEADLINE: Duration = Duration::from_secs(180);
+/// How long the agent's metrics listener may take to answer one request.
+const HTTP_TIMEOUT: Duration = Duration::from_secs(60);
 
 pub const NODE: &str = "node-1";
 pub const VRF: &str = "lv-default";
@@ -655,13 +657,23 @@ impl Bed {
     pub fn http_get(&self, path: &str) -> String {
         use std::io::Read;
         let mut s = std::net::TcpStream::connect(("127.0.0.1", self.metrics_port)).unwrap();
+        // A stuck agent must fail the test, not hang it (and the VM run) without a word.
+        s.set_read_timeout(Some(HTTP_TIMEOUT)).unwrap();
+        s.set_write_timeout(Some(HTTP_TIMEOUT)).unwrap();
         // One request per connection: the answer ends when the server closes it.
         s.write_all(
             format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
         )
         .unwrap();
         let mut body = String::new();
-        s.read_to_string(&mut body).unwrap();
+        s.read_to_string(&mut body).unwrap_or_else(|e| {
+            panic!(
+                "GET {path} from the agent's metrics listener: no whole answer within {:?} ({e}); \
+                 got {body:?}\n--- agent log ---\n{}",
+                HTTP_TIMEOUT,
+                self.log()
+            )
+        });
         body
     }
 }

@@ -5,7 +5,7 @@ NetworkUnavailable=False (LaceIsUp) but no pod gets an address (no Network binds
 
 import time
 
-from conftest import timestamp_seconds, AGENT_LABELS, E2E_NS, SYSTEM_NS
+from conftest import AGENT_LABELS, E2E_NS, SYSTEM_NS, timestamp_seconds
 
 
 def test_before_install_nodes_are_not_ready_and_coredns_pending(cluster):

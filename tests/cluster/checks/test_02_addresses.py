@@ -2,13 +2,13 @@
 from the system Network (10.244.0.0/18), others from the default Network (10.244.128.0/17).
 Creates the agnhost pods the later checks use: sys-N in kube-system and def-N in lace-e2e, one
 per node, each serving HTTP on 8080 with readiness and liveness probes (and check 4's Service
-backends, which start beside them but are not waited for here). Then 30 pods of one
-Deployment at once: the time from create to Ready (p50, max), each with its own address."""
+backends, which start beside them but are not waited for here). The 30-pod burst of this item
+is check 12, run just before the uninstall (see there why)."""
 
 import ipaddress
 import time
 
-from conftest import timestamp_seconds, E2E_NS, PAUSE, SYSTEM_NS, agent_metrics, metric
+from conftest import E2E_NS, SYSTEM_NS, timestamp_seconds
 
 SYSTEM_SUBNET = ipaddress.ip_network("10.244.0.0/18")
 DEFAULT_SUBNET = ipaddress.ip_network("10.244.128.0/17")
@@ -52,69 +52,3 @@ def test_pods_get_addresses_from_their_networks(cluster):
         )
         ips[name] = v4[0]
     cluster.state["ips"] = ips
-
-
-BURST = 30
-BURST_STEP = 10
-
-
-def add_seconds(cluster):
-    """Per node: (seconds the agent spent on CNI ADDs, how many), from its metrics."""
-    out = {}
-    for node in cluster.nodes():
-        m = agent_metrics(cluster, node)
-        out[node] = (metric(m, "lace_cni_request_duration_seconds_sum", verb="ADD"),
-                     metric(m, "lace_cni_request_duration_seconds_count", verb="ADD"))
-    return out
-
-
-def test_a_burst_of_pods_gets_ready(cluster):
-    before = add_seconds(cluster)
-    cluster.apply(f"""apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: burst, namespace: {E2E_NS}}}
-spec:
-  replicas: {BURST}
-  selector: {{matchLabels: {{app: lace-burst}}}}
-  template:
-    metadata: {{labels: {{app: lace-burst}}}}
-    spec:
-      # Not 0: with 0 the API forgets a pod at once and the nodes tear its 30 sandboxes down
-      # behind the later checks' backs (containerd's task deletes then timed out for ten
-      # minutes and held up check 5's agent rollout); with 1 the pods stay listed until their
-      # kubelet has stopped them, and the wait below covers it.
-      terminationGracePeriodSeconds: 1
-      containers: [{{name: pause, image: "{PAUSE}"}}]
-""")
-    start = time.time()
-    cluster.wait_pods_ready(E2E_NS, "app=lace-burst", BURST, timeout=900)
-    took = time.time() - start
-    pods = cluster.pods(E2E_NS, "app=lace-burst")
-    latencies = sorted(timestamp_seconds(cluster.condition(p, "Ready")["lastTransitionTime"])
-                       - timestamp_seconds(p["metadata"]["creationTimestamp"]) for p in pods)
-    print(f"\n{len(pods)} pods of one Deployment created -> Ready: p50 "
-          f"{latencies[len(latencies) // 2]:.0f} s, max {latencies[-1]:.0f} s "
-          f"(all Ready after {took:.0f} s, on {len({p['spec']['nodeName'] for p in pods})} nodes)")
-    after = add_seconds(cluster)
-    spent = sum(after[n][0] - before[n][0] for n in after)
-    adds = sum(after[n][1] - before[n][1] for n in after)
-    print(f"Lace's agents handled their {adds:.0f} ADDs in {spent / max(adds, 1) * 1000:.0f} ms "
-          "each on average (the rest of create -> Ready is the scheduler, kubelet and runtime)")
-    v4 = [a["ip"] for p in pods for a in p["status"]["podIPs"] if ":" not in a["ip"]]
-    assert len(v4) == BURST and len(set(v4)) == BURST, (
-        f"expected {BURST} distinct IPv4 addresses, saw {sorted(v4)}")
-    outside = [a for a in v4 if ipaddress.ip_address(a) not in DEFAULT_SUBNET]
-    assert not outside, f"expected every burst pod in {DEFAULT_SUBNET}, saw {outside}"
-    # Scaled down a third at a time, not deleted at once: 30 pods stopping together saturate the
-    # emulated VM, containerd's first delete of a task then misses its 10 s deadline, and its
-    # retries (containerd/containerd#10755) left 18 pods Terminating for over ten minutes on CI.
-    start = time.time()
-    for replicas in range(BURST - BURST_STEP, -1, -BURST_STEP):
-        cluster.k("scale", "deployment", "-n", E2E_NS, "burst", f"--replicas={replicas}")
-
-        def down_to(replicas=replicas):
-            left = cluster.pods(E2E_NS, "app=lace-burst")
-            return len(left) <= replicas, [p["metadata"]["name"] for p in left]
-        cluster.wait(f"the burst down to {replicas} pods", down_to, timeout=300)
-    print(f"the burst's pods deleted, {BURST_STEP} at a time, in {time.time() - start:.0f} s")
-    cluster.k("delete", "deployment", "-n", E2E_NS, "burst", "--wait=true", timeout=120)

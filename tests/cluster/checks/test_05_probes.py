@@ -6,7 +6,7 @@ refused and a new pod never becomes Ready; set back, it does."""
 import os
 import time
 
-from conftest import timestamp_seconds, AGENT_LABELS, E2E_NS, SYSTEM_NS, CheckFailed
+from conftest import AGENT_LABELS, E2E_NS, SYSTEM_NS, CheckFailed, timestamp_seconds
 
 RIGHT = os.environ.get("LACE_KUBELET_CGROUP", "/sys/fs/cgroup/system.slice/kubelet.service")
 WRONG = os.environ.get("LACE_WRONG_CGROUP", "/sys/fs/cgroup/system.slice/containerd.service")
