@@ -55,6 +55,8 @@ pub fn apply(
         .collect();
     let mut writes = 0u64;
     let mut failures = Vec::new();
+    // Failures of a pod's shaping (Op::is_shaping), which no later phase depends on.
+    let mut shaping_failures = 0usize;
     let mut links_changed = false;
     let mut ops = ops.into_iter().peekable();
     while let Some(first) = ops.next() {
@@ -137,14 +139,19 @@ pub fn apply(
                         failures.push(fail(&op, e));
                     }
                 }
-                _ => match message(&op, &index) {
-                    Ok(Some(m)) => {
-                        requests.push(m);
-                        sent.push(op);
-                    }
-                    Ok(None) => failures.push(fail(&op, "not a netlink operation")),
-                    Err(e) => failures.push(fail(&op, e)),
-                },
+                _ => {
+                    let failed = match message(&op, &index) {
+                        Ok(Some(m)) => {
+                            requests.push(m);
+                            sent.push(op);
+                            continue;
+                        }
+                        Ok(None) => fail(&op, "not a netlink operation"),
+                        Err(e) => fail(&op, e),
+                    };
+                    shaping_failures += usize::from(op.is_shaping());
+                    failures.push(failed);
+                }
             }
         }
         if !requests.is_empty() {
@@ -154,6 +161,7 @@ pub fn apply(
                     for (op, ack) in sent.iter().zip(acks) {
                         if let Err(errno) = ack {
                             if !idempotent(op, errno) {
+                                shaping_failures += usize::from(op.is_shaping());
                                 failures.push(fail(op, errno_text(errno)));
                             }
                         }
@@ -165,7 +173,10 @@ pub fn apply(
                 }),
             }
         }
-        if !failures.is_empty() {
+        // A phase that failed stops the later ones, which may build on it; a failed shaping
+        // does not (a kernel without `ifb` or `tbf` must not cost the node its routes and
+        // ruleset): it is reported and retried like any failure.
+        if failures.len() > shaping_failures {
             break;
         }
     }
@@ -303,6 +314,56 @@ mod tests {
     use super::*;
     use crate::plan::underlay::{Ipv4Tunnel, FOU_PORT, IPV4_TUNNEL};
     use netlink_packet_core::{NetlinkHeader, NetlinkMessage, NetlinkPayload};
+
+    /// A failed shaping operation lets the later phases run (routes, rules, the ruleset); any
+    /// other failure stops them. The pod veth's own link operations are not shaping: the
+    /// pod's routes need them.
+    #[test]
+    fn only_a_pods_shaping_is_let_fail_without_stopping_later_phases() {
+        let link = || "lp-0a2643f5dab".to_string();
+        let shaper = || "ls-0a2643f5dab".to_string();
+        let bucket = crate::bandwidth::Bucket {
+            rate: 500_000,
+            burst: 36_920,
+            limit: 102_456,
+        };
+        let shaping = [
+            Op::AddShaper { name: shaper() },
+            Op::LinkUp { name: shaper() },
+            Op::PutTbf {
+                link: link(),
+                bucket,
+            },
+            Op::AddIngressQdisc { link: link() },
+            Op::DelRedirect { link: link() },
+            Op::AddRedirect {
+                link: link(),
+                shaper: shaper(),
+            },
+            Op::DelTbf { link: shaper() },
+            Op::DelIngressQdisc { link: link() },
+            Op::DelLink { name: shaper() },
+        ];
+        for op in &shaping {
+            assert!(op.is_shaping(), "{op}");
+        }
+        let other = [
+            Op::LinkUp { name: link() },
+            Op::DelLink { name: link() },
+            Op::SetMaster {
+                link: link(),
+                master: "lv-default".into(),
+            },
+            Op::AddVrf {
+                name: "lv-default".into(),
+                table: 1000,
+            },
+            Op::NftDelete,
+        ];
+        for op in &other {
+            assert!(!op.is_shaping(), "{op}");
+        }
+    }
 
     /// What the reconciler writes for the SRv6-over-IPv4 device reads back as what it planned
     /// (the netns tests check that the kernel's answer does too: re-applying writes nothing).

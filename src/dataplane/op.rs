@@ -9,7 +9,7 @@ use ipnet::IpNet;
 
 use super::observed::{FouListener, KernelNexthop, ObservedRule, SitLink};
 use crate::bandwidth::Bucket;
-use crate::plan::shaping::{FILTER_PRIORITY, QDISC_MAJOR};
+use crate::plan::shaping::{FILTER_PRIORITY, QDISC_MAJOR, SHAPER_PREFIX};
 use crate::plan::{RouteKey, Rule};
 
 /// What an update of the table changes, for the apply report.
@@ -177,6 +177,23 @@ pub enum Op {
 }
 
 impl Op {
+    /// Whether this is part of a pod's bandwidth shaping: its shaper link (`ls-*`), a root
+    /// `tbf`, the `ingress` qdisc or the redirect filter. No other operation depends on one,
+    /// so a failed one does not stop the later phases of an apply.
+    pub fn is_shaping(&self) -> bool {
+        match self {
+            Op::AddShaper { .. }
+            | Op::PutTbf { .. }
+            | Op::AddIngressQdisc { .. }
+            | Op::DelRedirect { .. }
+            | Op::AddRedirect { .. }
+            | Op::DelTbf { .. }
+            | Op::DelIngressQdisc { .. } => true,
+            Op::LinkUp { name } | Op::DelLink { name } => name.starts_with(SHAPER_PREFIX),
+            _ => false,
+        }
+    }
+
     /// The apply phase: operations run phase by phase, in this order.
     pub fn phase(&self) -> u8 {
         match self {
