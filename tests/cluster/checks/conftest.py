@@ -126,14 +126,15 @@ class Cluster:
             return len(ready) >= count, seen
         return self.wait(f"{count} Ready pod(s) {selector} in {ns}", probe, timeout)
 
-    def agnhost_pod(self, ns, name, node, labels=None, args=None, extra_spec=""):
+    def agnhost_pod(self, ns, name, node, labels=None, args=None, extra_spec="", annotations=None):
         labels = {"lace-check": "true", **(labels or {})}
         label_yaml = ", ".join(f"{k}: {json.dumps(v)}" for k, v in labels.items())
+        annotation_yaml = ", ".join(f"{k}: {json.dumps(v)}" for k, v in (annotations or {}).items())
         args = args or ["netexec", "--http-port=8080", "--udp-port=8081"]
         self.apply(
             f"""apiVersion: v1
 kind: Pod
-metadata: {{name: {name}, namespace: {ns}, labels: {{{label_yaml}}}}}
+metadata: {{name: {name}, namespace: {ns}, labels: {{{label_yaml}}}, annotations: {{{annotation_yaml}}}}}
 spec:
   nodeName: {node}
   terminationGracePeriodSeconds: 1

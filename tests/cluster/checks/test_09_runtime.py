@@ -6,13 +6,20 @@ hostPorts: a pod's `ports[].hostPort` reaches Lace from the kubelet through the 
 (containerd passes it as the `portMappings` capability the conflist declares) and is reached
 from outside the cluster on the pod's node only, whatever the pod's Network; once the pod is
 deleted the port is gone. From where these checks run, outside the cluster (as check 4's
-NodePort): LACE_CHECKS_OUTSIDE=0 leaves it out, saying so."""
+NodePort): LACE_CHECKS_OUTSIDE=0 leaves it out, saying so.
+
+Bandwidth: a pod's `kubernetes.io/ingress-bandwidth` / `egress-bandwidth` annotations reach
+Lace from the kubelet through the runtime (the `bandwidth` capability) and shape the pod: the
+agent pod's `tc` shows the token bucket filters on its node, and the pod's shaper goes with it.
+(The rates themselves are measured with iperf3 by the netns test `bandwidth`.)"""
 
 import os
+import re
 
 import pytest
 
-from conftest import AGNHOST, E2E_NS, CheckFailed, agent_metrics, connects, metric
+from conftest import (AGENT_LABELS, AGNHOST, E2E_NS, SYSTEM_NS, CheckFailed, agent_metrics,
+                      connects, metric)
 
 
 def test_delete_frees_the_address_and_status_is_called(cluster):
@@ -77,3 +84,35 @@ spec:
         return not connects(ips[node], HOST_PORT), ips[node]
     cluster.wait(f"hostPort {HOST_PORT} on {node} gone with its pod", gone, timeout=60)
     print(f"\nhostPort {HOST_PORT} reached on {node} only, gone after the pod was deleted")
+
+
+def test_bandwidth_annotations_shape_the_pod_until_it_goes(cluster):
+    node = cluster.nodes()[1]
+    agent = next(p["metadata"]["name"] for p in cluster.pods(SYSTEM_NS, AGENT_LABELS)
+                 if p["spec"].get("nodeName") == node)
+    cluster.agnhost_pod(E2E_NS, "shaped", node, labels={"role": "shaped"},
+                        annotations={"kubernetes.io/ingress-bandwidth": "10M",
+                                     "kubernetes.io/egress-bandwidth": "20M"})
+    try:
+        cluster.wait_pods_ready(E2E_NS, "role=shaped", 1, timeout=300)
+    except CheckFailed as e:
+        raise CheckFailed(f"{e}; {cluster.pod_story(E2E_NS, 'shaped')}") from e
+
+    # ADD shapes the pod before it answers, so the pod's Ready means its tbfs are there.
+    out = cluster.exec(SYSTEM_NS, agent, "tc", "qdisc", "show", check=True).stdout
+    shaped = dict(re.findall(r"qdisc tbf 4c: dev (\S+) root .*? rate (\S+)", out))
+    # 10M towards the pod on its veth lp-X, 20M from it on its shaper ls-X.
+    pairs = {dev[3:]: (rate, shaped.get("ls-" + dev[3:])) for dev, rate in shaped.items()
+             if dev.startswith("lp-")}
+    assert list(pairs.values()) == [("10Mbit", "20Mbit")], (
+        f"expected one pod veth lp-X on {node} with a tbf of 10Mbit and its shaper ls-X with "
+        f"20Mbit (the pod's ingress-bandwidth and egress-bandwidth annotations), saw {shaped} in "
+        f"`tc qdisc show` of agent pod {agent}:\n{out}")
+    shaper = "ls-" + next(iter(pairs))
+    cluster.k("-n", E2E_NS, "delete", "pod", "shaped", "--timeout=300s", timeout=320)
+
+    def gone():
+        links = cluster.exec(SYSTEM_NS, agent, "ip", "-o", "link", "show", check=True).stdout
+        return shaper not in links, [w for w in links.split() if w.startswith("ls-")]
+    cluster.wait(f"the pod's shaper {shaper} gone from {node} with the pod", gone, timeout=60)
+    print(f"\npod shaped on {node}: tbf 10Mbit towards it, 20Mbit from it on {shaper}; gone with the pod")
