@@ -150,6 +150,11 @@ proptest! {
                 _ => None,
             }
         };
+        let locators_rule = d.base.rules.iter().find_map(|r| match r.action {
+            lace::plan::RuleAction::ToPrefix { dst, table: lace::plan::MAIN_TABLE }
+                if r.priority == lace::plan::RULE_PRIORITY_LOCATORS => Some(dst),
+            _ => None,
+        });
         let pairs4 = d.base.nft.set("pairs_v4").unwrap();
         let pairs6 = d.base.nft.set("pairs_v6").unwrap();
         let has_element = |k: &str| pairs4.elements.contains_key(k) || pairs6.elements.contains_key(k);
@@ -177,11 +182,14 @@ proptest! {
                         };
                         prop_assert_eq!(got, want.as_ref(), "table of {} -> block {} of {} on {}", a, blk, b, node);
                         if want.is_some() && *node != me {
-                            // The outer packet is routed in the same VRF: the node's locator
-                            // must be there, via its underlay address of the common family.
-                            let loc = RouteKey { table: ta, dst: IpNet::V6(locator(*idx)) };
+                            // The outer packet leaves the VRF by the locators' rule: the node's
+                            // locator is in the main table, via its underlay address of the
+                            // common family, within the rule's prefix, and in no VRF's table.
+                            let main = RouteKey { table: lace::plan::MAIN_TABLE, dst: IpNet::V6(locator(*idx)) };
                             let via = path(node).map(|(nh, _)| nh);
-                            prop_assert_eq!(d.route(&loc), via.as_ref());
+                            prop_assert_eq!(d.route(&main), via.as_ref());
+                            prop_assert!(locators_rule.is_some_and(|r| r.contains(&locator(*idx))), "{:?}", locators_rule);
+                            prop_assert_eq!(d.route(&RouteKey { table: ta, dst: IpNet::V6(locator(*idx)) }), None);
                         }
                     }
                 }

@@ -304,8 +304,8 @@ pub fn route_delete(key: &RouteKey, nh: &KernelNexthop) -> RouteMessage {
     m
 }
 
-/// A rule of Lace's: `ip rule add pref <p> l3mdev` or `ip rule add pref <p> fwmark <m>/<mask>
-/// lookup <table> proto 76`. The l3mdev rule has table 0 (the VRF driver's own form); tables
+/// A rule of Lace's: `ip rule add pref <p> l3mdev`, `ip rule add pref <p> fwmark <m>/<mask>
+/// lookup <table> proto 76` or `ip -6 rule add pref <p> to <prefix> lookup <table> proto 76`. The l3mdev rule has table 0 (the VRF driver's own form); tables
 /// above 255 go in the `FRA_TABLE` attribute. Rules are Lace's by their priority band; the
 /// protocol only helps a human reading `ip rule`.
 pub fn rule(r: &Rule) -> RuleMessage {
@@ -333,6 +333,16 @@ pub fn rule(r: &Rule) -> RuleMessage {
             m.attributes.push(RuleAttribute::Table(table));
             m.attributes.push(RuleAttribute::FwMark(mark));
             m.attributes.push(RuleAttribute::FwMask(mask));
+        }
+        PlanRuleAction::ToPrefix { dst, table } => {
+            m.header.dst_len = dst.prefix_len();
+            m.attributes
+                .push(RuleAttribute::Protocol(RouteProtocol::Other(
+                    ROUTE_PROTOCOL,
+                )));
+            m.attributes.push(RuleAttribute::Table(table));
+            m.attributes
+                .push(RuleAttribute::Destination(dst.network().into()));
         }
     }
     m

@@ -493,9 +493,11 @@ pub fn classify_rule(r: RuleMessage) -> Option<ObservedRule> {
     let mut table = u32::from(r.header.table);
     let mut mark = None;
     let mut mask = None;
+    let mut dst = None;
     let mut other = false;
     for a in &r.attributes {
         match a {
+            RuleAttribute::Destination(IpAddr::V6(a)) => dst = Some(*a),
             RuleAttribute::Priority(p) => priority = *p,
             RuleAttribute::L3MDev(on) => l3mdev = *on,
             RuleAttribute::Table(t) => table = *t,
@@ -518,13 +520,23 @@ pub fn classify_rule(r: RuleMessage) -> Option<ObservedRule> {
     };
     let plain = !other
         && r.header.action == RuleAction::ToTable
-        && r.header.dst_len == 0
         && r.header.src_len == 0
         && r.header.tos == 0
         && r.header.flags.is_empty();
-    let action = match (plain, l3mdev, mark, mask) {
-        (true, true, None, None) => Some(PlanRuleAction::L3mdev),
-        (true, false, Some(mark), Some(mask)) => Some(PlanRuleAction::Fwmark { mark, mask, table }),
+    // A destination length without an IPv6 address is no form of Lace's.
+    let dst = match (dst, r.header.dst_len) {
+        (None, 0) => Some(None),
+        (Some(a), len) => Ipv6Net::new(a, len).ok().map(Some),
+        (None, _) => None,
+    };
+    let plain = plain && dst.is_some();
+    let dst = dst.flatten();
+    let action = match (plain, l3mdev, mark, mask, dst) {
+        (true, true, None, None, None) => Some(PlanRuleAction::L3mdev),
+        (true, false, Some(mark), Some(mask), None) => {
+            Some(PlanRuleAction::Fwmark { mark, mask, table })
+        }
+        (true, false, None, None, Some(dst)) => Some(PlanRuleAction::ToPrefix { dst, table }),
         _ => None,
     };
     Some(ObservedRule {

@@ -22,7 +22,7 @@ use super::{
     disable_ipv6_key, host_net, vrf_name, vrf_table, Family, NetInfo, Networks, Nexthop, NodeBase,
     PlanError, PodNetwork, Rule, RuleAction, Vrf, INGRESS_MARK, INGRESS_MARK_MASK, MAIN_TABLE,
     PROBE_MARK, PROBE_MARK_MASK, PROBE_TABLE, RULE_PRIORITY_INGRESS_REPLY, RULE_PRIORITY_L3MDEV,
-    RULE_PRIORITY_PROBE,
+    RULE_PRIORITY_LOCATORS, RULE_PRIORITY_PROBE,
 };
 use crate::alloc::node_blocks;
 use crate::api::NodeAllocationSpec;
@@ -82,7 +82,9 @@ pub(super) fn build_base(
     backend_routes(&mut rb, node, state, &peers, &nets, &grants);
     ingress::routes(&mut rb, node, state, &peers, &nets, &ingress);
 
-    let rules = rules();
+    let rules = rules(locator_span(
+        state.node_allocations.values().map(|a| a.locator),
+    ));
     let sysctls = sysctls(&vrfs, ipv4_tunnel.is_some());
     let internal_ips: &[IpAddr] = state
         .nodes
@@ -441,7 +443,7 @@ fn block_routes(
                             );
                         }
                     }
-                    Some((nh, underlay)) => {
+                    Some((_, underlay)) => {
                         let segs = sid(alloc.locator, dst_info.function);
                         for b in &blocks {
                             rb.add(
@@ -454,13 +456,6 @@ fn block_routes(
                                 },
                             );
                         }
-                        // The outer lookup after encap happens in the VRF's own IPv6 table.
-                        rb.add(
-                            src.table,
-                            IpNet::V6(alloc.locator.trunc()),
-                            PREC_REACH,
-                            nh.clone(),
-                        );
                     }
                 }
             }
@@ -501,7 +496,7 @@ fn backend_routes(
                                 Nexthop::Dev(dst_info.vrf.clone()),
                             );
                         }
-                    } else if let Some((alloc, (nh, underlay))) = state
+                    } else if let Some((alloc, (_, underlay))) = state
                         .node_allocations
                         .get(bnode)
                         .and_then(|a| Some((a, locator_route(peers.get(bnode)?)?)))
@@ -513,7 +508,6 @@ fn backend_routes(
                             PREC_REACH,
                             Nexthop::Seg6Encap { segs, underlay },
                         );
-                        rb.add(src.table, IpNet::V6(alloc.locator.trunc()), PREC_REACH, nh);
                     }
                 }
                 BackendLocation::Outside => rb.add(src.table, dst, PREC_REACH, Nexthop::Host),
@@ -523,9 +517,41 @@ fn backend_routes(
     }
 }
 
-/// The l3mdev, kubelet-probe and NodePort reply rules, for both families.
-fn rules() -> BTreeSet<Rule> {
+/// The smallest prefix that holds every locator (the cluster's `srv6LocatorPrefix` or a part of
+/// it), or none without locators.
+fn locator_span(locators: impl IntoIterator<Item = Ipv6Net>) -> Option<Ipv6Net> {
+    let mut locators = locators.into_iter().map(|l| l.trunc());
+    let mut span = locators.next()?;
+    for l in locators {
+        while !span.contains(&l) {
+            span = span.supernet()?;
+        }
+    }
+    Some(span)
+}
+
+/// The l3mdev, kubelet-probe and NodePort reply rules, for both families, and the IPv6 rule
+/// that routes the locators (`span`) in the main table.
+///
+/// The outer lookup of a packet encapsulated in a VRF (a pod's, towards a peer's SID) happens
+/// with the VRF as its device, so without that rule the l3mdev rule would take it to the VRF's
+/// table. The rule widens nothing a pod can reach: its own packets to a SID meet the ruleset's
+/// policy (`from_pods`) in the VRF's prerouting pass before any route lookup, and at the SID
+/// the ingress guard. (A rule matching the SRH by `ipproto` does not work: the kernel's flow
+/// dissection for rules skips extension headers, and what it finds, IPv4 or IPv6 in IPv6, pods
+/// can send too.)
+fn rules(span: Option<Ipv6Net>) -> BTreeSet<Rule> {
     let mut rules = BTreeSet::new();
+    if let Some(dst) = span {
+        rules.insert(Rule {
+            priority: RULE_PRIORITY_LOCATORS,
+            family: Family::V6,
+            action: RuleAction::ToPrefix {
+                dst,
+                table: MAIN_TABLE,
+            },
+        });
+    }
     for family in [Family::V4, Family::V6] {
         rules.insert(Rule {
             priority: RULE_PRIORITY_L3MDEV,

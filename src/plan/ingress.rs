@@ -145,7 +145,7 @@ pub(super) fn routes(
             rb.add(MAIN_TABLE, *s, PREC_REACH, Nexthop::Dev(info.vrf.clone()));
         }
         for (other, alloc) in state.node_allocations.iter().filter(|(n, _)| *n != node) {
-            let Some((nh, underlay)) = peers.get(other).and_then(locator_route) else {
+            let Some((_, underlay)) = peers.get(other).and_then(locator_route) else {
                 continue;
             };
             let segs = sid(alloc.locator, info.function);
@@ -157,7 +157,6 @@ pub(super) fn routes(
                     Nexthop::Seg6Encap { segs, underlay },
                 );
             }
-            rb.add(info.table, IpNet::V6(alloc.locator.trunc()), PREC_REACH, nh);
         }
     }
     for (_, address, network, bnode) in ingress.backends() {
@@ -168,9 +167,9 @@ pub(super) fn routes(
         if bnode == node {
             continue; // the pod's own host route
         }
-        let Some((nh, _)) = peers.get(bnode).and_then(locator_route) else {
+        if peers.get(bnode).and_then(locator_route).is_none() {
             continue;
-        };
+        }
         // Above a grant's route to the same backend from pods of the same Network: this one
         // works for both (pods' packets are encapsulated at route input either way).
         rb.add(
@@ -182,7 +181,6 @@ pub(super) fn routes(
                 dev: ingress_device(&info.vrf),
             },
         );
-        rb.add(info.table, IpNet::V6(alloc.locator.trunc()), PREC_REACH, nh);
     }
 }
 

@@ -71,6 +71,12 @@ pub const RULE_PRIORITY_PROBE: u32 = 990;
 /// connections, marked [`INGRESS_MARK`] by the ruleset) to the main table: after the probe
 /// rule, before the l3mdev rule, which would look their destination up in the pod's VRF.
 pub const RULE_PRIORITY_INGRESS_REPLY: u32 = 995;
+/// Priority of the rule that looks IPv6 destinations in the span of the cluster's locators up
+/// in the main table ([`RuleAction::ToPrefix`]): after the fwmark rules, before the l3mdev rule.
+/// It is what routes an encapsulated packet leaving a VRF: the kernel looks the outer
+/// destination (a peer's SID) up with the VRF as the flow's device, and the main table holds
+/// the route to each peer's locator once, instead of a copy in every VRF's table.
+pub const RULE_PRIORITY_LOCATORS: u32 = 997;
 /// Priority of the l3mdev rule: the same rule the kernel's VRF driver installs, declared here
 /// so it is ensured (and not counted as foreign) by the reconciler.
 pub const RULE_PRIORITY_L3MDEV: u32 = 1000;
@@ -365,6 +371,8 @@ pub enum RuleAction {
     L3mdev,
     /// `fwmark <mark>/<mask> lookup <table>`.
     Fwmark { mark: u32, mask: u32, table: u32 },
+    /// `to <dst> lookup <table>` (IPv6).
+    ToPrefix { dst: Ipv6Net, table: u32 },
 }
 
 /// A routing-policy rule.
@@ -389,6 +397,9 @@ impl fmt::Display for Rule {
                     "{fam} pref {} fwmark {mark:#x}/{mask:#x} lookup {table}",
                     self.priority
                 )
+            }
+            RuleAction::ToPrefix { dst, table } => {
+                write!(f, "{fam} pref {} to {dst} lookup {table}", self.priority)
             }
         }
     }

@@ -488,3 +488,55 @@ fn drift_sees_only_what_notifications_change() {
         [Op::PutRoute { key: k, .. }] if k == key
     ));
 }
+
+#[test]
+fn the_locators_rule_reads_back_as_written_and_a_new_span_comes_before_the_old_goes() {
+    use crate::dataplane::{msg, observe::classify_rule};
+    use netlink_packet_route::rule::RuleAttribute;
+    let d = desired(true);
+    let rule = *d
+        .base
+        .rules
+        .iter()
+        .find(|r| matches!(r.action, RuleAction::ToPrefix { .. }))
+        .expect("a plan with locators has the locators' rule");
+    assert_eq!(
+        classify_rule(msg::rule(&rule)).and_then(|o| o.rule),
+        Some(rule)
+    );
+    // A destination length without its address is no rule of Lace's form (deleted as stray).
+    let mut headless = msg::rule(&rule);
+    headless
+        .attributes
+        .retain(|a| !matches!(a, RuleAttribute::Destination(_)));
+    assert_eq!(classify_rule(headless).and_then(|o| o.rule), None);
+
+    // A node whose locator lies outside the span widens it: the new rule is added before the
+    // old one goes, so encapsulated packets always find the main table.
+    let mut o = bare_host();
+    let ops = diff(Some(&d), &o, None).unwrap().ops;
+    model(&mut o, &ops);
+    let mut wider = d.clone();
+    let RuleAction::ToPrefix { dst, table } = rule.action else {
+        unreachable!()
+    };
+    let base = std::sync::Arc::make_mut(&mut wider.base);
+    base.rules.remove(&rule);
+    let widened = Rule {
+        action: RuleAction::ToPrefix {
+            dst: dst.supernet().unwrap(),
+            table,
+        },
+        ..rule
+    };
+    base.rules.insert(widened);
+    let ops = diff(Some(&wider), &o, None).unwrap().ops;
+    let added = ops.iter().position(|op| *op == Op::AddRule(widened));
+    let deleted = ops
+        .iter()
+        .position(|op| matches!(op, Op::DelRule(r) if r.rule == Some(rule)));
+    assert!(
+        matches!((added, deleted), (Some(a), Some(d)) if a < d),
+        "{ops:#?}"
+    );
+}

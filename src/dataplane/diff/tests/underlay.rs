@@ -168,7 +168,10 @@ fn the_tunnel_follows_the_uplink_mtu_and_is_recreated_when_it_differs() {
             )
         })
         .count();
-    assert!(via_tunnel >= 3);
+    assert!(
+        via_tunnel >= 2,
+        "{via_tunnel} routes through the tunnel: the locator and a block"
+    );
     assert_eq!(
         ops.iter()
             .filter(|o| matches!(o, Op::PutRoute { nh, .. } if nh.dev() == Some(IPV4_TUNNEL)))
