@@ -926,6 +926,40 @@ fn dataplane_three_nodes_policies_srv6_teardown_restart() {
         "the ingress guard must count the rogue packet"
     );
 
+    // A pod cannot send its own SRv6 packet into another Network: p1-tenant encapsulates a
+    // ping to a `system` pod towards `system`'s SID on node 2 and on its own node, with its own
+    // address as the outer source and with node 1's underlay address (spoofed). Node 1 drops
+    // each (the policy in the VRF's prerouting pass, before any route lookup, or the guard of
+    // its own SIDs): the locators' rule routes SIDs from VRFs, it does not open them to pods.
+    let tenant = w.ns("p1-tenant");
+    let lace_drops = || counted_drops(n1, "from_pods") + w.guard_drops(1);
+    for (target, node) in [("p2-system", 2), ("p1-system", 1)] {
+        for spoof in [None, Some(underlay(1))] {
+            let to = pod_by(target);
+            tenant
+                .ip(&format!(
+                    "route replace {}/32 encap seg6 mode encap segs {} dev eth0",
+                    to.addr,
+                    sid(node, 2)
+                ))
+                .unwrap();
+            let src = spoof.map_or("::".to_string(), |a| a.to_string());
+            tenant.ip(&format!("sr tunsrc set {src}")).unwrap();
+            let before = lace_drops();
+            assert!(
+                !w.ping("p1-tenant", IpAddr::V4(to.addr), TIMEOUT),
+                "p1-tenant reached {target} through node {node}'s system SID (outer source {src})"
+            );
+            assert!(
+                lace_drops() > before,
+                "node 1 must drop p1-tenant's SRv6 packet to {target} (outer source {src}) \
+                 in from_pods or sid_guard"
+            );
+            tenant.ip(&format!("route del {}/32", to.addr)).unwrap();
+        }
+    }
+    tenant.ip("sr tunsrc set ::").unwrap();
+
     // --- Re-applying the same plan writes nothing. --------------------------------------
     let same = plans(true, Fabric::Ipv6);
     let events = monitored(n1, || assert_eq!(apply_all(&recs, &same), 0));
