@@ -282,8 +282,8 @@ pub enum Nexthop {
     /// `encap seg6 mode encap segs <segs> dev <uplink | uplink4 | lu-ipv4>`: to a remote
     /// node's SID of the target Network, whose locator is reached over `underlay` (IPv6: the
     /// uplink; link-local: the link holding the IPv4 InternalIP; fou: [`IPV4_TUNNEL`]). The
-    /// outer packet is routed again after encapsulation (in the VRF's IPv6 table, hence the
-    /// locator routes there), so no gateway is needed here.
+    /// outer packet is routed again after encapsulation (in the main table, by the rule at
+    /// [`RULE_PRIORITY_LOCATORS`]), so no gateway is needed here.
     Seg6Encap { segs: Ipv6Addr, underlay: Underpath },
     /// `encap seg6 mode encap segs <segs> dev <li-…>`: a remote backend of a Service granted
     /// from an external Network, in its Network's table, through the Network's ingress device
