@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # netns-tests/bench-cni.sh - the CNI latency benchmark (netns-tests/benches/cni_latency.rs):
-# builds release `lace` and `lace-agent` and the bench on the host, runs it as root on a
-# kernel with VRF (the host's if capable, else the VM) and prints its table: ADD/DEL p50/p99
+# builds `lace` and `lace-agent` as the image ships them (scripts/image-parts.sh) and the bench
+# on the host, runs it as root on a kernel with VRF (the host's if capable, else the VM) and prints its table: ADD/DEL p50/p99
 # of Lace, ptp + host-local and bridge + host-local (Debian's containernetworking-plugins,
 # from /usr/lib/cni: netns-tests/vm/setup.sh installs them), sequential and concurrent, and
 # the agent's memory. Not part of scripts/test.sh.
@@ -14,7 +14,7 @@
 #   --rss-pods    pods attached to Lace for the agent's memory reading (default 500)
 #   --plugins     which plugins to measure (default lace,ptp,bridge)
 #   --before DIR  also measure the `lace` and `lace-agent` in DIR (an older release build,
-#                 e.g. copied from target/release before a change) as "lace (before)"
+#                 e.g. the usr/local/bin of an older `scripts/image-parts.sh binaries`) as "lace (before)"
 #   e.g. netns-tests/bench-cni.sh --pods 50 --concurrent 10 --rss-pods 100 -t 900
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -35,7 +35,10 @@ cd "$ROOT"
   echo "bench-cni.sh: /usr/lib/cni lacks ptp, bridge or host-local: run netns-tests/vm/setup.sh" >&2
   exit 1
 }
-cargo build --release -p lace --bin lace-agent -p lace-cni --bin lace
+# The binaries as the image ships them (the plugin static), built the image's way, in the
+# cargo target dir (the VM sees it; its /tmp is its own).
+BIN=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/bench-cni-bin
+scripts/image-parts.sh binaries amd64 "$BIN"
 EXE=$(cargo bench -p lace-netns-tests --bench cni_latency --no-run --message-format=json-render-diagnostics | python3 -c '
 import json, sys
 for line in sys.stdin:
@@ -44,6 +47,5 @@ for line in sys.stdin:
         print(msg["executable"])
 ')
 [ -n "$EXE" ] || { echo "bench-cni.sh: cargo built no cni_latency bench executable" >&2; exit 1; }
-RELEASE=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release
-exec "$ROOT/netns-tests/vm/with-kernel.sh" -t 1500 "${WITH[@]}" -- \
-  env LACE_BIN_DIR="$RELEASE" ${ENVS[@]+"${ENVS[@]}"} "$EXE" --bench
+"$ROOT/netns-tests/vm/with-kernel.sh" -t 1500 "${WITH[@]}" -- \
+  env LACE_BIN_DIR="$BIN/usr/local/bin" ${ENVS[@]+"${ENVS[@]}"} "$EXE" --bench

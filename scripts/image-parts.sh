@@ -4,7 +4,7 @@
 # packages and the host's Rust toolchain only):
 #
 #   image-parts.sh binaries ARCH OUT   release builds of lace-agent, lace-controller and lace
-#                                      into OUT/usr/local/bin
+#                                      (the CNI plugin, static) into OUT/usr/local/bin
 #   image-parts.sh rootfs ARCH OUT     a minimal Debian root filesystem with nft and ip (and
 #                                      the libraries they and the binaries link) into OUT
 #
@@ -28,8 +28,7 @@ SUITE=${LACE_DEBIAN_SUITE:-bookworm}
 PACKAGES=nftables,iproute2
 
 binaries() {
-  local args=(build --release --locked -p lace --bin lace-agent -p lace-cni --bin lace
-              -p lace-controller --bin lace-controller)
+  local args=(--release --locked)
   local dir=${CARGO_TARGET_DIR:-$PWD/target}/release
   if [ "$(uname -m)" != "${target%%-*}" ]; then
     # Cross build (e.g. arm64 on amd64): needs the target's standard library
@@ -49,7 +48,13 @@ binaries() {
     args+=(--target "$target")
     dir=${CARGO_TARGET_DIR:-$PWD/target}/$target/release
   fi
-  cargo "${args[@]}"
+  cargo build "${args[@]}" -p lace --bin lace-agent -p lace-controller --bin lace-controller
+  # The CNI plugin runs on the host, not in the image (the agent installs it into the host's CNI
+  # bin dir): linked statically, like the reference plugins, it needs no particular glibc there,
+  # and the runtime's exec of it skips the dynamic loader (measured in netns-tests/bench-cni.sh).
+  # `cargo rustc` gives the flag to this one binary only (as a build-wide RUSTFLAGS it would
+  # also reach the proc-macros, which cannot be static).
+  cargo rustc "${args[@]}" -p lace-cni --bin lace -- -C target-feature=+crt-static
   install -d "$out/usr/local/bin"
   install -m 0755 "$dir/lace-agent" "$dir/lace-controller" "$dir/lace" "$out/usr/local/bin/"
 }

@@ -56,6 +56,21 @@ def test_the_binaries_run_and_say_the_charts_version(rootfs):
     assert "1.1.0" in json.loads(out.stdout)["supportedVersions"]
 
 
+def test_the_plugin_runs_on_a_host_without_the_images_libraries(rootfs, tmp_path):
+    # The agent copies `lace` into the host's CNI bin dir, where the host's libc (any version,
+    # or none the binary was linked against) is what a dynamic binary would get: the plugin is
+    # static, so a root holding nothing but the plugin runs it.
+    empty = tmp_path / "root"
+    empty.mkdir()
+    plugin = empty / "lace"
+    plugin.write_bytes((rootfs / "usr/local/bin/lace").read_bytes())
+    plugin.chmod(0o755)
+    out = chroot(empty, "/lace", stdin="{}",
+                 env={"CNI_COMMAND": "VERSION", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
+    assert out.returncode == 0, f"the plugin does not run without the image's libraries: {out.stderr}"
+    assert "1.1.0" in json.loads(out.stdout)["supportedVersions"]
+
+
 def test_the_controller_runs_as_the_images_non_root_user(rootfs, config):
     assert config["config"]["User"] == "65532:65532"
     passwd = (rootfs / "etc/passwd").read_text()
