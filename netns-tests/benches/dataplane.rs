@@ -54,8 +54,8 @@ fn extra_sid() -> Ipv6Addr {
 /// `base` plus `n` encap routes in the VRF.
 fn with_routes(base: &DesiredNode, n: u32) -> DesiredNode {
     let mut b = (*base.base).clone();
-    for i in 0..n {
-        b.routes.insert(
+    let extra = (0..n).map(|i| {
+        (
             RouteKey {
                 table: VRF_TABLE,
                 dst: IpNet::V4(Ipv4Net::from(extra_dst(i))),
@@ -64,8 +64,14 @@ fn with_routes(base: &DesiredNode, n: u32) -> DesiredNode {
                 segs: extra_sid(),
                 underlay: Underpath::Ipv6,
             },
-        );
-    }
+        )
+    });
+    b.routes = b
+        .routes
+        .iter()
+        .map(|(k, nh)| (*k, nh.clone()))
+        .chain(extra)
+        .collect();
     DesiredNode {
         base: Arc::new(b),
         ..base.clone()

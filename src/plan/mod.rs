@@ -41,6 +41,7 @@ pub mod ingress;
 mod netpol;
 pub mod nft;
 mod routes;
+pub use routes::RouteTable;
 mod ruleset;
 pub mod shaping;
 pub mod underlay;
@@ -434,7 +435,7 @@ pub struct NodeBase {
     pub facts: UnderlayFacts,
     /// By device name.
     pub vrfs: BTreeMap<String, Vrf>,
-    pub routes: BTreeMap<RouteKey, Nexthop>,
+    pub routes: RouteTable,
     pub rules: BTreeSet<Rule>,
     /// Sysctl key (dotted) → value.
     pub sysctls: BTreeMap<String, String>,
