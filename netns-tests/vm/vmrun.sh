@@ -218,7 +218,9 @@ for d in "${RWDIRS[@]}"; do
   FS+=(-fsdev "local,id=r$i,path=$d,security_model=none,multidevs=remap" -device "$DEV,fsdev=r$i,mount_tag=rw$i")
   i=$((i+1))
 done
-LOG="quiet loglevel=0"; [ "${LACE_VM_DEBUG:-}" = 1 ] && LOG="loglevel=7"
+# Quiet, but a panic or an oops (emergency and alert levels) still reaches the console: a guest
+# kernel that dies otherwise leaves only "exited without a status".
+LOG="quiet loglevel=2"; [ "${LACE_VM_DEBUG:-}" = 1 ] && LOG="loglevel=7"
 
 # q35, not microvm: microvm hangs intermittently in timer calibration under TCG.
 RUN_START=$EPOCHREALTIME
