@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # netns-tests/bench-cni.sh - the CNI latency benchmark (netns-tests/benches/cni_latency.rs):
 # builds `lace` and `lace-agent` as the image ships them (scripts/image-parts.sh) and the bench
-# on the host, runs it as root on a kernel with VRF (the host's if capable, else the VM) and prints its table: ADD/DEL p50/p99
-# of Lace, ptp + host-local and bridge + host-local (Debian's containernetworking-plugins,
-# from /usr/lib/cni: netns-tests/vm/setup.sh installs them), sequential and concurrent, and
-# the agent's memory. Not part of scripts/test.sh.
+# on the host, runs it as root on a kernel with VRF (the host's if capable, else the VM) and
+# prints its table: ADD/DEL p50/p99 of Lace, ptp + host-local and bridge + host-local (Debian's
+# containernetworking-plugins, from /usr/lib/cni: netns-tests/vm/setup.sh installs them),
+# sequential and concurrent, each plugin's bare start (VERSION p50), and the agent's memory.
+# Not part of scripts/test.sh.
 #
 # usage: netns-tests/bench-cni.sh [--pods N] [--concurrent N] [--rss-pods N]
 #                                 [--plugins lace,ptp,bridge] [--before DIR]
@@ -13,8 +14,9 @@
 #   --concurrent  pods added at once per plugin (default 50)
 #   --rss-pods    pods attached to Lace for the agent's memory reading (default 500)
 #   --plugins     which plugins to measure (default lace,ptp,bridge)
-#   --before DIR  also measure the `lace` and `lace-agent` in DIR (an older release build,
-#                 e.g. the usr/local/bin of an older `scripts/image-parts.sh binaries`) as "lace (before)"
+#   --before DIR  also measure the `lace` and `lace-agent` in DIR (an older build, e.g. the
+#                 usr/local/bin of an earlier `scripts/image-parts.sh binaries`) as
+#                 "lace (before)"
 #   e.g. netns-tests/bench-cni.sh --pods 50 --concurrent 10 --rss-pods 100 -t 900
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
