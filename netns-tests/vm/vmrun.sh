@@ -219,7 +219,9 @@ for d in "${RWDIRS[@]}"; do
   i=$((i+1))
 done
 # Quiet, but a panic or an oops (emergency and alert levels) still reaches the console: a guest
-# kernel that dies otherwise leaves only "exited without a status".
+# kernel that dies otherwise leaves only "exited without a status". softlockup_panic: a CPU
+# stuck in the kernel panics (with its trace) instead of hanging the run until its limit (a CI
+# run's 6.1 VM did, both CPUs stuck for over an hour).
 LOG="quiet loglevel=2"; [ "${LACE_VM_DEBUG:-}" = 1 ] && LOG="loglevel=7"
 
 # q35, not microvm: microvm hangs intermittently in timer calibration under TCG.
@@ -231,7 +233,7 @@ set +e
   qemu-system-x86_64 -M "q35,accel=$ACCEL" -cpu "$CPU" -smp "$CPUS" -m "$MEM" \
   -nodefaults -no-user-config -display none -no-reboot -serial stdio -monitor none \
   -kernel "$KIMAGE" -initrd "$INITRD" \
-  -append "console=ttyS0 $LOG panic=-1 rdinit=/init mitigations=off tsc=reliable" \
+  -append "console=ttyS0 $LOG panic=-1 softlockup_panic=1 rdinit=/init mitigations=off tsc=reliable" \
   "${FS[@]}" "${NET[@]}" </dev/null
 QRC=$?
 set -e
