@@ -12,7 +12,15 @@
 //!   swap) vs `nft -f` of the same text; a one-element change (one Service grant) as the
 //!   element update a reconciler that knows the table makes, vs the full swap one without
 //!   that memory (a restarted one) makes.
+//! - scale (`LACE_BENCH_SCALE=NODESxNETWORKS`, e.g. 5000x50): a node of the plan bench's
+//!   synthetic cluster (IPv4, every Network routed to itself) programmed from nothing: its plan,
+//!   then the first apply by the real reconciler, the kernel's routes and rules and the kernel
+//!   memory they took (`/proc/meminfo`, the FIB's slab caches) after it, and the re-applies;
+//!   the baseline is `ip -batch` adding the plan's encap routes alone into VRFs that exist.
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+
+#[path = "../../tests/common/mod.rs"]
+mod common;
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::process::Command;
@@ -212,6 +220,222 @@ fn bench_routes(n: u32) {
     );
 }
 
+/// What the kernel's memory holds, from `/proc/meminfo` (KiB) and `/proc/slabinfo` (objects).
+struct KernelMemory {
+    meminfo: Vec<(&'static str, u64)>,
+    /// `None`: the cache is merged into another one (slab merging), so not listed by its name.
+    slabs: Vec<(&'static str, Option<u64>)>,
+}
+
+/// The `/proc/meminfo` fields a route costs: slab objects and per-CPU allocations (each seg6
+/// encap state holds a per-CPU dst cache).
+const MEMINFO: [&str; 3] = ["Slab", "SUnreclaim", "Percpu"];
+/// The FIB's own slab caches (IPv4 aliases and trie nodes, IPv6 tree nodes and routes).
+const SLABS: [&str; 4] = ["ip_fib_alias", "ip_fib_trie", "fib6_nodes", "ip6_dst_cache"];
+
+impl KernelMemory {
+    fn read() -> Self {
+        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+        let slabinfo = std::fs::read_to_string("/proc/slabinfo").unwrap();
+        // meminfo: "Name:  value kB"; slabinfo: "name active_objs num_objs objsize ...".
+        let field = |text: &str, name: &str| -> Option<u64> {
+            text.lines()
+                .map(|l| l.split_whitespace().collect::<Vec<_>>())
+                .find(|w| w.first().map(|f| f.trim_end_matches(':')) == Some(name))
+                .and_then(|w| w.get(1)?.parse().ok())
+        };
+        Self {
+            meminfo: MEMINFO
+                .map(|n| {
+                    let v = field(&meminfo, n);
+                    (n, v.unwrap_or_else(|| panic!("no {n} in /proc/meminfo")))
+                })
+                .to_vec(),
+            slabs: SLABS.map(|n| (n, field(&slabinfo, n))).to_vec(),
+        }
+    }
+
+    /// `after - self`, one line.
+    fn growth(&self, after: &Self) -> String {
+        let mem = self
+            .meminfo
+            .iter()
+            .zip(&after.meminfo)
+            .map(|((n, a), (_, b))| format!("{n} +{:.1} MiB", (*b as f64 - *a as f64) / 1024.0));
+        let slabs = self
+            .slabs
+            .iter()
+            .zip(&after.slabs)
+            .map(|((n, a), (_, b))| match (a, b) {
+                (Some(a), Some(b)) => format!("{n} {:+} objects", *b as i64 - *a as i64),
+                _ => format!("{n} merged into another cache"),
+            });
+        mem.chain(slabs).collect::<Vec<_>>().join(", ")
+    }
+}
+
+/// This process's CPU time so far, from `/proc/self/stat`: user, system, and its waited-for
+/// children's (user + system; the `nft` runs), in seconds.
+fn cpu_times() -> [f64; 3] {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    // Fields after the command's closing parenthesis: state is field 3, utime 14 ... cstime 17.
+    let rest: Vec<f64> = stat[stat.rfind(')').unwrap() + 2..]
+        .split_whitespace()
+        .map(|f| f.parse().unwrap_or(0.0))
+        .collect();
+    let tick = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .unwrap()
+        .unwrap() as f64;
+    [
+        rest[11] / tick,
+        rest[12] / tick,
+        (rest[13] + rest[14]) / tick,
+    ]
+}
+
+/// Lines of `ip ARGS` in `ns`.
+fn count_lines(ns: &Netns, args: &str) -> usize {
+    ns.ip(args).unwrap().lines().count()
+}
+
+/// A progress line on stderr (a run at scale takes minutes under TCG).
+fn progress(since: Instant, what: &str) {
+    eprintln!("dataplane bench: {:>7.1} s  {what}", secs(since.elapsed()));
+}
+
+fn bench_scale(nodes: u32, networks: u32) {
+    let t0 = Instant::now();
+    let sc = common::scenario(nodes, networks, 30, false);
+    progress(t0, "cluster built");
+    // Node 1 (index 1): its InternalIP is lone_node(_, 1)'s uplink address. A fresh node has
+    // no pods yet.
+    let me = "node-0001";
+    let ns = node_ns("bench-scale");
+    let before = KernelMemory::read();
+    let t = Instant::now();
+    let desired = plan(me, &sc.state, &[]).unwrap();
+    let planned = t.elapsed();
+    let rec = Reconciler::new(NetnsTarget::Path(ns.path())).unwrap();
+    let (cpu0, t) = (cpu_times(), Instant::now());
+    let first = rec.reconcile(&desired).unwrap();
+    let install = t.elapsed();
+    let cpu: Vec<f64> = cpu_times().iter().zip(cpu0).map(|(b, a)| b - a).collect();
+    let after = KernelMemory::read();
+    progress(t0, "planned and applied");
+    let plan_routes = desired.routes().count();
+    let (routes4, routes6) = (
+        count_lines(&ns, "-4 route show table all"),
+        count_lines(&ns, "-6 route show table all"),
+    );
+    let rules = count_lines(&ns, "-4 rule show") + count_lines(&ns, "-6 rule show");
+    assert!(
+        routes4 + routes6 >= plan_routes,
+        "the kernel holds {routes4} + {routes6} routes for a plan of {plan_routes}"
+    );
+    let reapply = median((0..REPEAT).map(|_| {
+        let t = Instant::now();
+        let again = rec.reconcile(&desired).unwrap();
+        assert_eq!(again.writes, 0, "re-apply wrote {:?}", again.sample);
+        t.elapsed()
+    }));
+    let restart = median((0..REPEAT).map(|_| {
+        let t = Instant::now();
+        let fresh = Reconciler::new(NetnsTarget::Path(ns.path()))
+            .unwrap()
+            .reconcile(&desired)
+            .unwrap();
+        assert_eq!(fresh.writes, 0, "restart wrote {:?}", fresh.sample);
+        t.elapsed()
+    }));
+    progress(t0, "re-applied");
+    drop(rec);
+    drop(ns);
+
+    // Baseline: the plan's encap routes by `ip -batch`, their VRFs created beforehand.
+    let encaps: Vec<String> = desired
+        .routes()
+        .filter_map(|(k, nh)| match nh {
+            Nexthop::Seg6Encap { segs, .. } => Some(format!(
+                "route add {} table {} proto {ROUTE_PROTOCOL} encap seg6 mode encap segs {segs} dev eth0\n",
+                k.dst, k.table
+            )),
+            _ => None,
+        })
+        .collect();
+    let tables: std::collections::BTreeSet<u32> = desired
+        .routes()
+        .filter(|(_, nh)| matches!(nh, Nexthop::Seg6Encap { .. }))
+        .map(|(k, _)| k.table)
+        .collect();
+    let base = node_ns("bench-scale-ip");
+    for (i, t) in tables.iter().enumerate() {
+        base.ip(&format!("link add lv-b{i} type vrf table {t}"))
+            .unwrap();
+    }
+    let path = std::env::temp_dir().join("lace-bench-scale.batch");
+    std::fs::write(&path, encaps.concat()).unwrap();
+    progress(t0, "ip -batch starts");
+    let t = Instant::now();
+    base.ip(&format!("-batch {}", path.display())).unwrap();
+    let ip_batch = t.elapsed();
+    let _ = std::fs::remove_file(&path);
+    drop(base);
+    progress(t0, "ip -batch done");
+
+    let what = format!("{nodes} x {networks}: plan + first apply");
+    row(&what, plan_routes, planned + install, "-", None);
+    row("  of which: plan", plan_routes, planned, "-", None);
+    row(
+        "  of which: first apply (reconciler)",
+        plan_routes,
+        install,
+        "-",
+        None,
+    );
+    row(
+        "  encap routes alone (ip -batch)",
+        encaps.len(),
+        ip_batch,
+        "-",
+        None,
+    );
+    row(
+        "  re-apply unchanged, same reconciler (median)",
+        plan_routes,
+        reapply,
+        "-",
+        None,
+    );
+    row(
+        "  re-apply unchanged, fresh reconciler (median)",
+        plan_routes,
+        restart,
+        "-",
+        None,
+    );
+    println!(
+        "|   first apply: {} writes, {} encap routes; the kernel then held {routes4} IPv4 + {routes6} IPv6 routes and {rules} rules; ip -batch's encap routes alone took {:.2}x the reconciler's whole apply",
+        first.writes,
+        encaps.len(),
+        secs(ip_batch) / secs(install),
+    );
+    println!("|   first apply's phases: {}", first.phases);
+    println!(
+        "|   CPU of the first apply: {:.1} s user (Lace), {:.1} s system (the kernel, for Lace's requests), {:.1} s children (nft)",
+        cpu[0], cpu[1], cpu[2]
+    );
+    println!(
+        "|   kernel memory of the first apply: {}",
+        before.growth(&after)
+    );
+    println!(
+        "|   plan + first apply {:.1} s (target < 10 s); re-apply / install: same reconciler {:.1}% (target < 2%), fresh reconciler {:.1}% (target < 5%)",
+        secs(planned + install),
+        100.0 * secs(reapply) / secs(install),
+        100.0 * secs(restart) / secs(install)
+    );
+}
+
 /// A plan whose nft ruleset carries `pairs` Network-pair and `grants` Service elements.
 fn nft_plan(pairs: u32, grants: u32, extra: bool) -> DesiredNode {
     let base = small_plan();
@@ -383,6 +607,16 @@ fn main() {
     }
     for n in sizes {
         bench_routes(n);
+    }
+    if let Ok(scale) = std::env::var("LACE_BENCH_SCALE") {
+        let (nodes, networks) = scale
+            .split_once('x')
+            .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)))
+            .unwrap_or_else(|| {
+                panic!("LACE_BENCH_SCALE={scale:?}: want NODESxNETWORKS, e.g. 5000x50")
+            });
+        bench_scale(nodes, networks);
+        return;
     }
     bench_nft(1_000, 10_000);
 }

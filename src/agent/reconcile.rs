@@ -414,6 +414,7 @@ async fn reconcile_once(agent: &Arc<super::Agent>, trigger: Trigger, failures: u
                     ops = report.ops,
                     writes = report.writes,
                     full_dump = report.full_dump,
+                    phases = %report.phases,
                     sample = ?report.sample,
                     "dataplane: applied"
                 );

@@ -181,5 +181,7 @@ pub use observed::{
 };
 pub use op::Op;
 pub use pod::{gateway, PodInterface, PodLinkState, GATEWAY_V4, GATEWAY_V6};
-pub use reconciler::{ApplyReport, DataplaneError, Reconciler, ReconcilerOptions, SAMPLE_OPS};
+pub use reconciler::{
+    ApplyReport, DataplaneError, Phases, Reconciler, ReconcilerOptions, SAMPLE_OPS,
+};
 pub use watch::Drift;

@@ -10,6 +10,7 @@ use std::net::IpAddr;
 use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use super::apply::{self, OpFailure};
 use super::diff::{self, DiffError, KnownRuleset};
@@ -25,7 +26,7 @@ use crate::plan::shaping::shaper_name;
 use crate::plan::{self, DesiredNode};
 
 /// What a reconcile did.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default)]
 pub struct ApplyReport {
     /// Operations the diff produced.
     pub ops: usize,
@@ -39,6 +40,36 @@ pub struct ApplyReport {
     /// Whether this reconcile read the kernel with full dumps (the first one, or after the
     /// notification stream could not be trusted) instead of its cached, notified state.
     pub full_dump: bool,
+    /// Where the time went.
+    pub phases: Phases,
+}
+
+/// Where a reconcile's time went, phase by phase.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Phases {
+    /// Reading the kernel: the memory brought up to date by the notifications queued since the
+    /// last reconcile, or full dumps; sysctls, `ip sr tunsrc`, the nft table.
+    pub observe: Duration,
+    /// The pure diff of the plan against what was observed.
+    pub diff: Duration,
+    /// The writes: netlink batches, `nft -f`, sysctls.
+    pub apply: Duration,
+    /// Taking in the writes' own notifications and checking the kernel for drift.
+    pub settle: Duration,
+}
+
+impl fmt::Display for Phases {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        write!(
+            f,
+            "observe {:.1} ms, diff {:.1} ms, apply {:.1} ms, settle {:.1} ms",
+            ms(self.observe),
+            ms(self.diff),
+            ms(self.apply),
+            ms(self.settle)
+        )
+    }
 }
 
 /// How many operations an [`ApplyReport`] names.
@@ -53,6 +84,7 @@ impl ApplyReport {
             sample: ops.iter().take(SAMPLE_OPS).map(|o| o.to_string()).collect(),
             skipped,
             full_dump,
+            phases: Phases::default(),
         }
     }
 }
@@ -412,14 +444,23 @@ fn converge(
         .as_ref()
         .map(|d| d.base.sysctls.keys().cloned().collect())
         .unwrap_or_default();
+    let started = Instant::now();
     let outcome = session
         .with_observed(Some(&keys), move |nl, observed, full_dump| {
+            let observe = started.elapsed();
             let d = diff::diff(desired.as_ref(), observed, known.as_ref())?;
+            let diffed = started.elapsed();
             let nft_tag = diff::nft::tag_after(&d.ops, &observed.nft);
             let report = ApplyReport::of(&d.ops, d.skipped, full_dump);
             let deleted: Vec<watch::Deleted> =
                 d.ops.iter().filter_map(watch::Deleted::by).collect();
             let (writes, failures) = apply::apply(nl, observed, d.ops, apply::Batching::Phases);
+            let phases = Phases {
+                observe,
+                diff: diffed - observe,
+                apply: started.elapsed() - diffed,
+                settle: Duration::ZERO,
+            };
             // After a failure the table may or may not have changed: forget, and let the next
             // observation decide.
             *known = if failures.is_empty() {
@@ -431,18 +472,25 @@ fn converge(
             // What was applied: of pods, only those whose veth was there to be set up (an ADD
             // in flight sets up the others itself).
             let applied = desired.map(|d| watch::Applied::of(d, observed));
-            Ok((ApplyReport { writes, ..report }, deleted, failures, applied))
+            let report = ApplyReport {
+                writes,
+                phases,
+                ..report
+            };
+            Ok((report, deleted, failures, applied))
         })
         .map_err(|source| DataplaneError::Observe {
             target: target.clone(),
             source,
         })?;
-    let (report, deleted, failures, plan) = outcome.map_err(|source| DataplaneError::Diff {
+    let (mut report, deleted, failures, plan) = outcome.map_err(|source| DataplaneError::Diff {
         target: target.clone(),
         source,
     })?;
     let applied = failures.is_empty();
+    let settling = Instant::now();
     session.settle(deleted, applied, applied.then_some(plan));
+    report.phases.settle = settling.elapsed();
     if applied {
         Ok(report)
     } else {

@@ -676,3 +676,127 @@ pub fn golden_cluster_netpol() -> ClusterState {
     );
     s
 }
+
+/// A synthetic cluster at scale, for the benchmarks: its name, state and the planned node's
+/// (`node-0000`'s) pod attachments.
+pub struct Scenario {
+    pub name: String,
+    pub state: ClusterState,
+    pub local: Vec<PodAttachment>,
+}
+
+/// `nodes` nodes and `networks` Networks, each routed to itself, `pods_per_node` pods on every
+/// node spread over the Networks, a few cross-Network pairs, an external Network with egress
+/// and ten Services granted from `net-001` to `net-000`. Over 250 nodes each Network is a
+/// /12 of synthetic space with /26 blocks; otherwise a /16 with /24 blocks.
+pub fn scenario(nodes: u32, networks: u32, pods_per_node: u32, dual_stack: bool) -> Scenario {
+    let mut s = ClusterState::default();
+    let names: Vec<String> = (0..networks).map(|i| format!("net-{i:03}")).collect();
+    for (i, n) in names.iter().enumerate() {
+        // Small: a /16 per Network, /24 blocks. Big: a /12 per Network (synthetic space from
+        // 16.0.0.0), /26 blocks (64 addresses for 30 pods): 16,384 blocks per Network.
+        let (v4, p4) = if nodes > 250 {
+            (format!("{}.{}.0.0/12", 16 + i / 16, (i % 16) * 16), 26)
+        } else {
+            (format!("10.{}.0.0/16", i + 1), 24)
+        };
+        let v6 = format!("fd00:{:x}::/48", i + 1);
+        let mut subnets = vec![(v4.as_str(), p4)];
+        if dual_stack {
+            subnets.push((v6.as_str(), 64));
+        }
+        s.networks.insert(n.clone(), mk_network(&subnets));
+        mk_route(&mut s, &format!("{n}-to-self"), n, n);
+    }
+    // A few cross pairs and an external Network with egress for the first Network.
+    s.networks.insert("internet".into(), mk_external());
+    mk_route(&mut s, "net-000-to-internet", "net-000", "internet");
+    for i in 1..networks.min(5) as usize {
+        mk_route(
+            &mut s,
+            &format!("{}-to-net-000", names[i]),
+            &names[i],
+            &names[0],
+        );
+    }
+    for i in 0..nodes {
+        mk_node(&mut s, &format!("node-{i:04}"), i);
+    }
+    alloc_all(&mut s);
+    // Pods of every node in the state (the planner ignores them, the agent's binding uses them)
+    // and the planned node's attachments.
+    let mut local = Vec::new();
+    for i in 0..nodes {
+        for p in 0..pods_per_node {
+            let net = &names[(p % networks) as usize];
+            let index = s.node_allocations[&format!("node-{i:04}")].index;
+            let block = lace::alloc::node_blocks(index, &s.networks[net].subnets)[0];
+            let ip = match block {
+                ipnet::IpNet::V4(b) => {
+                    std::net::IpAddr::V4((u32::from(b.network()) + 2 + p).into())
+                }
+                ipnet::IpNet::V6(_) => unreachable!("v4 block first"),
+            };
+            let key = ObjectKey::new("bench", format!("pod-{i}-{p}"));
+            s.pods.insert(
+                key.clone(),
+                Pod {
+                    node: format!("node-{i:04}"),
+                    ips: vec![ip],
+                    ..Default::default()
+                },
+            );
+            if i == 0 {
+                local.push(PodAttachment {
+                    pod: key,
+                    container_id: format!("c{p}"),
+                    host_ifname: format!("lp-{p:05}"),
+                    network: net.clone(),
+                    ips: vec![ipnet::IpNet::from(ip)],
+                    host_ports: Vec::new(),
+                    bandwidth: None,
+                });
+            }
+        }
+    }
+    // Ten Services on net-000 granted to net-001, backends spread over nodes.
+    if networks > 1 {
+        for k in 0..10u32 {
+            let backends: Vec<String> = (0..3)
+                .map(|j| {
+                    let node = format!("node-{:04}", (k * 7 + j) % nodes);
+                    let index = s.node_allocations[&node].index;
+                    let b = lace::alloc::node_blocks(index, &s.networks["net-000"].subnets)[0];
+                    match b {
+                        ipnet::IpNet::V4(b) => {
+                            std::net::Ipv4Addr::from(u32::from(b.network()) + 2).to_string()
+                        }
+                        ipnet::IpNet::V6(_) => unreachable!(),
+                    }
+                })
+                .collect();
+            let refs: Vec<&str> = backends.iter().map(String::as_str).collect();
+            let name = format!("svc-{k}");
+            mk_service(
+                &mut s,
+                ("bench", &name),
+                "net-000",
+                &format!("172.31.0.{}", k + 1),
+                ("TCP", 80, 8080),
+                &refs,
+            );
+            mk_service_route(
+                &mut s,
+                &format!("grant-{k}"),
+                "net-001",
+                "net-000",
+                ("bench", &name),
+            );
+        }
+    }
+    Scenario {
+        name: format!("{nodes} nodes x {networks} Networks x {pods_per_node} pods/node"),
+        state: s,
+        local,
+    }
+}
