@@ -40,7 +40,7 @@ pub struct ApplyReport {
     /// Whether this reconcile read the kernel with full dumps (the first one, or after the
     /// notification stream could not be trusted) instead of its cached, notified state.
     pub full_dump: bool,
-    /// Where the time went.
+    /// Where a reconcile's time went (left at zero by a pod's attach).
     pub phases: Phases,
 }
 
