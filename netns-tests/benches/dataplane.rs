@@ -117,6 +117,17 @@ fn median(times: impl IntoIterator<Item = Duration>) -> Duration {
     t[t.len() / 2]
 }
 
+/// How long `ip -batch` takes to run `commands` in `ns`.
+fn ip_batch(ns: &Netns, commands: &str) -> Duration {
+    let path = std::env::temp_dir().join(format!("lace-bench-{}.batch", std::process::id()));
+    std::fs::write(&path, commands).unwrap();
+    let t = Instant::now();
+    ns.ip(&format!("-batch {}", path.display())).unwrap();
+    let took = t.elapsed();
+    let _ = std::fs::remove_file(&path);
+    took
+}
+
 fn bench_routes(n: u32) {
     let plan = with_routes(&small_plan(), n);
     let ns = node_ns(&format!("bench-r{n}"));
@@ -169,12 +180,7 @@ fn bench_routes(n: u32) {
             extra_sid()
         ));
     }
-    let path = std::env::temp_dir().join(format!("lace-bench-{n}.batch"));
-    std::fs::write(&path, batch).unwrap();
-    let t = Instant::now();
-    base.ip(&format!("-batch {}", path.display())).unwrap();
-    let ip_batch = t.elapsed();
-    let _ = std::fs::remove_file(&path);
+    let ip_batch = ip_batch(&base, &batch);
     let count = base
         .ip(&format!(
             "route show table {VRF_TABLE} proto {ROUTE_PROTOCOL}"
@@ -372,13 +378,8 @@ fn bench_scale(nodes: u32, networks: u32) {
         base.ip(&format!("link add lv-b{i} type vrf table {t}"))
             .unwrap();
     }
-    let path = std::env::temp_dir().join("lace-bench-scale.batch");
-    std::fs::write(&path, encaps.concat()).unwrap();
     progress(t0, "ip -batch starts");
-    let t = Instant::now();
-    base.ip(&format!("-batch {}", path.display())).unwrap();
-    let ip_batch = t.elapsed();
-    let _ = std::fs::remove_file(&path);
+    let ip_batch = ip_batch(&base, &encaps.concat());
     drop(base);
     progress(t0, "ip -batch done");
 
