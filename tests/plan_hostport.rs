@@ -28,11 +28,8 @@ fn elements(d: &DesiredNode, set: &str) -> Vec<String> {
 }
 
 fn main_route(d: &DesiredNode, dst: &str) -> Option<Nexthop> {
-    d.route(&RouteKey {
-        table: MAIN_TABLE,
-        dst: dst.parse().unwrap(),
-    })
-    .cloned()
+    d.route(&RouteKey::new(MAIN_TABLE, dst.parse().unwrap()))
+        .cloned()
 }
 
 #[test]

@@ -21,11 +21,8 @@ fn node(name: &str) -> DesiredNode {
 }
 
 fn route(d: &DesiredNode, table: u32, dst: &str) -> Option<Nexthop> {
-    d.route(&RouteKey {
-        table,
-        dst: dst.parse().unwrap(),
-    })
-    .cloned()
+    d.route(&RouteKey::new(table, dst.parse().unwrap()))
+        .cloned()
 }
 
 fn elements(d: &DesiredNode, set: &str) -> Vec<String> {

@@ -170,7 +170,7 @@ proptest! {
                 let f_b = s.network_allocations[b].function;
                 for (node, idx) in &index {
                     for blk in blocks_of(s, node, b) {
-                        let got = d.route(&RouteKey { table: ta, dst: blk });
+                        let got = d.route(&RouteKey::new(ta, blk));
                         let want = if !(allowed || reverse) {
                             None
                         } else if *node != me {
@@ -185,11 +185,11 @@ proptest! {
                             // The outer packet leaves the VRF by the locators' rule: the node's
                             // locator is in the main table, via its underlay address of the
                             // common family, within the rule's prefix, and in no VRF's table.
-                            let main = RouteKey { table: lace::plan::MAIN_TABLE, dst: IpNet::V6(locator(*idx)) };
+                            let main = RouteKey::new(lace::plan::MAIN_TABLE, IpNet::V6(locator(*idx)));
                             let via = path(node).map(|(nh, _)| nh);
                             prop_assert_eq!(d.route(&main), via.as_ref());
                             prop_assert!(locators_rule.is_some_and(|r| r.contains(&locator(*idx))), "{:?}", locators_rule);
-                            prop_assert_eq!(d.route(&RouteKey { table: ta, dst: IpNet::V6(locator(*idx)) }), None);
+                            prop_assert_eq!(d.route(&RouteKey::new(ta, IpNet::V6(locator(*idx)))), None);
                         }
                     }
                 }
@@ -225,7 +225,7 @@ proptest! {
         let me = s.node_allocations["n0"].underlay;
         let mut expected_ll = false;
         for (node, a) in s.node_allocations.iter().filter(|(n, _)| *n != "n0") {
-            let loc = RouteKey { table: lace::plan::MAIN_TABLE, dst: IpNet::V6(a.locator) };
+            let loc = RouteKey::new(lace::plan::MAIN_TABLE, IpNet::V6(a.locator));
             let got = (d.base.peers.get(node.as_str()), d.route(&loc));
             let works = ipv6 && facts.on_link.contains(node) && facts.answering.contains(node);
             match (me.ipv6.and(a.underlay.ipv6), me.ipv4.and(a.underlay.ipv4)) {
@@ -263,7 +263,7 @@ proptest! {
         let me = s.node_allocations["n0"].underlay;
         let mut over_v4 = false;
         for (node, a) in s.node_allocations.iter().filter(|(n, _)| *n != "n0") {
-            let loc = RouteKey { table: lace::plan::MAIN_TABLE, dst: IpNet::V6(a.locator) };
+            let loc = RouteKey::new(lace::plan::MAIN_TABLE, IpNet::V6(a.locator));
             let got = (d.base.peers.get(node.as_str()), d.route(&loc));
             match (me.ipv6.and(a.underlay.ipv6), me.ipv4.and(a.underlay.ipv4)) {
                 (Some(v6), _) => prop_assert_eq!(got, (Some(&PeerPath::Ipv6(v6)), Some(&Nexthop::Underlay { via: v6 }))),

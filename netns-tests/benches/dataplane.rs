@@ -64,10 +64,7 @@ fn with_routes(base: &DesiredNode, n: u32) -> DesiredNode {
     let mut b = (*base.base).clone();
     let extra = (0..n).map(|i| {
         (
-            RouteKey {
-                table: VRF_TABLE,
-                dst: IpNet::V4(Ipv4Net::from(extra_dst(i))),
-            },
+            RouteKey::new(VRF_TABLE, IpNet::V4(Ipv4Net::from(extra_dst(i)))),
             Nexthop::Seg6Encap {
                 segs: extra_sid(),
                 underlay: Underpath::Ipv6,

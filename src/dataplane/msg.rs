@@ -203,9 +203,10 @@ pub fn permanent_neighbour(index: u32, ip: IpAddr, mac: &[u8]) -> NeighbourMessa
     m
 }
 
-/// A route of Lace's: protocol [`ROUTE_PROTOCOL`], the key's table, and (when adding) the
-/// next hop, devices resolved by `idx` (`None`: no such link); e.g. `ip route replace <dst> table <table> dev <dev>
-/// proto 76`. Deletions carry the protocol, so the kernel never removes a foreign route.
+/// A route of Lace's: protocol [`ROUTE_PROTOCOL`], the key's table and metric, and (when
+/// adding) the next hop, devices resolved by `idx` (`None`: no such link); e.g. `ip route
+/// replace <dst> table <table> dev <dev> proto 76 metric <metric>`. Deletions carry the
+/// protocol, so the kernel never removes a foreign route.
 pub fn route(
     key: &RouteKey,
     nh: Option<&KernelNexthop>,
@@ -225,6 +226,8 @@ pub fn route(
     h.kind = RouteType::Unicast;
     let a = &mut m.attributes;
     a.push(RouteAttribute::Table(key.table));
+    // Also on deletes, to name the one route (IPv4's metric 0 matches any: the lowest first).
+    a.push(RouteAttribute::Priority(key.metric));
     if key.dst.prefix_len() > 0 {
         a.push(RouteAttribute::Destination(RouteAddress::from(
             key.dst.network(),
@@ -290,8 +293,8 @@ pub fn route(
     Ok(m)
 }
 
-/// `ip route del <dst> table <table> proto 76` (`unreachable` when `nh` is): any scope, so
-/// link-scope device routes match too.
+/// `ip route del <dst> table <table> proto 76 metric <metric>` (`unreachable` when `nh` is):
+/// any scope, so link-scope device routes match too.
 pub fn route_delete(key: &RouteKey, nh: &KernelNexthop) -> RouteMessage {
     // Without a next hop the builder never fails.
     let mut m = route(key, None, &|_| Some(0)).unwrap_or_default();

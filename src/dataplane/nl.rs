@@ -27,6 +27,10 @@ use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 /// Bytes of requests sent per `send`: the ACKs of one chunk (36 bytes each with capped ACKs)
 /// must fit the socket's receive buffer, which the kernel caps at `rmem_max`.
 const CHUNK_BYTES: usize = 32 * 1024;
+/// How often requests the kernel refused with `ENOMEM` are sent again ([`Nl::batch`]), and
+/// the pause before the first time (doubling: 630 ms in all).
+const ENOMEM_RESENDS: usize = 6;
+const ENOMEM_PAUSE: std::time::Duration = std::time::Duration::from_millis(10);
 /// How often a dump the kernel marked inconsistent (`NLM_F_DUMP_INTR`) is retried.
 const DUMP_ATTEMPTS: usize = 5;
 /// Receive buffer size asked for (the kernel caps it at `net.core.rmem_max`).
@@ -298,7 +302,11 @@ impl<T: Transport> Nl<T> {
 
     /// Sends `requests` (message and `NLM_F_*` flags besides REQUEST|ACK) in chunks and returns
     /// the kernel's answer to each, in order. The kernel handles every message even when an
-    /// earlier one failed; the caller decides what a failure means.
+    /// earlier one failed; the caller decides what a failure means. Requests refused with
+    /// `ENOMEM` are sent again after a pause, up to [`ENOMEM_RESENDS`] times: seg6 routes take
+    /// their per-CPU cache from the kernel's atomic per-CPU pool, which a fast writer empties
+    /// faster than the kernel's worker refills it (measured: 184 adds in a row refused, the next
+    /// ones taken).
     pub fn batch(
         &mut self,
         requests: Vec<(RouteNetlinkMessage, u16)>,
@@ -307,40 +315,50 @@ impl<T: Transport> Nl<T> {
         let mut acks: Vec<Option<Ack>> = vec![None; total];
         let mut iter = requests.into_iter().enumerate().peekable();
         let mut buf = Vec::with_capacity(CHUNK_BYTES + 4096);
+        // Each request of the chunk: its index and where its bytes are in `buf`.
+        let mut spans: Vec<(usize, std::ops::Range<usize>)> = Vec::new();
         while iter.peek().is_some() {
             buf.clear();
+            spans.clear();
             // seq of the first message of the chunk; seqs within a chunk are consecutive.
-            let mut first: Option<(u32, usize)> = None;
-            let mut count = 0usize;
+            let mut seq0 = None;
             while buf.len() < CHUNK_BYTES {
                 let Some((i, (msg, flags))) = iter.next() else {
                     break;
                 };
+                let start = buf.len();
                 let seq = self.encode(msg, NLM_F_REQUEST | NLM_F_ACK | flags, &mut buf);
-                first.get_or_insert((seq, i));
-                count += 1;
+                seq0.get_or_insert(seq);
+                spans.push((i, start..buf.len()));
             }
-            let Some((seq0, i0)) = first else { break };
-            self.sock.send(&buf).map_err(NlError::Send)?;
-            let mut pending = count;
-            while pending > 0 {
-                for msg in self.recv_messages()? {
-                    let NetlinkPayload::Error(e) = msg.payload else {
-                        continue;
-                    };
-                    let off = msg.header.sequence_number.wrapping_sub(seq0) as usize;
-                    if off >= count {
-                        continue;
-                    }
-                    let slot = &mut acks[i0 + off];
-                    if slot.is_none() {
-                        pending -= 1;
-                    }
-                    *slot = Some(match e.code {
-                        None => Ok(()),
-                        Some(code) => Err(-code.get()),
-                    });
+            let Some(seq0) = seq0 else { break };
+            let slots: Vec<usize> = spans.iter().map(|(i, _)| *i).collect();
+            self.exchange(&buf, seq0, &slots, &mut acks)?;
+            let mut pause = ENOMEM_PAUSE;
+            for _ in 0..ENOMEM_RESENDS {
+                let refused = |i: &usize| acks[*i] == Some(Err(libc::ENOMEM));
+                if !slots.iter().any(refused) {
+                    break;
                 }
+                std::thread::sleep(pause);
+                pause *= 2;
+                let mut again = Vec::new();
+                let mut again_slots = Vec::new();
+                let seq0 = self.seq.wrapping_add(1);
+                for (i, bytes) in spans.iter().filter(|(i, _)| refused(i)) {
+                    let at = again.len();
+                    again.extend_from_slice(&buf[bytes.clone()]);
+                    // A fresh sequence number: the kernel's answer to the first send is read.
+                    let seq = self.next_seq();
+                    again[at + 8..at + 12].copy_from_slice(&seq.to_ne_bytes());
+                    again_slots.push(*i);
+                }
+                tracing::debug!(
+                    requests = again_slots.len(),
+                    pause_ms = pause.as_millis() / 2,
+                    "netlink: the kernel was out of memory (ENOMEM), resending"
+                );
+                self.exchange(&again, seq0, &again_slots, &mut acks)?;
             }
             // The chunk's notifications are queued by now (the kernel sends them before the
             // ACK): take them off the socket before the next chunk adds as many again.
@@ -349,6 +367,35 @@ impl<T: Transport> Nl<T> {
             }
         }
         Ok(acks.into_iter().map(|a| a.unwrap_or(Ok(()))).collect())
+    }
+
+    /// Sends `buf`, requests with consecutive sequence numbers from `seq0`, and records the
+    /// kernel's answer to the `k`th in `acks[slots[k]]`.
+    fn exchange(
+        &mut self,
+        buf: &[u8],
+        seq0: u32,
+        slots: &[usize],
+        acks: &mut [Option<Ack>],
+    ) -> Result<(), NlError> {
+        self.sock.send(buf).map_err(NlError::Send)?;
+        let mut pending: std::collections::BTreeSet<usize> = (0..slots.len()).collect();
+        while !pending.is_empty() {
+            for msg in self.recv_messages()? {
+                let NetlinkPayload::Error(e) = msg.payload else {
+                    continue;
+                };
+                let off = msg.header.sequence_number.wrapping_sub(seq0) as usize;
+                if !pending.remove(&off) {
+                    continue; // another exchange's, or a second answer
+                }
+                acks[slots[off]] = Some(match e.code {
+                    None => Ok(()),
+                    Some(code) => Err(-code.get()),
+                });
+            }
+        }
+        Ok(())
     }
 }
 
@@ -549,8 +596,14 @@ mod tests {
         }
 
         fn recv(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-            let d = self
-                .queue
+            Self::pop(&mut self.queue, buf)
+        }
+    }
+
+    impl Scripted {
+        /// The next queued datagram into `buf`.
+        fn pop(queue: &mut VecDeque<Vec<u8>>, buf: &mut [u8]) -> io::Result<usize> {
+            let d = queue
                 .pop_front()
                 .ok_or_else(|| io::Error::from(io::ErrorKind::WouldBlock))?;
             buf[..d.len()].copy_from_slice(&d);
@@ -631,6 +684,67 @@ mod tests {
             format!("dump of links was interrupted by concurrent changes {DUMP_ATTEMPTS} times in a row")
         );
         assert_eq!(requests, DUMP_ATTEMPTS, "no request past the last attempt");
+    }
+
+    /// A kernel that ACKs every request of a datagram at once, refusing the link named `n`
+    /// with `ENOMEM` the first `refuse[n]` times it sees it. Records the names of each send.
+    #[derive(Default)]
+    struct Acking {
+        refuse: std::collections::HashMap<&'static str, usize>,
+        sends: Vec<Vec<String>>,
+        queue: VecDeque<Vec<u8>>,
+    }
+
+    impl Transport for Acking {
+        fn send(&mut self, buf: &[u8]) -> io::Result<()> {
+            let mut names_sent = Vec::new();
+            let mut answer = Vec::new();
+            for m in decode(buf).unwrap() {
+                let NetlinkPayload::InnerMessage(inner) = m.payload else {
+                    panic!("not a request: {m:?}");
+                };
+                let name = names(&[inner])[0].clone();
+                let mut e = netlink_packet_core::ErrorMessage::default();
+                if let Some(n) = self.refuse.get_mut(name.as_str()).filter(|n| **n > 0) {
+                    *n -= 1;
+                    e.code = std::num::NonZeroI32::new(-libc::ENOMEM);
+                }
+                answer.extend(emit(m.header.sequence_number, 0, NetlinkPayload::Error(e)));
+                names_sent.push(name);
+            }
+            self.sends.push(names_sent);
+            self.queue.push_back(answer);
+            Ok(())
+        }
+
+        fn recv(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            Scripted::pop(&mut self.queue, buf)
+        }
+    }
+
+    fn batch_links(refuse: &[(&'static str, usize)]) -> (Vec<Ack>, Vec<Vec<String>>) {
+        let mut nl = Nl::with_transport(Acking {
+            refuse: refuse.iter().copied().collect(),
+            ..Default::default()
+        });
+        let requests = ["a", "b", "c", "d"].map(|n| (link(n), 0)).to_vec();
+        let acks = nl.batch(requests).unwrap();
+        (acks, nl.sock.sends)
+    }
+
+    #[test]
+    fn a_batch_resends_what_the_kernel_refused_for_lack_of_memory_and_only_that() {
+        let (acks, sends) = batch_links(&[("b", 2), ("d", 1)]);
+        assert_eq!(acks, [Ok(()), Ok(()), Ok(()), Ok(())]);
+        assert_eq!(sends, [vec!["a", "b", "c", "d"], vec!["b", "d"], vec!["b"]]);
+    }
+
+    #[test]
+    fn a_request_refused_past_the_last_resend_reports_enomem_and_other_errors_are_not_resent() {
+        let (acks, sends) = batch_links(&[("c", ENOMEM_RESENDS + 1)]);
+        assert_eq!(acks, [Ok(()), Ok(()), Err(libc::ENOMEM), Ok(())]);
+        assert_eq!(sends.len(), 1 + ENOMEM_RESENDS);
+        assert!(sends[1..].iter().all(|s| s == &["c"]), "{sends:?}");
     }
 
     #[test]

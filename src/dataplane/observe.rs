@@ -439,7 +439,11 @@ pub fn classify_route(r: &RouteMessage, names: &BTreeMap<u32, String>) -> Route 
             );
         }
         if lace_table(table) {
-            return Route::Foreign(RouteKey { table, dst });
+            return Route::Foreign(RouteKey {
+                table,
+                dst,
+                metric: priority,
+            });
         }
         return Route::Other;
     }
@@ -458,7 +462,8 @@ pub fn classify_route(r: &RouteMessage, names: &BTreeMap<u32, String>) -> Route 
             KernelNexthop::Unknown(format!("type {kind:?} encap {e:?} gateway {g:?} dev {d:?}"))
         }
     };
-    Route::Lace(RouteKey { table, dst }, nh)
+    let metric = priority;
+    Route::Lace(RouteKey { table, dst, metric }, nh)
 }
 
 fn parse_encap(e: &[RouteLwTunnelEncap], dev: String) -> KernelNexthop {

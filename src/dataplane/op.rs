@@ -300,17 +300,19 @@ impl fmt::Display for Op {
             Op::AddRule(r) => write!(f, "rule add {r}"),
             Op::PutRoute { key, nh } => write!(
                 f,
-                "{}route replace {} table {} {nh}",
+                "{}route replace {} table {}{} {nh}",
                 fam(&key.dst),
                 key.dst,
-                key.table
+                key.table,
+                key.metric_suffix()
             ),
             Op::DelRoute { key, nh } => write!(
                 f,
-                "{}route del {} table {} ({nh})",
+                "{}route del {} table {}{} ({nh})",
                 fam(&key.dst),
                 key.dst,
-                key.table
+                key.table,
+                key.metric_suffix()
             ),
             Op::DelRule(r) => match &r.rule {
                 Some(rule) => write!(f, "rule del {rule}"),

@@ -91,10 +91,7 @@ impl From<NlError> for PodFailure {
 /// The pod's routes: `169.254.1.1/32 dev <if> scope link` and `default via 169.254.1.1 dev
 /// <if>` for IPv4, `default via fe80::1 dev <if>` for IPv6, in the main table.
 pub fn routes(ifname: &str, ips: &[IpNet]) -> Vec<(RouteKey, KernelNexthop)> {
-    let main = |dst: IpNet| RouteKey {
-        table: MAIN_TABLE,
-        dst,
-    };
+    let main = |dst: IpNet| RouteKey::new(MAIN_TABLE, dst);
     let mut out = Vec::new();
     if ips.iter().any(|ip| ip.addr().is_ipv4()) {
         out.push((

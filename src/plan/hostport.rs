@@ -189,10 +189,7 @@ impl Mapped {
             }
             if mapped {
                 self.routes.insert(
-                    RouteKey {
-                        table: MAIN_TABLE,
-                        dst: host_net(ip),
-                    },
+                    RouteKey::new(MAIN_TABLE, host_net(ip)),
                     Nexthop::Dev(vrf.to_string()),
                 );
             }

@@ -21,7 +21,7 @@ pub(super) const PREC_INGRESS: u8 = 3; // remote NodePort backends through the i
 
 impl RouteBuilder {
     pub(super) fn add(&mut self, table: u32, dst: IpNet, prec: u8, nh: Nexthop) {
-        self.routes.push((RouteKey { table, dst }, prec, nh));
+        self.routes.push((RouteKey::new(table, dst), prec, nh));
     }
 
     pub(super) fn finish(mut self) -> RouteTable {

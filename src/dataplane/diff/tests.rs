@@ -50,10 +50,7 @@ fn from_scratch_everything_is_added_in_a_safe_order() {
     // Every planned route, with symbolic next hops resolved.
     let puts = puts(ops);
     assert_eq!(puts.len(), d.routes().count());
-    let egress = RouteKey {
-        table: d.base.vrfs["lv-a"].table,
-        dst: "0.0.0.0/0".parse().unwrap(),
-    };
+    let egress = RouteKey::new(d.base.vrfs["lv-a"].table, "0.0.0.0/0".parse().unwrap());
     assert_eq!(
         puts[&egress],
         KernelNexthop::Via {
@@ -192,6 +189,51 @@ fn a_changed_route_is_replaced_and_a_stray_rule_in_the_band_deleted() {
 }
 
 #[test]
+fn routes_at_an_older_metric_are_put_at_the_planned_one_before_they_go() {
+    // An older Lace wrote IPv4 routes in its VRF tables at metric 0.
+    let d = desired(true);
+    let mut o = bare_host();
+    let ops = diff(Some(&d), &o, None).unwrap().ops;
+    model(&mut o, &ops);
+    let vrf_v4 = |k: &RouteKey| k.dst.addr().is_ipv4() && k.table != crate::plan::MAIN_TABLE;
+    let older: BTreeMap<RouteKey, KernelNexthop> = std::mem::take(&mut o.routes)
+        .into_iter()
+        .map(|(k, nh)| match vrf_v4(&k) {
+            true => (RouteKey { metric: 0, ..k }, nh),
+            false => (k, nh),
+        })
+        .collect();
+    let moved: BTreeSet<RouteKey> = older.keys().filter(|k| vrf_v4(k)).copied().collect();
+    assert!(moved.len() > 5, "{moved:?}");
+    o.routes = older.clone();
+    let ops = diff(Some(&d), &o, None).unwrap().ops;
+    let put: BTreeSet<RouteKey> = puts(&ops).into_keys().collect();
+    let del: BTreeSet<RouteKey> = ops
+        .iter()
+        .filter_map(|o| match o {
+            Op::DelRoute { key, .. } => Some(*key),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(del, moved);
+    let want: BTreeSet<RouteKey> = moved
+        .iter()
+        .map(|k| RouteKey::new(k.table, k.dst))
+        .collect();
+    assert_eq!(put, want);
+    assert!(want.iter().all(|k| k.metric > 0));
+    // Each next hop moves with its route, and no destination is left without one between.
+    for k in &moved {
+        assert_eq!(puts(&ops)[&RouteKey::new(k.table, k.dst)], older[k]);
+    }
+    let last_put = ops.iter().rposition(|o| matches!(o, Op::PutRoute { .. }));
+    let first_del = first(&ops, |o| matches!(o, Op::DelRoute { .. }));
+    assert!(last_put < first_del, "{ops:#?}");
+    model(&mut o, &ops);
+    assert_eq!(diff(Some(&d), &o, None).unwrap(), Diff::default());
+}
+
+#[test]
 fn no_uplink_is_an_error_missing_host_routes_and_pod_links_are_skipped() {
     let d = desired(true);
     let mut o = bare_host();
@@ -253,10 +295,7 @@ fn ipv6_probe_routes_get_fe80_1_on_the_pod_veth_first() {
         bandwidth: None,
     };
     let d = plan("n1", &s, &[pod]).unwrap();
-    let probe6 = RouteKey {
-        table: PROBE_TABLE,
-        dst: "fd00:1:0:1::10/128".parse().unwrap(),
-    };
+    let probe6 = RouteKey::new(PROBE_TABLE, "fd00:1:0:1::10/128".parse().unwrap());
     let gw = IpAddr::V6(crate::plan::POD_GATEWAY_V6);
     let add = Op::AddAddress {
         link: "lp-pa".into(),
@@ -323,10 +362,7 @@ fn ipv6_probe_routes_get_fe80_1_on_the_pod_veth_first() {
 fn probe_routes_keep_their_source_only_where_the_node_holds_it() {
     let mut d = desired(false);
     let src: IpAddr = "192.0.2.1".parse().unwrap();
-    let key = RouteKey {
-        table: crate::plan::PROBE_TABLE,
-        dst: "10.1.1.10/32".parse().unwrap(),
-    };
+    let key = RouteKey::new(crate::plan::PROBE_TABLE, "10.1.1.10/32".parse().unwrap());
     d.pod_routes.insert(
         key,
         Nexthop::DevSrc {

@@ -18,10 +18,10 @@
 //! is settled from the operation itself: after a successful apply, what was deleted is gone.
 //!
 //! ## Limits
-//! Routes are keyed like the dump's ([`RouteKey`]: table and destination), so two kernel
-//! routes of Lace's protocol to the same destination in one table (a hand-added copy with
-//! another metric) are one entry; the host's main-table routes are keyed by destination,
-//! TOS, priority and link, so `ip route append` copies through one link are one entry too.
+//! Routes are keyed like the dump's ([`RouteKey`]: table, destination and metric, not TOS),
+//! so two kernel routes of Lace's protocol differing only in TOS (a hand-added copy) are one
+//! entry; the host's main-table routes are keyed by destination, TOS, priority and link, so
+//! `ip route append` copies through one link are one entry too.
 //! A delete Lace issued that found nothing, racing with someone adding that very route, is
 //! forgotten after the addition's notification: that route is then left alone until the
 //! next full dump.
@@ -152,6 +152,7 @@ impl Cache {
                         self.node.routes.remove(&RouteKey {
                             table: crate::plan::MAIN_TABLE,
                             dst,
+                            metric: priority,
                         });
                     }
                     self.host.insert(id, h);

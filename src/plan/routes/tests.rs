@@ -3,10 +3,7 @@
 use super::*;
 
 fn key(table: u32, dst: &str) -> RouteKey {
-    RouteKey {
-        table,
-        dst: dst.parse().unwrap(),
-    }
+    RouteKey::new(table, dst.parse().unwrap())
 }
 
 fn dev(name: &str) -> Nexthop {

@@ -73,10 +73,10 @@ fn an_ipv4_peer_gets_the_tunnel_up_only_after_its_guard_and_converges() {
         );
         // Over IPv4: the locator via the peer's IPv4-compatible address, encap on lu-ipv4.
         let puts = puts(&ops);
-        let loc = RouteKey {
-            table: crate::plan::MAIN_TABLE,
-            dst: "2001:db8:100::2:0:0/96".parse().unwrap(),
-        };
+        let loc = RouteKey::new(
+            crate::plan::MAIN_TABLE,
+            "2001:db8:100::2:0:0/96".parse().unwrap(),
+        );
         assert_eq!(
             puts[&loc],
             KernelNexthop::Via {
@@ -84,10 +84,7 @@ fn an_ipv4_peer_gets_the_tunnel_up_only_after_its_guard_and_converges() {
                 dev: IPV4_TUNNEL.into()
             }
         );
-        let block = RouteKey {
-            table: d.base.vrfs["lv-a"].table,
-            dst: "10.1.2.0/24".parse().unwrap(),
-        };
+        let block = RouteKey::new(d.base.vrfs["lv-a"].table, "10.1.2.0/24".parse().unwrap());
         assert_eq!(
             puts[&block],
             KernelNexthop::Seg6Encap {
@@ -524,10 +521,10 @@ fn the_link_local_path_holds_the_address_on_the_ipv4_uplink_and_routes_via_the_p
         "{ops:#?}"
     );
     let put = puts(&ops);
-    let loc = RouteKey {
-        table: crate::plan::MAIN_TABLE,
-        dst: "2001:db8:100::2:0:0/96".parse().unwrap(),
-    };
+    let loc = RouteKey::new(
+        crate::plan::MAIN_TABLE,
+        "2001:db8:100::2:0:0/96".parse().unwrap(),
+    );
     assert_eq!(
         put[&loc],
         KernelNexthop::Via {

@@ -71,10 +71,7 @@ fn host_route(gw: [u8; 4], metric: u32) -> RouteMessage {
 }
 
 fn key(table: u32, dst: &str) -> RouteKey {
-    RouteKey {
-        table,
-        dst: dst.parse::<IpNet>().unwrap(),
-    }
+    RouteKey::new(table, dst.parse::<IpNet>().unwrap())
 }
 
 fn v4(s: &str) -> IpAddr {

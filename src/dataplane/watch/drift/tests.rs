@@ -20,10 +20,7 @@ use crate::plan::{RouteKey, MAIN_TABLE};
 
 /// `ip route add <dst> dev <dev> table <table>`: a foreign route (`proto boot`).
 fn foreign_route(o: &ObservedNode, table: u32, dst: &str, dev: &str) -> RouteMessage {
-    let key = RouteKey {
-        table,
-        dst: dst.parse().unwrap(),
-    };
+    let key = RouteKey::new(table, dst.parse().unwrap());
     let mut r =
         crate::dataplane::msg::route(&key, Some(&KernelNexthop::Dev(dev.into())), &index_in(o))
             .unwrap();
