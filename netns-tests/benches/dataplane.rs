@@ -346,6 +346,7 @@ fn bench_scale(nodes: u32, networks: u32) {
         assert_eq!(again.writes, 0, "re-apply wrote {:?}", again.sample);
         t.elapsed()
     }));
+    let mut restart_phases = Vec::new();
     let restart = median((0..REPEAT).map(|_| {
         let t = Instant::now();
         let fresh = Reconciler::new(NetnsTarget::Path(ns.path()))
@@ -353,6 +354,7 @@ fn bench_scale(nodes: u32, networks: u32) {
             .reconcile(&desired)
             .unwrap();
         assert_eq!(fresh.writes, 0, "restart wrote {:?}", fresh.sample);
+        restart_phases.push(fresh.phases.to_string());
         t.elapsed()
     }));
     progress(t0, "re-applied");
@@ -432,6 +434,10 @@ fn bench_scale(nodes: u32, networks: u32) {
         secs(ip_batch) / secs(install),
     );
     println!("|   first apply's phases: {}", first.phases);
+    println!(
+        "|   fresh reconciler's re-applies' phases: {}",
+        restart_phases.join("; ")
+    );
     println!(
         "|   CPU of the first apply: {:.1} s user (Lace), {:.1} s system (the kernel, for Lace's requests), {:.1} s children (nft)",
         cpu[0], cpu[1], cpu[2]

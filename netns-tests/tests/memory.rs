@@ -219,10 +219,10 @@ fn memory_hand_edits_and_silent_flushes_are_put_back_exactly() {
     // looked. The edits are drift all the same, whichever of the two sees them first.
     let edits = format!(
         "route del {} table {}\n\
-         route replace {} table {} proto {ROUTE_PROTOCOL} encap seg6 mode encap segs 2001:db8:100::9:9:0 dev eth0\n\
+         route replace {} table {} metric {} proto {ROUTE_PROTOCOL} encap seg6 mode encap segs 2001:db8:100::9:9:0 dev eth0\n\
          rule del pref 990\n\
          link del lv-b\n",
-        gone.dst, gone.table, changed.dst, changed.table
+        gone.dst, gone.table, changed.dst, changed.table, changed.metric
     );
     n.exec_stdin("ip", &["-batch", "-"], &edits).unwrap();
     let restore = reconcile(&rec, &plan);
@@ -341,8 +341,10 @@ fn memory_overrun_of_the_notification_socket_dumps_again_and_ends_correct() {
     assert_eq!(
         resync.sample,
         [format!(
-            "route replace {} table {} {nh}",
-            gone.dst, gone.table
+            "route replace {} table {}{} {nh}",
+            gone.dst,
+            gone.table,
+            gone.metric_suffix()
         )]
     );
     assert_eq!(lace_state(n), programmed);

@@ -236,11 +236,24 @@ impl<T: Transport> Nl<T> {
         what: &'static str,
         request: RouteNetlinkMessage,
     ) -> Result<Vec<RouteNetlinkMessage>, NlError> {
+        self.dump_fold(what, request, Vec::new, |items, m| items.push(m))
+    }
+
+    /// Dumps `request` like [`Nl::dump`], handing each object to `add` as it is decoded
+    /// instead of keeping them all: a node's 300,000 routes are never all decoded in memory
+    /// at once. A retried dump starts again from `init()`.
+    pub fn dump_fold<A>(
+        &mut self,
+        what: &'static str,
+        request: RouteNetlinkMessage,
+        init: impl Fn() -> A,
+        mut add: impl FnMut(&mut A, RouteNetlinkMessage),
+    ) -> Result<A, NlError> {
         for _ in 0..DUMP_ATTEMPTS {
             let mut buf = Vec::new();
             let seq = self.encode(request.clone(), NLM_F_REQUEST | NLM_F_DUMP, &mut buf);
             self.sock.send(&buf).map_err(NlError::Send)?;
-            let mut items = Vec::new();
+            let mut acc = init();
             let mut interrupted = false;
             'recv: loop {
                 for msg in self.recv_messages()? {
@@ -256,13 +269,14 @@ impl<T: Transport> Nl<T> {
                                 source: e.to_io(),
                             })
                         }
-                        NetlinkPayload::InnerMessage(m) => items.push(m),
+                        // An interrupted dump is read to its end and thrown away.
+                        NetlinkPayload::InnerMessage(m) if !interrupted => add(&mut acc, m),
                         _ => {}
                     }
                 }
             }
             if !interrupted {
-                return Ok(items);
+                return Ok(acc);
             }
         }
         Err(NlError::DumpInterrupted { what })

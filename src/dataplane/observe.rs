@@ -71,26 +71,32 @@ pub fn dump(nl: &mut Nl) -> Result<(ObservedNode, HostRoutes), ObserveError> {
     let links = dump_links(nl)?;
     let addrs = dump_addrs(nl)?;
     let names: BTreeMap<u32, String> = links.iter().map(|(n, l)| (l.index, n.clone())).collect();
-    let mut routes = BTreeMap::new();
-    let mut host = HostRoutes::new();
+    // Collected, then built at once (sorting is cheaper than 300,000 inserts).
+    let mut routes = Vec::new();
+    let mut host = Vec::new();
     for family in [AddressFamily::Inet, AddressFamily::Inet6] {
         let mut req = RouteMessage::default();
         req.header.address_family = family;
-        for m in nl.dump("routes", RouteNetlinkMessage::GetRoute(req))? {
-            let RouteNetlinkMessage::NewRoute(r) = m else {
-                continue;
-            };
-            match classify_route(&r, &names) {
-                Route::Lace(key, nh) => {
-                    routes.insert(key, nh);
+        let (lace, host_routes) = nl.dump_fold(
+            "routes",
+            RouteNetlinkMessage::GetRoute(req),
+            || (Vec::new(), Vec::new()),
+            |(lace, host), m| {
+                let RouteNetlinkMessage::NewRoute(r) = m else {
+                    return;
+                };
+                match classify_route(&r, &names) {
+                    Route::Lace(key, nh) => lace.push((key, nh)),
+                    Route::Host(id, h) => host.push((id, h)),
+                    Route::Foreign(_) | Route::Other => {}
                 }
-                Route::Host(id, h) => {
-                    host.insert(id, h);
-                }
-                Route::Foreign(_) | Route::Other => {}
-            }
-        }
+            },
+        )?;
+        routes.extend(lace);
+        host.extend(host_routes);
     }
+    let routes = BTreeMap::from_iter(routes);
+    let host = HostRoutes::from_iter(host);
     let mut rules = Vec::new();
     for family in [AddressFamily::Inet, AddressFamily::Inet6] {
         let mut req = RuleMessage::default();
