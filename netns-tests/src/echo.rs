@@ -1,6 +1,8 @@
 //! A TCP server that tells each client the address it came from, and its client: a check
 //! that a connection carried data both ways, and of the source address the server saw (after
-//! any NAT on the way). [`UdpEcho`] and [`ask_udp`] do the same with one datagram each way.
+//! any NAT on the way). [`UdpEcho`] and [`ask_udp`] do the same with one datagram each way;
+//! [`PeerEcho::start_sctp`] and [`ask_sctp`] over an SCTP association (a one-to-one socket, which
+//! listens, accepts, reads and writes as a TCP one does).
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
@@ -8,6 +10,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
+
+use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::Netns;
 
@@ -29,6 +33,25 @@ impl PeerEcho {
             .enter(|| TcpListener::bind(bind))
             .unwrap()
             .unwrap_or_else(|e| panic!("bind {bind} in {}: {e}", ns.name()));
+        PeerEcho::serve(listener, bind, patience)
+    }
+
+    /// As [`PeerEcho::start`], over SCTP.
+    pub fn start_sctp(ns: &Netns, bind: SocketAddr, patience: Duration) -> PeerEcho {
+        let listener = ns
+            .enter(|| {
+                let socket = sctp_socket(bind)?;
+                socket.set_reuse_address(true)?;
+                socket.bind(&bind.into())?;
+                socket.listen(64)?;
+                Ok::<_, std::io::Error>(TcpListener::from(socket))
+            })
+            .unwrap()
+            .unwrap_or_else(|e| panic!("bind SCTP {bind} in {}: {e}", ns.name()));
+        PeerEcho::serve(listener, bind, patience)
+    }
+
+    fn serve(listener: TcpListener, bind: SocketAddr, patience: Duration) -> PeerEcho {
         listener.set_nonblocking(true).unwrap();
         let stop = Arc::new(AtomicBool::new(false));
         let stopped = Arc::clone(&stop);
@@ -83,6 +106,31 @@ pub fn ask(ns: &Netns, server: SocketAddr, timeout: Duration) -> Result<IpAddr, 
         .enter(|| TcpStream::connect_timeout(&server, timeout))
         .unwrap()
         .map_err(|e| format!("connect: {e}"))?;
+    converse(client, timeout)
+}
+
+/// As [`ask`], over SCTP (the sctp module loads on the first SCTP socket of the kernel).
+pub fn ask_sctp(ns: &Netns, server: SocketAddr, timeout: Duration) -> Result<IpAddr, String> {
+    let client = ns
+        .enter(|| sctp_socket(server))
+        .unwrap()
+        .map_err(|e| format!("SCTP socket (is the kernel's sctp module there?): {e}"))?;
+    client
+        .connect_timeout(&server.into(), timeout)
+        .map_err(|e| format!("connect: {e}"))?;
+    converse(TcpStream::from(client), timeout)
+}
+
+/// A one-to-one SCTP socket of `addr`'s family.
+fn sctp_socket(addr: SocketAddr) -> std::io::Result<Socket> {
+    Socket::new(
+        Domain::for_address(addr),
+        Type::STREAM,
+        Some(Protocol::from(nix::libc::IPPROTO_SCTP)),
+    )
+}
+
+fn converse(client: TcpStream, timeout: Duration) -> Result<IpAddr, String> {
     client.set_read_timeout(Some(timeout)).unwrap();
     (&client)
         .write_all(REQUEST)

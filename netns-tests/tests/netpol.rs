@@ -5,7 +5,8 @@
 //! decides.
 //!
 //! ```text
-//!  node1: alpha/server 10.1.1.10  (app=server tier=web, port http = TCP 8080)
+//!  node1: alpha/server 10.1.1.10  (app=server tier=web, ports http = TCP 8080,
+//!                                   echo-sctp = SCTP 7000)
 //!         alpha/other  10.1.1.11  (app=other  tier=web, port http = TCP 9090)
 //!         beta/client  10.1.1.12  (app=client)
 //!  node2: beta/remote  10.1.2.10  (app=remote)
@@ -14,11 +15,11 @@
 //! ```
 //!
 //! One phase per policy set, each planned, applied twice (the second apply writes nothing) and
-//! checked with real TCP connections and UDP datagrams in both families, all of a phase at
-//! once: first without any NetworkPolicy (every probe of the later phases connects), then
-//! deny-all ingress, allow from a namespace, a pod label change that makes a pod a peer
-//! (element updates only, every handle of the table kept), a named port, an ipBlock with
-//! `except`, and egress to DNS only; every phase after the first updates the table in place
+//! checked with real TCP connections, SCTP associations and UDP datagrams in both families, all
+//! of a phase at once: first without any NetworkPolicy (every probe of the later phases
+//! connects), then deny-all ingress, allow from a namespace, a pod label change that makes a pod
+//! a peer (element updates only, every handle of the table kept), a named port, a named SCTP
+//! port, an ipBlock with `except`, and egress to DNS only; every phase after the first updates the table in place
 //! (NetworkPolicy's chains and sets written, no new table). A refused probe must also show up in the drop counter of
 //! the NetworkPolicy chain that enforces it (`np_ingress` on the destination's node, `np_egress`
 //! on the source's).
@@ -65,7 +66,7 @@ const PODS: [PodSpec; 5] = [
         node: 1,
         host: 10,
         labels: &[("app", "server"), ("tier", "web")],
-        ports: &[("http", "TCP", 8080)],
+        ports: &[("http", "TCP", 8080), ("echo-sctp", "SCTP", 7000)],
     },
     PodSpec {
         name: "other",
@@ -206,6 +207,14 @@ fn policy(name: &str) -> (ObjectKey, NetworkPolicy) {
                 ports: vec![port("TCP", PortRef::Name("http".into()))],
             }],
         ),
+        // To the server's SCTP port named echo-sctp, from every pod: not TCP or UDP on it.
+        "sctp" => ingress(
+            &[("app", "server")],
+            vec![PolicyRule {
+                peers: vec![anywhere(None)],
+                ports: vec![port("SCTP", PortRef::Name("echo-sctp".into()))],
+            }],
+        ),
         // From the Network's addresses except the first 16 of node 2's block (remote's).
         "cidr" => ingress(
             &[("app", "server")],
@@ -338,6 +347,7 @@ fn apply(recs: &[Reconciler], plans: &[DesiredNode]) -> Vec<ApplyReport> {
 enum Proto {
     Tcp,
     Udp,
+    Sctp,
 }
 
 /// What a probe must meet.
@@ -350,7 +360,7 @@ enum Want {
     RefusedOut,
 }
 
-/// A connection (TCP) or a datagram and its answer (UDP) from pod `from` to pod `to`.
+/// A connection (TCP, SCTP) or a datagram and its answer (UDP) from pod `from` to pod `to`.
 #[derive(Clone, Copy)]
 struct Probe {
     from: &'static str,
@@ -375,6 +385,16 @@ const fn udp(from: &'static str, to: &'static str, port: u16, want: Want) -> Pro
         from,
         to,
         proto: Proto::Udp,
+        port,
+        want,
+    }
+}
+
+const fn sctp(from: &'static str, to: &'static str, port: u16, want: Want) -> Probe {
+    Probe {
+        from,
+        to,
+        proto: Proto::Sctp,
         port,
         want,
     }
@@ -417,6 +437,7 @@ impl Probe {
         let got = match self.proto {
             Proto::Tcp => echo::ask(w.ns(from.name), server, wait),
             Proto::Udp => echo::ask_udp(w.ns(from.name), server, wait),
+            Proto::Sctp => echo::ask_sctp(w.ns(from.name), server, wait),
         };
         let took = start.elapsed().as_secs_f64();
         let what = self.describe(v6);
@@ -464,6 +485,8 @@ fn phases() -> Vec<Phase> {
                 tcp("client", "server", 9090, RefusedIn),
                 tcp("other", "server", 8080, RefusedIn),
                 tcp("remote", "server", 8080, RefusedIn),
+                sctp("client", "server", 7000, RefusedIn),
+                sctp("remote", "server", 7000, RefusedIn),
                 // Replies of the server's own connections pass.
                 tcp("server", "client", 8080, Allowed),
                 tcp("server", "remote", 8080, Allowed),
@@ -509,6 +532,19 @@ fn phases() -> Vec<Phase> {
             ],
         },
         Phase {
+            name: "SCTP port echo-sctp (7000 on server)",
+            policies: &["sctp"],
+            labels: &[],
+            probes: vec![
+                sctp("client", "server", 7000, Allowed),
+                sctp("remote", "server", 7000, Allowed),
+                sctp("client", "server", 7001, RefusedIn),
+                // The port's number with another protocol is not the port.
+                tcp("client", "server", 7000, RefusedIn),
+                udp("remote", "server", 7000, RefusedIn),
+            ],
+        },
+        Phase {
             name: "ipBlock 10.1.0.0/16 except 10.1.2.0/28 (fd00:1::/48 except fd00:1:0:2::/124)",
             policies: &["cidr"],
             labels: &[],
@@ -530,6 +566,7 @@ fn phases() -> Vec<Phase> {
                 tcp("client", "dns", 53, Allowed),
                 udp("client", "dns", 5353, RefusedOut),
                 tcp("client", "dns", 8080, RefusedOut),
+                sctp("client", "dns", 53, RefusedOut),
                 tcp("client", "server", 8080, RefusedOut),
                 tcp("client", "remote", 8080, RefusedOut),
                 // Connections to the client still pass, their replies too; others are free.
@@ -640,7 +677,7 @@ fn baseline(phases: &[Phase]) -> Vec<Probe> {
         .collect()
 }
 
-/// The servers every probe of `probes` needs: TCP and UDP, both families.
+/// The servers every probe of `probes` needs: TCP, SCTP and UDP, both families.
 fn servers(w: &World, probes: &[Probe]) -> (Vec<PeerEcho>, Vec<UdpEcho>) {
     let wanted: BTreeSet<(&str, Proto, u16)> =
         probes.iter().map(|p| (p.to, p.proto, p.port)).collect();
@@ -650,6 +687,7 @@ fn servers(w: &World, probes: &[Probe]) -> (Vec<PeerEcho>, Vec<UdpEcho>) {
             let bind = SocketAddr::new(pod(to).ip(v6), port);
             match proto {
                 Proto::Tcp => tcp.push(PeerEcho::start(w.ns(to), bind, PATIENT)),
+                Proto::Sctp => tcp.push(PeerEcho::start_sctp(w.ns(to), bind, PATIENT)),
                 Proto::Udp => udp.push(UdpEcho::start(w.ns(to), bind)),
             }
         }
@@ -679,7 +717,7 @@ fn element_updates_only(node: &str, report: &ApplyReport) -> Result<usize, Strin
 }
 
 #[test]
-fn network_policies_deny_all_namespace_named_port_ip_block_and_dns_egress() {
+fn network_policies_deny_all_namespace_named_port_sctp_ip_block_and_dns_egress() {
     require_root_and_vrf();
     let start = Instant::now();
     let w = World::build();
