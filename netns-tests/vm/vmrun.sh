@@ -123,6 +123,8 @@ EOF
 hostname vm; echo 1 > /proc/sys/kernel/sysrq; ip link set lo up
 /bin/bash /run/vmctl/cmd </dev/null
 echo $? > /run/vmctl/rc; sync
+# How busy the guest's CPUs were: a run that left them idle could run more at once.
+awk '/^cpu /{ printf "vmrun: the guest CPUs were busy %.0f s and idle %.0f s\n", ($2+$3+$4+$7+$8+$9)/100, ($5+$6)/100 }' /proc/stat
 /run/vmrun/busybox poweroff -f; echo o > /proc/sysrq-trigger; sleep 10
 EOF
   chmod +x "$t/init"

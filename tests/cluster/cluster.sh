@@ -225,6 +225,16 @@ cluster_down() {
     kill "$CLUSTER_VM_PID" 2>/dev/null || true
   fi
   local pid name
+  if [ -s "$CLUSTER_WORK/logs/cpu-vm.txt" ]; then
+    csay "CPU time of the run:"
+    sed 's/^/  /' "$CLUSTER_WORK/logs/cpu-vm.txt"
+    printf '  control plane on the host:'
+    while read -r pid name; do
+      sed -n 's/^.*) [^ ]* \([^ ]* \)\{10\}\([0-9]*\) \([0-9]*\) .*$/\2 \3/p' "/proc/$pid/stat" 2>/dev/null |
+        awk -v n="$name" '{ printf " %s %.0f s", n, ($1 + $2) / 100 }'
+    done < "$CLUSTER_WORK/pids"
+    echo
+  fi
   while read -r pid name; do kill "$pid" 2>/dev/null || true; done < "$CLUSTER_WORK/pids"
   sleep 1
   while read -r pid name; do kill -9 "$pid" 2>/dev/null || true; done < "$CLUSTER_WORK/pids"

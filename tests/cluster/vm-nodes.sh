@@ -60,6 +60,10 @@ say "nodes started: $NODES"
 # to N.out and its exit status to N.rc (written last).
 mkdir -p "$WORK/exec"
 declare -A GONE=()
+# The loop waits on a FIFO nobody writes (read -t, a builtin) instead of forking `sleep`
+# twice a second: under emulation every fork costs the nodes CPU.
+mkfifo /run/vm-nodes.tick
+exec {TICK}<>/run/vm-nodes.tick
 while [ ! -e "$WORK/stop" ]; do
   for p in "${PIDS[@]}"; do
     if [ -z "${GONE[$p]:-}" ] && ! kill -0 "$p" 2>/dev/null; then
@@ -72,8 +76,31 @@ while [ ! -e "$WORK/stop" ]; do
     mv "$c" "$n.run"
     ( bash "$n.run" > "$n.out" 2>&1; echo $? > "$n.rc.tmp"; mv "$n.rc.tmp" "$n.rc" ) &
   done
-  sleep 0.5
+  read -r -t 0.5 -u "$TICK" _ || true
 done
 say "stop requested"
+
+# Where the VM's CPU time went, for the run's output (cluster.sh prints WORK/logs/cpu-vm.txt):
+# under emulation the nodes share two slow CPUs, and a check that waits is waiting for CPU.
+cpu_report() {
+  awk '/^cpu /{ printf "VM since boot: %.0f s busy, %.0f s idle (2 CPUs)\n", ($2+$3+$4+$7+$8+$9)/100, ($5+$6)/100 }' /proc/stat
+  local node cg
+  for node in $NODES; do
+    printf '%s:' "$node"
+    for cg in /sys/fs/cgroup/lace-"$node"/system.slice/*.service /sys/fs/cgroup/lace-"$node"/kubepods; do
+      [ -r "$cg/cpu.stat" ] || continue
+      awk -v n="${cg##*/}" '/^usage_usec/{ printf " %s %.0f s", n, $2/1e6 }' "$cg/cpu.stat"
+    done
+    echo
+  done
+  # Live processes by name, with the children they reaped (a shim's runc calls, containerd's CNI
+  # plugin calls): /proc/PID/stat fields utime stime cutime cstime, after the ")" of the name.
+  echo "live processes by name (own + reaped children's CPU):"
+  for f in /proc/[0-9]*/stat; do cat "$f" 2>/dev/null; echo; done |
+    sed -n 's/^[0-9]* (\(.*\)) \(.*\)$/\1\t\2/p' |
+    awk -F'\t' '{ split($2, a, " "); cpu[$1] += (a[12] + a[13] + a[14] + a[15]) / 100 }
+      END { for (c in cpu) if (cpu[c] >= 1) printf "  %-24s %7.0f s\n", c, cpu[c] }' | sort -k2 -n -r | head -20
+}
+cpu_report > "$WORK/logs/cpu-vm.txt" 2>&1 || true
 kill "${PIDS[@]}" 2>/dev/null || true
 wait || true
