@@ -41,6 +41,7 @@ fn network(i: u8) -> NetworkSpec {
             subnet(format!("fd00:{i:x}::/48"), 64),
         ],
         external: false,
+        host_access: false,
     }
 }
 

@@ -104,6 +104,12 @@ pub struct NetworkSpec {
     /// Pods are never bound to it; Services may be, and traffic to it uses host routing.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub external: bool,
+    /// The nodes' own processes (hostNetwork pods, node daemons) may open connections to this
+    /// Network's pods on every node, as the Kubernetes network model assumes. Off by default:
+    /// a Network is then closed to the host except for the kubelet's probes of local pods.
+    /// NetworkPolicy still applies to connections from other nodes (by their InternalIPs).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub host_access: bool,
 }
 
 /// A Kubernetes-style condition (`metav1.Condition`), kept kube-free.

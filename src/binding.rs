@@ -163,6 +163,7 @@ mod tests {
             "internet".into(),
             NetworkSpec {
                 external: true,
+                host_access: false,
                 ..Default::default()
             },
         );

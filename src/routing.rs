@@ -208,6 +208,7 @@ mod tests {
                 block_prefix: block,
             }],
             external: false,
+            host_access: false,
         }
     }
 
@@ -219,6 +220,7 @@ mod tests {
             "internet".into(),
             NetworkSpec {
                 external: true,
+                host_access: false,
                 ..Default::default()
             },
         );

@@ -374,6 +374,12 @@ fn check_network(name: &str, spec: &NetworkSpec, out: &mut Vec<ValidationError>)
             "an external Network must not have subnets (it stands for everything outside the cluster)",
         );
     }
+    if spec.external && spec.host_access {
+        e.push(
+            "spec.hostAccess",
+            "an external Network has no pods for the nodes to reach: remove hostAccess (or external)",
+        );
+    }
     if !spec.external && spec.subnets.is_empty() {
         e.push(
             "spec.subnets",

@@ -56,6 +56,19 @@ fn golden_plan_node_1() {
     golden("node-1.nft", &desired.render_nft());
 }
 
+/// Network `tenant-a` with `hostAccess`: the `iif lo` rule, the table of host processes'
+/// routes (api-0 and the other nodes' blocks of tenant-a), the other nodes' InternalIPs in
+/// tenant-a's table, and the ruleset's host_access and nodes sets.
+#[test]
+fn golden_plan_host_access() {
+    let mut state = common::golden_cluster();
+    state.networks.get_mut("tenant-a").unwrap().host_access = true;
+    let desired =
+        plan("node-1", &state, &common::golden_attachments()).expect("golden cluster plans");
+    golden("hostaccess-node-1.plan", &desired.render());
+    golden("hostaccess-node-1.nft", &desired.render_nft());
+}
+
 /// node-2 hosts a kube-dns backend: its ruleset has the backend grant, its system table the
 /// reply routes towards default's blocks.
 #[test]

@@ -233,6 +233,7 @@ pub fn desired(model: &Model, prefix: Ipv6Net, now: &str) -> Desired {
                 NetworkSpec {
                     subnets: Vec::new(),
                     external: true,
+                    host_access: false,
                 },
             );
         }

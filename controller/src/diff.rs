@@ -431,6 +431,7 @@ mod tests {
                 block_prefix: block,
             }],
             external: false,
+            host_access: false,
         }
     }
 

@@ -64,6 +64,7 @@ pub fn add_dual_stack_network(s: &mut ClusterState, name: &str, second: u8, func
                 },
             ],
             external: false,
+            host_access: false,
         },
     );
     s.network_allocations
@@ -95,6 +96,7 @@ pub fn ipv4_cluster(node_prefix: &str, nodes: u16, networks: &[TestNetwork]) -> 
                     block_prefix: 24,
                 }],
                 external: false,
+                host_access: false,
             },
         );
         s.network_allocations.insert(

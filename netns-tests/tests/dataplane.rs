@@ -245,6 +245,7 @@ fn cluster(with_tenant: bool, fabric: Fabric) -> ClusterState {
         NetworkSpec {
             subnets: vec![],
             external: true,
+            host_access: false,
         },
     );
     let mut routes = vec![

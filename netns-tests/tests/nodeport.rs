@@ -146,6 +146,7 @@ fn cluster(granted: bool, under: Underpath) -> ClusterState {
         NetworkSpec {
             subnets: vec![],
             external: true,
+            host_access: false,
         },
     );
     for i in NODES {

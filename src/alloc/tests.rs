@@ -29,6 +29,7 @@ fn mk_network(subnets: &[(&str, u8)]) -> NetworkSpec {
             })
             .collect(),
         external: false,
+        host_access: false,
     }
 }
 
@@ -36,6 +37,7 @@ fn external() -> NetworkSpec {
     NetworkSpec {
         subnets: vec![],
         external: true,
+        host_access: false,
     }
 }
 

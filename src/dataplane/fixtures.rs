@@ -55,6 +55,7 @@ pub fn state(with_b: bool) -> ClusterState {
                     block_prefix: 24,
                 }],
                 external: false,
+                host_access: false,
             },
         );
         s.network_allocations
@@ -65,6 +66,7 @@ pub fn state(with_b: bool) -> ClusterState {
         NetworkSpec {
             subnets: vec![],
             external: true,
+            host_access: false,
         },
     );
     for (n, f, t) in [("a-a", "a", "a"), ("a-inet", "a", "internet")] {

@@ -58,7 +58,7 @@
 //! ## Ownership
 //! Lace reads as its own, and only ever changes or deletes:
 //! - routes with protocol [`ROUTE_PROTOCOL`] in Lace's tables
-//!   ([`plan::VRF_TABLE_BASE`]`..=`[`plan::PROBE_TABLE`]) or in the main table (SIDs, locators,
+//!   ([`plan::VRF_TABLE_BASE`]`..=`[`plan::HOST_ACCESS_TABLE`]) or in the main table (SIDs, locators,
 //!   reply routes), deleted with the protocol set so the kernel never matches a foreign route;
 //! - FIB rules with a priority in [`plan::RULE_PRIORITY_PROBE`]`..=`[`plan::RULE_PRIORITY_L3MDEV`];
 //! - links named [`plan::VRF_PREFIX`]`*` (VRFs), [`plan::INGRESS_PREFIX`]`*` (a VRF's ingress
@@ -130,7 +130,7 @@
 //!
 //! [`DesiredNode`]: crate::plan::DesiredNode
 //! [`plan::VRF_TABLE_BASE`]: crate::plan::VRF_TABLE_BASE
-//! [`plan::PROBE_TABLE`]: crate::plan::PROBE_TABLE
+//! [`plan::HOST_ACCESS_TABLE`]: crate::plan::HOST_ACCESS_TABLE
 //! [`plan::RULE_PRIORITY_PROBE`]: crate::plan::RULE_PRIORITY_PROBE
 //! [`plan::RULE_PRIORITY_L3MDEV`]: crate::plan::RULE_PRIORITY_L3MDEV
 //! [`plan::VRF_PREFIX`]: crate::plan::VRF_PREFIX

@@ -308,7 +308,8 @@ pub fn route_delete(key: &RouteKey, nh: &KernelNexthop) -> RouteMessage {
 }
 
 /// A rule of Lace's: `ip rule add pref <p> l3mdev`, `ip rule add pref <p> fwmark <m>/<mask>
-/// lookup <table> proto 76` or `ip -6 rule add pref <p> to <prefix> lookup <table> proto 76`. The l3mdev rule has table 0 (the VRF driver's own form); tables
+/// lookup <table> proto 76`, `ip rule add pref <p> iif lo lookup <table> proto 76` or
+/// `ip -6 rule add pref <p> to <prefix> lookup <table> proto 76`. The l3mdev rule has table 0 (the VRF driver's own form); tables
 /// above 255 go in the `FRA_TABLE` attribute. Rules are Lace's by their priority band; the
 /// protocol only helps a human reading `ip rule`.
 pub fn rule(r: &Rule) -> RuleMessage {
@@ -336,6 +337,14 @@ pub fn rule(r: &Rule) -> RuleMessage {
             m.attributes.push(RuleAttribute::Table(table));
             m.attributes.push(RuleAttribute::FwMark(mark));
             m.attributes.push(RuleAttribute::FwMask(mask));
+        }
+        PlanRuleAction::FromHost { table } => {
+            m.attributes
+                .push(RuleAttribute::Protocol(RouteProtocol::Other(
+                    ROUTE_PROTOCOL,
+                )));
+            m.attributes.push(RuleAttribute::Table(table));
+            m.attributes.push(RuleAttribute::Iifname("lo".into()));
         }
         PlanRuleAction::ToPrefix { dst, table } => {
             m.header.dst_len = dst.prefix_len();

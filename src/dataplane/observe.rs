@@ -31,7 +31,7 @@ use super::tc::{self, Qdisc};
 use super::{fou, host, nft, seg6};
 use crate::plan::shaping::SHAPER_PREFIX;
 use crate::plan::{
-    Family, RouteKey, Rule, RuleAction as PlanRuleAction, MAIN_TABLE, PROBE_TABLE,
+    Family, RouteKey, Rule, RuleAction as PlanRuleAction, HOST_ACCESS_TABLE, MAIN_TABLE,
     RULE_PRIORITY_L3MDEV, RULE_PRIORITY_PROBE, VRF_TABLE_BASE,
 };
 
@@ -52,7 +52,7 @@ pub enum ObserveError {
 
 /// Whether table id `table` is one Lace owns routes in.
 pub fn lace_table(table: u32) -> bool {
-    table == MAIN_TABLE || (VRF_TABLE_BASE..=PROBE_TABLE).contains(&table)
+    table == MAIN_TABLE || (VRF_TABLE_BASE..=HOST_ACCESS_TABLE).contains(&table)
 }
 
 /// Observes everything with full dumps; `sysctls` are the keys to read.
@@ -505,6 +505,7 @@ pub fn classify_rule(r: RuleMessage) -> Option<ObservedRule> {
     let mut mark = None;
     let mut mask = None;
     let mut dst = None;
+    let mut iif_lo = false;
     let mut other = false;
     for a in &r.attributes {
         match a {
@@ -514,6 +515,7 @@ pub fn classify_rule(r: RuleMessage) -> Option<ObservedRule> {
             RuleAttribute::Table(t) => table = *t,
             RuleAttribute::FwMark(m) => mark = Some(*m),
             RuleAttribute::FwMask(m) => mask = Some(*m),
+            RuleAttribute::Iifname(n) if n == "lo" => iif_lo = true,
             // Always reported; u32::MAX (-1) means "no suppression".
             RuleAttribute::SuppressPrefixLen(u32::MAX) | RuleAttribute::Protocol(_) => {}
             _ => other = true,
@@ -542,12 +544,15 @@ pub fn classify_rule(r: RuleMessage) -> Option<ObservedRule> {
     };
     let plain = plain && dst.is_some();
     let dst = dst.flatten();
-    let action = match (plain, l3mdev, mark, mask, dst) {
-        (true, true, None, None, None) => Some(PlanRuleAction::L3mdev),
-        (true, false, Some(mark), Some(mask), None) => {
+    let action = match (plain, l3mdev, mark, mask, dst, iif_lo) {
+        (true, true, None, None, None, false) => Some(PlanRuleAction::L3mdev),
+        (true, false, Some(mark), Some(mask), None, false) => {
             Some(PlanRuleAction::Fwmark { mark, mask, table })
         }
-        (true, false, None, None, Some(dst)) => Some(PlanRuleAction::ToPrefix { dst, table }),
+        (true, false, None, None, Some(dst), false) => {
+            Some(PlanRuleAction::ToPrefix { dst, table })
+        }
+        (true, false, None, None, None, true) => Some(PlanRuleAction::FromHost { table }),
         _ => None,
     };
     Some(ObservedRule {

@@ -11,6 +11,7 @@ use std::net::IpAddr;
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
+use super::host_access;
 use super::ingress::{self, ingress_device, Ingress};
 use super::routes::{locator_route, RouteBuilder, PREC_EGRESS, PREC_FALLBACK, PREC_REACH};
 use super::ruleset::{build_ruleset, Policies};
@@ -81,10 +82,13 @@ pub(super) fn build_base(
     block_routes(&mut rb, state, &peers, &nets, &reach.pairs);
     backend_routes(&mut rb, node, state, &peers, &nets, &grants);
     ingress::routes(&mut rb, node, state, &peers, &nets, &ingress);
+    let host_access = host_access::networks(state, &nets);
+    host_access::routes(&mut rb, node, state, &peers, &nets, &host_access);
 
-    let rules = rules(locator_span(
+    let mut rules = rules(locator_span(
         state.node_allocations.values().map(|a| a.locator),
     ));
+    rules.extend(host_access::rules(&host_access));
     let sysctls = sysctls(&vrfs, ipv4_tunnel.is_some());
     let internal_ips: &[IpAddr] = state
         .nodes
@@ -96,6 +100,7 @@ pub(super) fn build_base(
         egress: &reach.egress,
         grants: &grants,
         ingress: &ingress,
+        host_access: &host_access,
     };
     let mut ruleset = build_ruleset(node, state, me, &nets, &policies);
     if let Some(clamp) = mss_clamp(
@@ -114,6 +119,7 @@ pub(super) fn build_base(
                     table: n.table,
                     vrf: n.vrf.clone(),
                     blocks,
+                    host_access: host_access.contains(n.name),
                 },
             )
         })

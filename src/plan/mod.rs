@@ -8,8 +8,10 @@
 //! types and rendering are in [`nft`]), `netpol` the Kubernetes NetworkPolicy part of it.
 //!
 //! Ownership, so the reconciler touches only what Lace made:
-//! - table ids [`VRF_TABLE_BASE`]`..=`[`PROBE_TABLE`] (one VRF table per Network: base + the
-//!   Network's SID function, so every node uses the same id for the same Network);
+//! - table ids [`VRF_TABLE_BASE`]`..=`[`HOST_ACCESS_TABLE`] (one VRF table per Network: base +
+//!   the Network's SID function, so every node uses the same id for the same Network; then the
+//!   kubelet-probe table and the table of host processes' routes to Networks with
+//!   `hostAccess`, see [`host_access`]);
 //! - rule priorities [`RULE_PRIORITY_PROBE`]`..=`[`RULE_PRIORITY_L3MDEV`];
 //! - interface names starting with [`VRF_PREFIX`] (VRFs), [`INGRESS_PREFIX`] (a VRF's ingress
 //!   device, see [`ingress`]), [`underlay::TUNNEL_PREFIX`] (the SRv6-over-IPv4 device) and
@@ -36,11 +38,13 @@
 //! routes of the local pods when attachments change.
 
 mod base;
+mod host_access;
 mod hostport;
 pub mod ingress;
 mod netpol;
 pub mod nft;
 mod routes;
+pub use host_access::{HOST_ACCESS_TABLE, RULE_PRIORITY_HOST_ACCESS};
 pub use routes::RouteTable;
 mod ruleset;
 pub mod shaping;
@@ -61,7 +65,7 @@ use underlay::{Ipv4Tunnel, PeerPath, UnderlayFacts, IPV4_TUNNEL};
 /// are equal on all nodes and readable (`1000042` is function 42). Far above the ids distros
 /// and other CNIs use (main 254, local 255, default 253, small numbers for policy routing).
 pub const VRF_TABLE_BASE: u32 = 1_000_000;
-/// The kubelet-probe table (routes to every local pod), the last id Lace owns.
+/// The kubelet-probe table (routes to every local pod). [`HOST_ACCESS_TABLE`] follows it.
 pub const PROBE_TABLE: u32 = VRF_TABLE_BASE + 1 + u16::MAX as u32;
 /// The kernel's main table.
 pub const MAIN_TABLE: u32 = 254;
@@ -418,6 +422,8 @@ pub enum RuleAction {
     Fwmark { mark: u32, mask: u32, table: u32 },
     /// `to <dst> lookup <table>` (IPv6).
     ToPrefix { dst: Ipv6Net, table: u32 },
+    /// `iif lo lookup <table>`: packets the node itself sends.
+    FromHost { table: u32 },
 }
 
 /// A routing-policy rule.
@@ -446,6 +452,9 @@ impl fmt::Display for Rule {
             RuleAction::ToPrefix { dst, table } => {
                 write!(f, "{fam} pref {} to {dst} lookup {table}", self.priority)
             }
+            RuleAction::FromHost { table } => {
+                write!(f, "{fam} pref {} iif lo lookup {table}", self.priority)
+            }
         }
     }
 }
@@ -456,6 +465,8 @@ struct PodNetwork {
     table: u32,
     vrf: String,
     blocks: Vec<IpNet>,
+    /// `spec.hostAccess`: its pods' probe routes are copied into [`HOST_ACCESS_TABLE`].
+    host_access: bool,
 }
 
 /// The pod-independent part of a node's plan (shared between incremental plans).
@@ -518,7 +529,8 @@ pub struct DesiredNode {
     /// The pod-independent part.
     pub base: Arc<NodeBase>,
     /// Routes of local pods: `/32` `/128` in their Network's table and in [`PROBE_TABLE`],
-    /// and in the main table for pods with hostPorts.
+    /// in [`HOST_ACCESS_TABLE`] for pods of Networks with `hostAccess`, and in the main table
+    /// for pods with hostPorts.
     pub pod_routes: BTreeMap<RouteKey, Nexthop>,
     /// The base's ruleset with the local pods' hostPort elements, when there are any.
     pub host_port_nft: Option<Arc<nft::Ruleset>>,
@@ -774,6 +786,12 @@ impl Planner {
                     },
                     None => Nexthop::Dev(att.host_ifname.clone()),
                 };
+                if pn.host_access {
+                    pod_routes.insert(
+                        RouteKey::new(HOST_ACCESS_TABLE, host_net(address)),
+                        probe.clone(),
+                    );
+                }
                 pod_routes.insert(RouteKey::new(PROBE_TABLE, host_net(address)), probe);
             }
             host_ports.add(att, &pn.vrf);
@@ -838,6 +856,7 @@ mod tests {
     fn table_ids_stay_in_the_owned_range() {
         assert_eq!(vrf_table(0), VRF_TABLE_BASE);
         assert!(vrf_table(u16::MAX) < PROBE_TABLE);
+        assert_eq!(HOST_ACCESS_TABLE, PROBE_TABLE + 1);
         const { assert!(VRF_TABLE_BASE > MAIN_TABLE) };
     }
 }

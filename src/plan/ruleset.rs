@@ -3,15 +3,17 @@
 //!
 //! The sending node polices in `prerouting` (seg6 encapsulation happens at route input, before
 //! forward), the receiving node in `forward`, host processes in `output` (only kubelet probes
-//! open connections to pods) and pods towards the host's link-local addresses in `input`;
+//! open connections to pods, and any process to Networks with `hostAccess`) and pods towards
+//! the host's link-local addresses in `input`;
 //! `postrouting` masquerades what leaves to external Networks. The SRv6 guard and the
 //! untracked underlay chains come from [`super::underlay`]; the NetworkPolicy chains, which
 //! `from_pods` and `to_pods` run before their own verdicts, from [`super::netpol`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use ipnet::IpNet;
 
+use super::host_access;
 use super::hostport;
 use super::ingress::{self, Ingress};
 use super::netpol;
@@ -35,6 +37,8 @@ pub(super) struct Policies<'a> {
     pub egress: &'a BTreeMap<&'a str, Vec<&'a str>>,
     pub grants: &'a [ServiceGrant<'a>],
     pub ingress: &'a Ingress<'a, 'a>,
+    /// The Networks with `hostAccess` ([`host_access`]).
+    pub host_access: &'a BTreeSet<&'a str>,
 }
 
 /// The ruleset of node `node` (allocation `me`): the sets hold what the Networks, pairs,
@@ -51,6 +55,7 @@ pub(super) fn build_ruleset(
         egress,
         grants,
         ingress,
+        host_access,
     } = *policies;
     let [underlays, underlays_v4] = underlay::node_sets(state);
     let sids = local_sids(node, me);
@@ -63,6 +68,7 @@ pub(super) fn build_ruleset(
         ingress::sets(node, state, me, nets, ingress);
 
     let [hairpin4, hairpin6] = ingress::hairpin_maps(node, state, me, nets);
+    let [[ha4, ha6], [n4, n6]] = host_access::sets(state, nets, host_access);
     let network_policies = netpol::build(node, state);
 
     let [raw_prerouting, raw_output, sid_guard] = underlay::untracked();
@@ -103,6 +109,10 @@ pub(super) fn build_ruleset(
                 ib6,
                 hairpin4,
                 hairpin6,
+                ha4,
+                ha6,
+                n4,
+                n6,
             ],
             hostport::sets(node, state),
             np_sets,
@@ -451,6 +461,7 @@ fn policy_chains(network_policies: bool) -> [Chain; 3] {
             "ServiceRoutingPolicy grants: backends on this node (DNAT happened on the client's node)",
         );
         ingress::accept_from_ingress(c);
+        host_access::accept_from_nodes(c);
     }
     ingress::accept_nodeports(&mut to_pods);
     hostport::accept(&mut to_pods);
@@ -490,7 +501,8 @@ fn policy_chains(network_policies: bool) -> [Chain; 3] {
     [from_pods, to_pods, forward]
 }
 
-/// `output` and `from_host`: only the kubelet's probes open connections from the host to pods.
+/// `output` and `from_host`: only the kubelet's probes open connections from the host to pods,
+/// and host processes to pods of Networks with `hostAccess`.
 fn host_to_pods_chains() -> [Chain; 2] {
     let mark = format!("meta mark & {PROBE_MARK_MASK:#010x} == {PROBE_MARK:#010x}");
     let mut output = Chain {
@@ -532,9 +544,10 @@ fn host_to_pods_chains() -> [Chain; 2] {
     // runs this hook for them.
     ingress::accept_nodeports(&mut from_host);
     hostport::accept(&mut from_host);
+    host_access::accept_from_host(&mut from_host);
     from_host.rule(
         "counter drop",
-        "host processes other than the kubelet do not open connections to pods",
+        "host processes other than the kubelet open no connections to pods of Networks without hostAccess",
     );
     [output, from_host]
 }

@@ -15,6 +15,7 @@ fn mk_network(subnets: &[(&str, u8)]) -> NetworkSpec {
     NetworkSpec {
         subnets: subnets.iter().map(|(c, b)| subnet(c, *b)).collect(),
         external: false,
+        host_access: false,
     }
 }
 
@@ -56,6 +57,7 @@ fn valid_state() -> ClusterState {
         NetworkSpec {
             subnets: vec![],
             external: true,
+            host_access: false,
         },
     );
     s.network_bindings
@@ -141,8 +143,13 @@ fn every_rule_has_a_failing_example_with_its_message() {
         ),
         (
             "external with subnets",
-            |s| { s.networks.insert("n".into(), NetworkSpec { subnets: vec![subnet("10.1.0.0/16", 24)], external: true }); },
+            |s| { s.networks.insert("n".into(), NetworkSpec { subnets: vec![subnet("10.1.0.0/16", 24)], external: true, host_access: false }); },
             vec!["Network/n: spec.subnets: an external Network must not have subnets (it stands for everything outside the cluster)"],
+        ),
+        (
+            "external with hostAccess",
+            |s| { s.networks.insert("n".into(), NetworkSpec { subnets: vec![], external: true, host_access: true }); },
+            vec!["Network/n: spec.hostAccess: an external Network has no pods for the nodes to reach: remove hostAccess (or external)"],
         ),
         (
             "no subnets",
@@ -325,6 +332,7 @@ fn immutable_fields_cannot_change() {
     let ext = NetworkSpec {
         subnets: vec![],
         external: true,
+        host_access: false,
     };
     assert_eq!(
         validate_network_update("n", &old, &ext)

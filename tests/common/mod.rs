@@ -30,6 +30,7 @@ pub fn mk_network(subnets: &[(&str, u8)]) -> NetworkSpec {
             })
             .collect(),
         external: false,
+        host_access: false,
     }
 }
 
@@ -38,6 +39,7 @@ pub fn mk_external() -> NetworkSpec {
     NetworkSpec {
         subnets: vec![],
         external: true,
+        host_access: false,
     }
 }
 

@@ -576,3 +576,33 @@ fn the_locators_rule_reads_back_as_written_and_a_new_span_comes_before_the_old_g
         "{ops:#?}"
     );
 }
+
+#[test]
+fn the_host_access_rule_reads_back_as_written_and_another_iif_is_no_form_of_laces() {
+    use crate::dataplane::{msg, observe::classify_rule};
+    use netlink_packet_route::rule::RuleAttribute;
+    let rule = Rule {
+        priority: crate::plan::RULE_PRIORITY_HOST_ACCESS,
+        family: crate::plan::Family::V6,
+        action: RuleAction::FromHost {
+            table: crate::plan::HOST_ACCESS_TABLE,
+        },
+    };
+    let written = msg::rule(&rule);
+    assert!(written
+        .attributes
+        .iter()
+        .any(|a| matches!(a, RuleAttribute::Iifname(n) if n == "lo")));
+    assert_eq!(
+        classify_rule(written.clone()).and_then(|o| o.rule),
+        Some(rule)
+    );
+    let mut other = written;
+    for a in &mut other.attributes {
+        if let RuleAttribute::Iifname(n) = a {
+            *n = "eth0".into();
+        }
+    }
+    let observed = classify_rule(other).expect("in Lace's band");
+    assert_eq!(observed.rule, None, "deleted as a stray rule in the band");
+}
