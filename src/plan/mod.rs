@@ -666,6 +666,7 @@ impl DesiredNode {
                 let label = match k.table {
                     MAIN_TABLE => "main".to_string(),
                     PROBE_TABLE => "kubelet probes".to_string(),
+                    HOST_ACCESS_TABLE => "host processes, Networks with hostAccess".to_string(),
                     t => format!("vrf {}", table_names.get(&t).copied().unwrap_or("?")),
                 };
                 let _ = writeln!(out, "\n## table {} ({label})", k.table);
