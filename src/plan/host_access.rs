@@ -68,7 +68,7 @@ pub(super) fn rules(host_access: &BTreeSet<&str>) -> Vec<Rule> {
 
 /// Node `node`'s routes for the Networks with `hostAccess`: the other nodes' blocks in
 /// [`HOST_ACCESS_TABLE`], the other nodes' InternalIPs in each such Network's table (the
-/// replies). The local pods' routes come with the pods ([`super::NodePlanner::plan`]).
+/// replies). The local pods' routes come with the pods ([`super::Planner::plan`]).
 pub(super) fn routes(
     rb: &mut RouteBuilder,
     node: &str,
