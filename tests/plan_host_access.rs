@@ -219,3 +219,18 @@ fn network_policy_comes_before_the_nodes_accept() {
     let from_nodes = to_pods.find("@nodes_v4").unwrap();
     assert!(isolation < from_nodes, "{to_pods}");
 }
+
+/// An agent knows only its own Node object; the other nodes' addresses come from their
+/// NodeAllocations (found missing in the real cluster: only the node's own address was let in).
+#[test]
+fn the_other_nodes_addresses_come_from_their_allocations_as_an_agent_sees_them() {
+    let mut s = cluster(true);
+    s.nodes.retain(|name, _| name == "node-1");
+    let d = plan("node-1", &s, &common::golden_attachments()).unwrap();
+    assert_eq!(
+        elements(&d, "nodes_v4"),
+        ["198.51.100.1", "198.51.100.2", "198.51.100.3"]
+    );
+    assert_eq!(route(&d, T_TENANT, "198.51.100.3/32"), Some(encap(3)));
+    assert_eq!(route(&d, T_TENANT, "2001:db8:ff::2/128"), Some(encap(2)));
+}

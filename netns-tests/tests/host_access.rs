@@ -106,11 +106,17 @@ fn node_ip(i: u16, v6: bool) -> IpAddr {
 fn cluster(host_access: bool, deny_server: bool) -> ClusterState {
     let mut s = ipv4_cluster("node", NODES.len() as u16, &[]);
     for i in NODES {
+        // An IPv4 InternalIP too, which the controller records in the NodeAllocation.
         s.nodes
             .get_mut(&node_label(i))
             .unwrap()
             .internal_ips
             .insert(0, underlay4(i).into());
+        s.node_allocations
+            .get_mut(&node_label(i))
+            .unwrap()
+            .underlay
+            .ipv4 = Some(underlay4(i));
     }
     add_dual_stack_network(&mut s, "open", 1, 1);
     add_dual_stack_network(&mut s, "sealed", 2, 2);
@@ -175,7 +181,11 @@ fn plans(s: &ClusterState) -> Vec<DesiredNode> {
                     bandwidth: None,
                 })
                 .collect::<Vec<_>>();
-            plan(&node_label(i), s, &local).unwrap()
+            // As an agent sees the cluster: its own Node object only, the other nodes by
+            // their NodeAllocations.
+            let mut mine = s.clone();
+            mine.nodes.retain(|n, _| *n == node_label(i));
+            plan(&node_label(i), &mine, &local).unwrap()
         })
         .collect()
 }

@@ -28,6 +28,8 @@ PKGS=(
   runc                     # the OCI runtime containerd runs the pod sandboxes with
   buildah                  # tests/cluster/images.sh: the test images (pause, CoreDNS, agnhost), built without a registry
   util-linux               # nsenter (the containerd test looks into a sandbox's namespace)
+  curl                     # tests/cluster/images.sh: curl in the agnhost image, as upstream's has
+  netcat-openbsd           # tests/cluster/images.sh: nc with UDP in the agnhost image, as upstream's has
 )
 
 if [ "$(id -u)" != 0 ]; then

@@ -25,12 +25,14 @@
 //!    drops a new connection to an address outside every Network it may reach.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
 
 use super::nft::{Chain, Set};
 use super::routes::{locator_route, RouteBuilder, PREC_REACH};
 use super::underlay::PeerPath;
 use super::{host_net, Family, Networks, Nexthop, Rule, RuleAction};
 use crate::alloc::node_blocks;
+use crate::api::NodeAllocationSpec;
 use crate::sid::sid;
 use crate::state::ClusterState;
 
@@ -91,11 +93,10 @@ pub(super) fn routes(
                     Nexthop::Seg6Encap { segs, underlay },
                 );
             }
-            let ips = state.nodes.get(other).map(|n| n.internal_ips.as_slice());
-            for ip in ips.unwrap_or_default() {
+            for ip in node_addresses(alloc) {
                 rb.add(
                     info.table,
-                    host_net(*ip),
+                    host_net(ip),
                     PREC_REACH,
                     Nexthop::Seg6Encap { segs, underlay },
                 );
@@ -104,8 +105,18 @@ pub(super) fn routes(
     }
 }
 
+/// A node's InternalIPs as its NodeAllocation records them (the first of each family): what
+/// every agent knows of every node (an agent watches only its own Node object).
+fn node_addresses(alloc: &NodeAllocationSpec) -> impl Iterator<Item = IpAddr> {
+    let u = alloc.underlay;
+    u.ipv4
+        .map(IpAddr::V4)
+        .into_iter()
+        .chain(u.ipv6.map(IpAddr::V6))
+}
+
 /// The ruleset's sets, per family: the subnets of the Networks with `hostAccess`, and every
-/// node's InternalIPs.
+/// node's InternalIPs ([`node_addresses`]).
 pub(super) fn sets(
     state: &ClusterState,
     nets: &Networks<'_>,
@@ -136,8 +147,8 @@ pub(super) fn sets(
         }
     }
     if !host_access.is_empty() {
-        for (name, n) in &state.nodes {
-            for ip in &n.internal_ips {
+        for (name, alloc) in &state.node_allocations {
+            for ip in node_addresses(alloc) {
                 nodes[usize::from(ip.is_ipv6())].add(ip.to_string(), None, &format!("node {name}"));
             }
         }

@@ -8,7 +8,7 @@
 # suites) use them unchanged:
 #   pause    registry.k8s.io/pause:3.10.1           Kubernetes' own pause.c (the sandbox image)
 #   coredns  registry.k8s.io/coredns/coredns:VER    CoreDNS, as the upstream image: binary only
-#   agnhost  registry.k8s.io/e2e-test-images/agnhost:2.66.1   agnhost + a static busybox (sh)
+#   agnhost  registry.k8s.io/e2e-test-images/agnhost:2.66.1   agnhost + a static busybox (sh) + curl, nc
 #
 # usage: tests/cluster/images.sh [NAME...]   prints "NAME REF ARCHIVE" per image (default: all)
 set -euo pipefail
@@ -62,6 +62,23 @@ wanted agnhost || exit 0
 ROOTFS=$(mktemp -d); trap 'rm -rf "$ROOTFS"' EXIT
 mkdir -p "$ROOTFS/bin"; cp /bin/busybox "$ROOTFS/bin/"
 for a in $(/bin/busybox --list); do [ -e "$ROOTFS/bin/$a" ] || ln -s busybox "$ROOTFS/bin/$a"; done
+# And what upstream's agnhost image (Alpine) has and the conformance tests exec there, which
+# busybox lacks: curl (`curl ... http://<pod>:8083/hostName` from a hostNetwork pod) and
+# OpenBSD's netcat (`nc -w 1 -u`: busybox's nc has no UDP). Debian's, as /usr/bin/curl and
+# /usr/bin/nc (and /bin/nc, instead of busybox's), with the shared libraries and loader
+# they link, at their paths.
+TOOLS=(/usr/bin/curl:curl /bin/nc.openbsd:netcat-openbsd)
+mkdir -p "$ROOTFS/usr/bin"
+for t in "${TOOLS[@]}"; do
+  bin=${t%%:*}
+  [ -x "$bin" ] || die "$bin not found (apt-get install ${t#*:})"
+  name=${bin##*/}; name=${name%.openbsd}
+  cp "$bin" "$ROOTFS/usr/bin/$name"
+  for lib in $(ldd "$bin" | grep -o '/[^ ]*'); do
+    mkdir -p "$ROOTFS$(dirname "$lib")"; cp -L "$lib" "$ROOTFS$lib"
+  done
+done
+ln -sf /usr/bin/nc "$ROOTFS/bin/nc"   # whatever the PATH, not busybox's
 cp "$(command -v agnhost)" "$ROOTFS/agnhost"
-image agnhost registry.k8s.io/e2e-test-images/agnhost:2.66.1 "$CACHE/images/agnhost-$K8S-$(key "$(command -v agnhost)" /bin/busybox).oci.tar" \
+image agnhost registry.k8s.io/e2e-test-images/agnhost:2.66.1 "$CACHE/images/agnhost-$K8S-$(key "$(command -v agnhost)" /bin/busybox /usr/bin/curl /bin/nc.openbsd).oci.tar" \
   '["/agnhost"]' "$ROOTFS:/"
