@@ -8,7 +8,7 @@ mod common;
 use std::net::{IpAddr, Ipv6Addr};
 
 use lace::plan::{
-    plan, DesiredNode, Family, Nexthop, RouteKey, Rule, RuleAction, Underpath, HOST_ACCESS_TABLE,
+    plan, DesiredNode, Family, Nexthop, Rule, RuleAction, Underpath, HOST_ACCESS_TABLE,
     POD_GATEWAY_V6, PROBE_TABLE, RULE_PRIORITY_HOST_ACCESS,
 };
 use lace::state::ClusterState;
@@ -30,10 +30,7 @@ fn node1(host_access: bool) -> DesiredNode {
     .unwrap()
 }
 
-fn route(d: &DesiredNode, table: u32, dst: &str) -> Option<Nexthop> {
-    d.route(&RouteKey::new(table, dst.parse().unwrap()))
-        .cloned()
-}
+use common::planned_route as route;
 
 fn routes_in(d: &DesiredNode, table: u32) -> Vec<String> {
     d.base
@@ -46,16 +43,7 @@ fn routes_in(d: &DesiredNode, table: u32) -> Vec<String> {
         .collect()
 }
 
-fn elements(d: &DesiredNode, set: &str) -> Vec<String> {
-    d.base
-        .nft
-        .set(set)
-        .unwrap()
-        .elements
-        .keys()
-        .cloned()
-        .collect()
-}
+use common::set_keys as elements;
 
 /// Node `index`'s SID of `tenant-a` (function 3).
 fn sid_tenant(index: u32) -> Ipv6Addr {

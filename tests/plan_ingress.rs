@@ -11,7 +11,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use lace::plan::ingress::{ingress_address, ingress_device};
 use lace::plan::{
-    plan, DesiredNode, Nexthop, RouteKey, INGRESS_MARK, MAIN_TABLE, RULE_PRIORITY_INGRESS_REPLY,
+    plan, DesiredNode, Nexthop, INGRESS_MARK, MAIN_TABLE, RULE_PRIORITY_INGRESS_REPLY,
 };
 
 const T_DEFAULT: u32 = 1_000_001;
@@ -20,21 +20,9 @@ fn node(name: &str) -> DesiredNode {
     plan(name, &common::golden_cluster(), &[]).unwrap()
 }
 
-fn route(d: &DesiredNode, table: u32, dst: &str) -> Option<Nexthop> {
-    d.route(&RouteKey::new(table, dst.parse().unwrap()))
-        .cloned()
-}
+use common::planned_route as route;
 
-fn elements(d: &DesiredNode, set: &str) -> Vec<String> {
-    d.base
-        .nft
-        .set(set)
-        .unwrap()
-        .elements
-        .keys()
-        .cloned()
-        .collect()
-}
+use common::set_keys as elements;
 
 /// Node `index`'s SID of `default` (function 1) in the golden cluster.
 fn sid_default(index: u32) -> std::net::Ipv6Addr {

@@ -802,3 +802,25 @@ pub fn scenario(nodes: u32, networks: u32, pods_per_node: u32, dual_stack: bool)
         local,
     }
 }
+
+/// The planned route for `dst` in `table`, if any.
+pub fn planned_route(
+    d: &lace::plan::DesiredNode,
+    table: u32,
+    dst: &str,
+) -> Option<lace::plan::Nexthop> {
+    d.route(&lace::plan::RouteKey::new(table, dst.parse().unwrap()))
+        .cloned()
+}
+
+/// The keys of set `set` in the plan's ruleset.
+pub fn set_keys(d: &lace::plan::DesiredNode, set: &str) -> Vec<String> {
+    d.base
+        .nft
+        .set(set)
+        .unwrap_or_else(|| panic!("no set {set}"))
+        .elements
+        .keys()
+        .cloned()
+        .collect()
+}
