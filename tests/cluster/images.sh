@@ -8,7 +8,7 @@
 # suites) use them unchanged:
 #   pause    registry.k8s.io/pause:3.10.1           Kubernetes' own pause.c (the sandbox image)
 #   coredns  registry.k8s.io/coredns/coredns:VER    CoreDNS, as the upstream image: binary only
-#   agnhost  registry.k8s.io/e2e-test-images/agnhost:2.66.1   agnhost + a static busybox (sh) + curl, nc
+#   agnhost  registry.k8s.io/e2e-test-images/agnhost:2.66.1   agnhost + a static busybox + bash (sh), curl, nc
 #
 # usage: tests/cluster/images.sh [NAME...]   prints "NAME REF ARCHIVE" per image (default: all)
 set -euo pipefail
@@ -64,21 +64,22 @@ mkdir -p "$ROOTFS/bin"; cp /bin/busybox "$ROOTFS/bin/"
 for a in $(/bin/busybox --list); do [ -e "$ROOTFS/bin/$a" ] || ln -s busybox "$ROOTFS/bin/$a"; done
 # And what upstream's agnhost image (Alpine) has and the conformance tests exec there, which
 # busybox lacks: curl (`curl ... http://<pod>:8083/hostName` from a hostNetwork pod) and
-# OpenBSD's netcat (`nc -w 1 -u`: busybox's nc has no UDP). Debian's, as /usr/bin/curl and
-# /usr/bin/nc (and /bin/nc, instead of busybox's), with the shared libraries and loader
-# they link, at their paths.
-TOOLS=(/usr/bin/curl:curl /bin/nc.openbsd:netcat-openbsd)
+# OpenBSD's netcat (`nc -w 1 -u`: busybox's nc has no UDP). Debian's, with the shared
+# libraries and loader they link, at their paths. /bin/sh is Debian's bash (POSIX mode), not
+# busybox's: Debian's static busybox is built to prefer its own applets, so its `sh -c 'nc …'`
+# ran busybox's nc whatever the PATH held (Alpine's busybox, upstream's sh, is not).
+TOOLS=(/usr/bin/curl:/usr/bin/curl:curl /bin/nc.openbsd:/usr/bin/nc:netcat-openbsd /bin/bash:/bin/bash:bash)
 mkdir -p "$ROOTFS/usr/bin"
 for t in "${TOOLS[@]}"; do
-  bin=${t%%:*}
-  [ -x "$bin" ] || die "$bin not found (apt-get install ${t#*:})"
-  name=${bin##*/}; name=${name%.openbsd}
-  cp "$bin" "$ROOTFS/usr/bin/$name"
+  IFS=: read -r bin dest pkg <<<"$t"
+  [ -x "$bin" ] || die "$bin not found (apt-get install $pkg)"
+  rm -f "$ROOTFS$dest"; cp "$bin" "$ROOTFS$dest"
   for lib in $(ldd "$bin" | grep -o '/[^ ]*'); do
     mkdir -p "$ROOTFS$(dirname "$lib")"; cp -L "$lib" "$ROOTFS$lib"
   done
 done
-ln -sf /usr/bin/nc "$ROOTFS/bin/nc"   # whatever the PATH, not busybox's
+ln -sf /usr/bin/nc "$ROOTFS/bin/nc"
+ln -sf bash "$ROOTFS/bin/sh"
 cp "$(command -v agnhost)" "$ROOTFS/agnhost"
-image agnhost registry.k8s.io/e2e-test-images/agnhost:2.66.1 "$CACHE/images/agnhost-$K8S-$(key "$(command -v agnhost)" /bin/busybox /usr/bin/curl /bin/nc.openbsd).oci.tar" \
+image agnhost registry.k8s.io/e2e-test-images/agnhost:2.66.1 "$CACHE/images/agnhost-$K8S-$(key "$(command -v agnhost)" /bin/busybox /usr/bin/curl /bin/nc.openbsd /bin/bash).oci.tar" \
   '["/agnhost"]' "$ROOTFS:/"

@@ -12,10 +12,13 @@ Env: LACE_E2E_TEST, the e2e.test binary (default: e2e.test on PATH); without one
 fails and says how to build it. LACE_E2E_FOCUS, a ginkgo focus regex that replaces FOCUS, to run
 other upstream tests by hand in the same Network (e.g. the sig-network conformance tests:
 '\\[sig-network\\].*\\[Conformance\\]'), LACE_E2E_SKIP a skip regex, LACE_E2E_TIMEOUT the
-seconds e2e.test may take (default 2700): the check then passes when at least one test ran and
-none failed."""
+seconds e2e.test may take (default 2700), LACE_E2E_PROCS how many e2e.test processes share the
+focused tests (default 1; each gets every N-th test of a dry run's list): the check then passes
+when at least one test ran and none failed (with LACE_E2E_PROCS, when every listed test ran and
+none failed)."""
 
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -44,6 +47,22 @@ def e2e_binary():
             "no upstream e2e.test binary: build it with `scripts/k8s-components.sh e2e` (Go) and "
             "put its bin directory on PATH, or set LACE_E2E_TEST to it")
     return path
+
+
+def shard(binary, focus, skip, procs):
+    """The tests a by-hand focus (and skip) selects, from a dry run of e2e.test, dealt round-robin
+    into `procs` ginkgo focus regexes, each matching the ends of its tests' full texts (what ginkgo
+    matches holds more before them: a `^` matches nothing)."""
+    out = subprocess.run([binary, "--provider=skeleton", "--ginkgo.dry-run", "--ginkgo.v", "--ginkgo.no-color",
+                          f"--ginkgo.focus={focus}", *skip], capture_output=True, text=True, timeout=300).stdout
+    # Each spec's line: its full text, then its labels in one bracket ("[sig-network, Feature:X]").
+    names = sorted({m.group(1) for m in re.finditer(r"^(\[sig-[^\]]*\] .*?) \[[^\[\]]*\]$", out, re.M)})
+    if not names:
+        raise CheckFailed(f"LACE_E2E_FOCUS {focus!r} selects no upstream test (dry run of {binary})")
+    groups = [names[i::procs] for i in range(min(procs, len(names)))]
+    # Go's regexp refuses Python's escaped spaces and dashes: escape only its metacharacters.
+    escape = lambda n: re.sub(r"([\\.+*?()|\[\]{}^$])", r"\\\1", n)  # noqa: E731
+    return names, ["(?:" + "|".join(escape(n) for n in g) + ")$" for g in groups]
 
 
 def junit_results(report_dir):
@@ -89,8 +108,13 @@ def test_upstream_networkpolicy_e2e(cluster):
         cluster.wait("Network k8s-e2e Ready", ready, timeout=120)
         report = tempfile.mkdtemp(prefix="lace-e2e-netpol-")
         by_hand = bool(os.environ.get("LACE_E2E_FOCUS"))
-        focus = [os.environ["LACE_E2E_FOCUS"]] if by_hand else FOCUS
         skip = [f"--ginkgo.skip={os.environ['LACE_E2E_SKIP']}"] if os.environ.get("LACE_E2E_SKIP") else []
+        procs = int(os.environ.get("LACE_E2E_PROCS") or 1)
+        if by_hand and procs > 1:
+            listed, focus = shard(binary, os.environ["LACE_E2E_FOCUS"], skip, procs)
+            print(f"\n{len(listed)} upstream tests in {len(focus)} processes")
+        else:
+            listed, focus = (None, [os.environ["LACE_E2E_FOCUS"]]) if by_hand else (FOCUS, FOCUS)
         limit = int(os.environ.get("LACE_E2E_TIMEOUT") or 2700)
         # FOCUS's tests each in an e2e.test process of its own, all at once: each creates its
         # own namespaces, and one alone leaves the emulated nodes' CPUs idle while it waits
@@ -124,7 +148,7 @@ def test_upstream_networkpolicy_e2e(cluster):
         for name, outcome, secs in ran:
             print(f"  {outcome} in {secs:.0f}s: {name}")
         failed = [n for n, o, _ in ran if o == "failed"]
-        missing = [f for f in focus if not any(f in n for n, _, _ in ran)] if not by_hand else (
+        missing = [f for f in listed if not any(f in n for n, _, _ in ran)] if listed else (
             [] if ran else focus)
         if failed or missing or any(codes):
             tails = "\n".join(f"--- {out}/e2e.log ends:\n" + "\n".join(
