@@ -10,7 +10,8 @@ use lace::api::{
 };
 use lace::state::{ClusterState, Node};
 
-use crate::{Netns, Result};
+use crate::pods::{add_pod_v6, attach_pod};
+use crate::{Netns, Result, Topology};
 
 /// A namespace for node `i` alone: its uplink is a dummy `eth0` holding [`underlay`]`(i)`, all
 /// the planner needs of a fabric (benches that program a node without traffic).
@@ -20,6 +21,45 @@ pub fn lone_node(label: &str, i: u16) -> Result<Netns> {
     ns.ip("link set eth0 up")?;
     ns.ip(&format!("-6 addr add {}/64 dev eth0 nodad", underlay(i)))?;
     Ok(ns)
+}
+
+/// A pod of [`two_nodes`]: its namespace's label, its node and its addresses.
+#[derive(Clone, Copy, Debug)]
+pub struct PodSeat {
+    pub label: &'static str,
+    pub node: u16,
+    pub v4: Ipv4Addr,
+    pub v6: Ipv6Addr,
+}
+
+impl PodSeat {
+    /// Its host-side interface on its node: `lp-<label>`.
+    pub fn host_if(&self) -> String {
+        format!("lp-{}", self.label)
+    }
+}
+
+/// Namespaces `node1` and `node2`, their `eth0`s linked by a veth pair and holding
+/// [`underlay`]`(i)`, and `pods`, each wired dual-stack to its node as Lace's CNI wires them.
+pub fn two_nodes(pods: &[PodSeat]) -> Result<Topology> {
+    let mut topo = Topology::new();
+    for i in [1, 2] {
+        topo.add(&format!("node{i}"))?;
+    }
+    for p in pods {
+        topo.add(p.label)?;
+    }
+    topo.link(("node1", "eth0"), ("node2", "eth0"))?;
+    for i in [1, 2] {
+        topo.ns(&format!("node{i}"))?
+            .ip(&format!("-6 addr add {}/64 dev eth0 nodad", underlay(i)))?;
+    }
+    for p in pods {
+        let (node, ns) = (topo.ns(&format!("node{}", p.node))?, topo.ns(p.label)?);
+        attach_pod(node, &p.host_if(), ns, p.v4)?;
+        add_pod_v6(node, &p.host_if(), ns, p.v6)?;
+    }
+    Ok(topo)
 }
 
 /// Node `i`'s address on the test fabric: `2001:db8:ff::<i>`.

@@ -18,6 +18,7 @@ pub mod cluster;
 pub mod echo;
 pub mod nft;
 pub mod pods;
+pub mod probe;
 
 use std::collections::BTreeMap;
 use std::fs::File;

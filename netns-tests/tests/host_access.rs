@@ -20,25 +20,22 @@
 //! rule and table go and the hosts are refused again.
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
-use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use lace::api::{LabelSelector, NetworkRoutingPolicySpec};
 use lace::dataplane::{NetnsTarget, Reconciler};
 use lace::plan::{plan, DesiredNode, HOST_ACCESS_TABLE};
 use lace::state::{ClusterState, Namespace, NetworkPolicy, ObjectKey, Pod, PodAttachment};
-use lace_netns_tests::cluster::{add_dual_stack_network, ipv4_cluster, underlay, underlay4};
-use lace_netns_tests::echo::{self, PeerEcho, UdpEcho};
-use lace_netns_tests::nft::counted_drops;
-use lace_netns_tests::pods::{add_pod_v6, attach_pod, POD_GATEWAY_V6};
+use lace_netns_tests::cluster::{
+    add_dual_stack_network, ipv4_cluster, two_nodes, underlay, underlay4, PodSeat,
+};
+use lace_netns_tests::pods::POD_GATEWAY_V6;
+use lace_netns_tests::probe::{run_all, Attempt, Expect, Proto, Servers};
 use lace_netns_tests::{require_root_and_vrf, Netns, Topology};
 
 const NODES: [u16; 2] = [1, 2];
-/// How long a probe that must be refused waits; one that must pass waits [`PATIENT`].
-const TIMEOUT: Duration = Duration::from_secs(2);
-const PATIENT: Duration = Duration::from_secs(10);
 /// The port every pod serves on (TCP, UDP and SCTP) and the hosts listen on.
 const PORT: u16 = 8080;
 
@@ -83,8 +80,16 @@ impl PodSpec {
         }
     }
 
-    fn host_if(&self) -> String {
-        format!("lp-{}", self.name)
+    fn seat(&self) -> PodSeat {
+        let (IpAddr::V4(v4), IpAddr::V6(v6)) = (self.ip(false), self.ip(true)) else {
+            unreachable!()
+        };
+        PodSeat {
+            label: self.name,
+            node: self.node,
+            v4,
+            v6,
+        }
     }
 }
 
@@ -169,7 +174,7 @@ fn plans(s: &ClusterState) -> Vec<DesiredNode> {
                 .map(|p| PodAttachment {
                     pod: ObjectKey::new("apps", p.name),
                     container_id: format!("c-{}", p.name),
-                    host_ifname: p.host_if(),
+                    host_ifname: p.seat().host_if(),
                     network: p.network.into(),
                     ips: [false, true]
                         .map(|v6| match p.ip(v6) {
@@ -188,13 +193,6 @@ fn plans(s: &ClusterState) -> Vec<DesiredNode> {
             plan(&node_label(i), &mine, &local).unwrap()
         })
         .collect()
-}
-
-#[derive(Clone, Copy, Debug)]
-enum Proto {
-    Tcp,
-    Udp,
-    Sctp,
 }
 
 /// Where a probe starts: a node's own namespace (its host) or a pod.
@@ -244,34 +242,26 @@ impl Probe {
         }
     }
 
-    fn run(&self, w: &World, v6: bool) -> Option<String> {
-        let ns = match self.from {
+    /// The probe in one family, for [`run_all`].
+    fn attempt<'a>(&self, w: &'a World, v6: bool) -> Attempt<'a> {
+        let from = match self.from {
             From::Host(i) => w.node(i),
             From::Pod(p) => w.ns(p),
         };
         let server = self.target(v6);
-        let wait = if self.want == Want::Allowed {
-            PATIENT
-        } else {
-            TIMEOUT
-        };
-        let got = match self.proto {
-            Proto::Tcp => echo::ask(ns, server, wait),
-            Proto::Udp => echo::ask_udp(ns, server, wait),
-            Proto::Sctp => echo::ask_sctp(ns, server, wait),
-        };
-        let what = format!("{:?} -> {:?} {:?} {server}", self.from, self.to, self.proto);
-        match (self.want, got) {
-            (Want::Allowed, Ok(seen)) if self.sources(v6).contains(&seen) => None,
-            (Want::Allowed, Ok(seen)) => Some(format!(
-                "{what}: expected allowed from one of {:?}, the server saw {seen}",
-                self.sources(v6)
-            )),
-            (Want::Allowed, Err(e)) => Some(format!("{what}: expected allowed, saw {e}")),
-            (Want::Refused(..), Ok(seen)) => Some(format!(
-                "{what}: expected refused, saw an answer (the server saw {seen})"
-            )),
-            (Want::Refused(..), Err(_)) => None,
+        Attempt {
+            what: format!("{:?} -> {:?} {:?} {server}", self.from, self.to, self.proto),
+            from,
+            proto: self.proto,
+            server,
+            expect: match self.want {
+                Want::Allowed => Expect::Answered(self.sources(v6)),
+                Want::Refused(i, chain) => Expect::Refused {
+                    node: w.node(i),
+                    chain,
+                    by: chain,
+                },
+            },
         }
     }
 }
@@ -287,9 +277,7 @@ fn probe(from: From, to: To, proto: Proto, want: Want) -> Probe {
 
 /// Every protocol of `from -> to`, all meeting `want`.
 fn all_protocols(from: From, to: To, want: Want) -> Vec<Probe> {
-    [Proto::Tcp, Proto::Udp, Proto::Sctp]
-        .map(|p| probe(from, to, p, want))
-        .into()
+    Proto::ALL.map(|p| probe(from, to, p, want)).into()
 }
 
 struct World {
@@ -306,19 +294,11 @@ impl World {
     }
 
     fn build() -> World {
-        let mut topo = Topology::new();
-        for i in NODES {
-            topo.add(&node_label(i)).unwrap();
-        }
-        for p in &PODS {
-            topo.add(p.name).unwrap();
-        }
-        topo.link(("node1", "eth0"), ("node2", "eth0")).unwrap();
-        let w = World { topo };
+        let w = World {
+            topo: two_nodes(&PODS.map(|p| p.seat())).unwrap(),
+        };
         for i in NODES {
             let n = w.node(i);
-            n.ip(&format!("-6 addr add {}/64 dev eth0 nodad", underlay(i)))
-                .unwrap();
             n.ip(&format!("addr add {}/24 dev eth0", underlay4(i)))
                 .unwrap();
             // A default route, as nodes have: what the host sends to a pod it may not reach
@@ -326,38 +306,22 @@ impl World {
             n.ip("route add default dev eth0").unwrap();
             n.ip("-6 route add default dev eth0").unwrap();
         }
-        for p in &PODS {
-            let (node, ns) = (w.node(p.node), w.ns(p.name));
-            let IpAddr::V4(v4) = p.ip(false) else {
-                unreachable!()
-            };
-            let IpAddr::V6(v6) = p.ip(true) else {
-                unreachable!()
-            };
-            attach_pod(node, &p.host_if(), ns, v4).unwrap();
-            add_pod_v6(node, &p.host_if(), ns, v6).unwrap();
-        }
         w
     }
 
     /// Echo servers: every pod and every host on [`PORT`], TCP, UDP and SCTP, both families.
-    fn servers(&self) -> (Vec<PeerEcho>, Vec<UdpEcho>) {
-        let mut binds: Vec<(&Netns, SocketAddr)> = Vec::new();
+    fn servers(&self) -> Servers {
+        let mut servers = Servers::default();
         for v6 in [false, true] {
-            for p in &PODS {
-                binds.push((self.ns(p.name), SocketAddr::new(p.ip(v6), PORT)));
-            }
-            for i in NODES {
-                binds.push((self.node(i), SocketAddr::new(node_ip(i, v6), PORT)));
+            let pods = PODS.iter().map(|p| (self.ns(p.name), p.ip(v6)));
+            let hosts = NODES.iter().map(|&i| (self.node(i), node_ip(i, v6)));
+            for (ns, ip) in pods.chain(hosts) {
+                for proto in Proto::ALL {
+                    servers.start(ns, proto, SocketAddr::new(ip, PORT));
+                }
             }
         }
-        let (mut streams, mut udp) = (Vec::new(), Vec::new());
-        for (ns, bind) in binds {
-            streams.push(PeerEcho::start(ns, bind, PATIENT));
-            streams.push(PeerEcho::start_sctp(ns, bind, PATIENT));
-            udp.push(UdpEcho::start(ns, bind));
-        }
-        (streams, udp)
+        servers
     }
 
     fn diagnose(&self) -> String {
@@ -378,38 +342,13 @@ impl World {
     }
 }
 
-/// Runs every probe in both families at once; what differs from what they must meet,
-/// including an enforcing chain's drop that counted fewer packets than probes it refused.
+/// Runs every probe in both families at once: what differs from what they must meet.
 fn check(w: &World, probes: &[Probe]) -> Vec<String> {
-    let mut expected: BTreeMap<(u16, &str), u64> = BTreeMap::new();
-    for p in probes {
-        if let Want::Refused(i, chain) = p.want {
-            *expected.entry((i, chain)).or_default() += 2;
-        }
-    }
-    let before: BTreeMap<(u16, &str), u64> = expected
-        .keys()
-        .map(|&(i, c)| ((i, c), counted_drops(w.node(i), c)))
+    let attempts: Vec<Attempt> = probes
+        .iter()
+        .flat_map(|p| [false, true].map(|v6| p.attempt(w, v6)))
         .collect();
-    let mut wrong: Vec<String> = std::thread::scope(|s| {
-        let runs: Vec<_> = probes
-            .iter()
-            .flat_map(|p| [false, true].map(|v6| (p, v6)))
-            .map(|(p, v6)| s.spawn(move || p.run(w, v6)))
-            .collect();
-        runs.into_iter().filter_map(|r| r.join().unwrap()).collect()
-    });
-    for (&(i, chain), &want) in &expected {
-        let got = counted_drops(w.node(i), chain) - before[&(i, chain)];
-        if got < want {
-            wrong.push(format!(
-                "node{i} chain {chain}: expected its drop to count at least {want} packets, it \
-                 counted {got}"
-            ));
-        }
-    }
-    wrong.sort();
-    wrong
+    run_all(&attempts)
 }
 
 use Proto::{Sctp, Tcp, Udp};

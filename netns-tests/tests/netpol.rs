@@ -27,7 +27,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use lace::api::{LabelSelector, NetworkRoutingPolicySpec};
@@ -37,16 +37,12 @@ use lace::state::{
     ClusterState, ContainerPort, Namespace, NetworkPolicy, ObjectKey, Pod, PodAttachment,
     PolicyPeer, PolicyPort, PolicyRule, PortRef,
 };
-use lace_netns_tests::cluster::{add_dual_stack_network, ipv4_cluster, underlay};
-use lace_netns_tests::echo::{self, PeerEcho, UdpEcho};
-use lace_netns_tests::nft::{counted_drops, handles};
-use lace_netns_tests::pods::{add_pod_v6, attach_pod};
+use lace_netns_tests::cluster::{add_dual_stack_network, ipv4_cluster, two_nodes, PodSeat};
+use lace_netns_tests::nft::handles;
+use lace_netns_tests::probe::{run_all, Attempt, Expect, Proto, Servers};
 use lace_netns_tests::{require_root_and_vrf, Netns, Topology};
 
 const NODES: [u16; 2] = [1, 2];
-/// How long a probe that must be refused waits; one that must pass waits [`PATIENT`].
-const TIMEOUT: Duration = Duration::from_secs(2);
-const PATIENT: Duration = Duration::from_secs(10);
 
 /// A pod: its namespace label in the test is its name.
 struct PodSpec {
@@ -127,8 +123,13 @@ impl PodSpec {
         ObjectKey::new(self.namespace, self.name)
     }
 
-    fn host_if(&self) -> String {
-        format!("lp-{}", self.name)
+    fn seat(&self) -> PodSeat {
+        PodSeat {
+            label: self.name,
+            node: self.node,
+            v4: self.v4(),
+            v6: self.v6(),
+        }
     }
 }
 
@@ -310,7 +311,7 @@ fn attachments(i: u16) -> Vec<PodAttachment> {
         .map(|p| PodAttachment {
             pod: p.key(),
             container_id: format!("c-{}", p.name),
-            host_ifname: p.host_if(),
+            host_ifname: p.seat().host_if(),
             network: "default".into(),
             ips: vec![
                 IpNet::V4(Ipv4Net::from(p.v4())),
@@ -341,13 +342,6 @@ fn apply(recs: &[Reconciler], plans: &[DesiredNode]) -> Vec<ApplyReport> {
             rep
         })
         .collect()
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum Proto {
-    Tcp,
-    Udp,
-    Sctp,
 }
 
 /// What a probe must meet.
@@ -415,50 +409,28 @@ impl Probe {
         )
     }
 
-    /// The (node, chain) whose final drop must count a refused probe.
-    fn enforcer(&self) -> Option<(u16, &'static str)> {
-        match self.want {
-            Want::Allowed => None,
-            Want::RefusedIn => Some((pod(self.to).node, "np_ingress")),
-            Want::RefusedOut => Some((pod(self.from).node, "np_egress")),
-        }
-    }
-
-    /// Runs the probe; how its outcome differs from what it must meet, if it does.
-    fn run(&self, w: &World, v6: bool) -> Option<String> {
+    /// The probe in one family, for [`run_all`]: refused ones counted by the final drop of
+    /// `np_ingress` on the destination's node or `np_egress` on the source's.
+    fn attempt<'a>(&self, w: &'a World, v6: bool) -> Attempt<'a> {
         let (from, to) = (pod(self.from), pod(self.to));
-        let server = SocketAddr::new(to.ip(v6), self.port);
-        let wait = if self.want == Want::Allowed {
-            PATIENT
-        } else {
-            TIMEOUT
-        };
-        let start = Instant::now();
-        let got = match self.proto {
-            Proto::Tcp => echo::ask(w.ns(from.name), server, wait),
-            Proto::Udp => echo::ask_udp(w.ns(from.name), server, wait),
-            Proto::Sctp => echo::ask_sctp(w.ns(from.name), server, wait),
-        };
-        let took = start.elapsed().as_secs_f64();
-        let what = self.describe(v6);
-        let me = from.ip(v6);
-        match (self.want, got) {
-            (Want::Allowed, Ok(seen)) if seen == me => None,
-            (Want::Allowed, Ok(seen)) => Some(format!(
-                "{what}: expected allowed with the server seeing {me}, it saw {seen}"
-            )),
-            (Want::Allowed, Err(e)) => Some(format!(
-                "{what}: expected allowed, saw {e} after {took:.1}s"
-            )),
-            (_, Ok(seen)) => Some(format!(
-                "{what}: expected refused by the {}, saw an answer (the server saw {seen})",
-                if self.want == Want::RefusedIn {
-                    "destination's ingress policies"
-                } else {
-                    "source's egress policies"
-                }
-            )),
-            (_, Err(_)) => None,
+        Attempt {
+            what: self.describe(v6),
+            from: w.ns(from.name),
+            proto: self.proto,
+            server: SocketAddr::new(to.ip(v6), self.port),
+            expect: match self.want {
+                Want::Allowed => Expect::Answered(vec![from.ip(v6)]),
+                Want::RefusedIn => Expect::Refused {
+                    node: w.node(to.node),
+                    chain: "np_ingress",
+                    by: "the destination's ingress policies",
+                },
+                Want::RefusedOut => Expect::Refused {
+                    node: w.node(from.node),
+                    chain: "np_egress",
+                    by: "the source's egress policies",
+                },
+            },
         }
     }
 }
@@ -591,26 +563,9 @@ impl World {
     }
 
     fn build() -> World {
-        let mut topo = Topology::new();
-        for i in NODES {
-            topo.add(&node_label(i)).unwrap();
+        World {
+            topo: two_nodes(&PODS.map(|p| p.seat())).unwrap(),
         }
-        for p in &PODS {
-            topo.add(p.name).unwrap();
-        }
-        topo.link(("node1", "eth0"), ("node2", "eth0")).unwrap();
-        let w = World { topo };
-        for i in NODES {
-            w.node(i)
-                .ip(&format!("-6 addr add {}/64 dev eth0 nodad", underlay(i)))
-                .unwrap();
-        }
-        for p in &PODS {
-            let (node, ns) = (w.node(p.node), w.ns(p.name));
-            attach_pod(node, &p.host_if(), ns, p.v4()).unwrap();
-            add_pod_v6(node, &p.host_if(), ns, p.v6()).unwrap();
-        }
-        w
     }
 
     /// Both nodes' table `inet lace`, for failure messages.
@@ -628,39 +583,13 @@ impl World {
     }
 }
 
-/// Runs every probe in both families at once (a refused one waits for its timeout); what
-/// differs from what they must meet, including a drop counter of an enforcing chain that
-/// counted fewer packets than probes it refused.
+/// Runs every probe in both families at once: what differs from what they must meet.
 fn check(w: &World, probes: &[Probe]) -> Vec<String> {
-    let mut expected_drops: BTreeMap<(u16, &str), u64> = BTreeMap::new();
-    for p in probes {
-        if let Some(e) = p.enforcer() {
-            *expected_drops.entry(e).or_default() += 2;
-        }
-    }
-    let before: BTreeMap<(u16, &str), u64> = expected_drops
-        .keys()
-        .map(|&(i, chain)| ((i, chain), counted_drops(w.node(i), chain)))
+    let attempts: Vec<Attempt> = probes
+        .iter()
+        .flat_map(|p| [false, true].map(|v6| p.attempt(w, v6)))
         .collect();
-    let mut wrong: Vec<String> = std::thread::scope(|s| {
-        let runs: Vec<_> = probes
-            .iter()
-            .flat_map(|p| [false, true].map(|v6| (p, v6)))
-            .map(|(p, v6)| s.spawn(move || p.run(w, v6)))
-            .collect();
-        runs.into_iter().filter_map(|r| r.join().unwrap()).collect()
-    });
-    for (&(i, chain), &want) in &expected_drops {
-        let got = counted_drops(w.node(i), chain) - before[&(i, chain)];
-        if got < want {
-            wrong.push(format!(
-                "node{i} chain {chain}: expected its drop to count at least {want} packets (the \
-                 probes it must refuse), it counted {got}"
-            ));
-        }
-    }
-    wrong.sort();
-    wrong
+    run_all(&attempts)
 }
 
 /// Every probe of `phases`, once each, allowed: what the first phase (no NetworkPolicy) checks.
@@ -678,21 +607,16 @@ fn baseline(phases: &[Phase]) -> Vec<Probe> {
 }
 
 /// The servers every probe of `probes` needs: TCP, SCTP and UDP, both families.
-fn servers(w: &World, probes: &[Probe]) -> (Vec<PeerEcho>, Vec<UdpEcho>) {
+fn servers(w: &World, probes: &[Probe]) -> Servers {
     let wanted: BTreeSet<(&str, Proto, u16)> =
         probes.iter().map(|p| (p.to, p.proto, p.port)).collect();
-    let (mut tcp, mut udp) = (Vec::new(), Vec::new());
+    let mut servers = Servers::default();
     for (to, proto, port) in wanted {
         for v6 in [false, true] {
-            let bind = SocketAddr::new(pod(to).ip(v6), port);
-            match proto {
-                Proto::Tcp => tcp.push(PeerEcho::start(w.ns(to), bind, PATIENT)),
-                Proto::Sctp => tcp.push(PeerEcho::start_sctp(w.ns(to), bind, PATIENT)),
-                Proto::Udp => udp.push(UdpEcho::start(w.ns(to), bind)),
-            }
+            servers.start(w.ns(to), proto, SocketAddr::new(pod(to).ip(v6), port));
         }
     }
-    (tcp, udp)
+    servers
 }
 
 /// The nft operations of `report`, each of which must be an element update of `inet lace`.
