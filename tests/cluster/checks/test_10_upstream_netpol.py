@@ -67,7 +67,7 @@ def shard(binary, focus, skip, procs):
 
 def junit_results(report_dir):
     """(name, outcome, seconds) of every test in the JUnit report (its `[It]` specs, not the suite's set-up
-    and report nodes), outcome passed / failed / skipped."""
+    and report nodes), outcome passed / failed / skipped / timedout (cut by the suite's timeout)."""
     results = []
     for f in sorted(Path(report_dir).glob("junit*.xml")):
         for case in ET.parse(f).getroot().iter("testcase"):
@@ -75,6 +75,8 @@ def junit_results(report_dir):
                 continue
             if case.find("skipped") is not None:
                 outcome = "skipped"
+            elif case.get("status") == "timedout":
+                outcome = "timedout"
             elif case.find("failure") is not None or case.find("error") is not None:
                 outcome = "failed"
             else:
@@ -142,12 +144,14 @@ def test_upstream_networkpolicy_e2e(cluster):
         results = [r for _, _, out in runs for r in junit_results(out)]
         ran = [(n, o, secs) for n, o, secs in results if o != "skipped"]
         outcome = {n: o for n, o, _ in results if o == "skipped"} | {n: o for n, o, _ in ran}
-        counts = {o: sum(1 for x in outcome.values() if x == o) for o in ("passed", "failed", "skipped")}
-        print(f"\nupstream e2e ({' or '.join(focus)}; {took:.0f}s): {counts['passed']} passed, "
-              f"{counts['failed']} failed, {counts['skipped']} skipped; log and JUnit in {report}")
+        counts = {o: sum(1 for x in outcome.values() if x == o) for o in ("passed", "failed", "timedout", "skipped")}
+        asked = os.environ["LACE_E2E_FOCUS"] if by_hand else " or ".join(focus)
+        print(f"\nupstream e2e ({asked}; {took:.0f}s): {counts['passed']} passed, "
+              f"{counts['failed']} failed, {counts['timedout']} timed out, {counts['skipped']} skipped; "
+              f"log and JUnit in {report}")
         for name, outcome, secs in ran:
             print(f"  {outcome} in {secs:.0f}s: {name}")
-        failed = [n for n, o, _ in ran if o == "failed"]
+        failed = [n for n, o, _ in ran if o != "passed"]
         missing = [f for f in listed if not any(f in n for n, _, _ in ran)] if listed else (
             [] if ran else focus)
         if failed or missing or any(codes):
