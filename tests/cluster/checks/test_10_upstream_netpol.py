@@ -147,8 +147,9 @@ def test_upstream_networkpolicy_e2e(cluster):
         # Every process reports every test: a test counts as run where some process ran it.
         results = [r for _, _, out in runs for r in junit_results(out)]
         ran = [(n, o, secs) for n, o, secs in results if o != "skipped"]
-        outcome = {n: o for n, o, _ in results if o == "skipped"} | {n: o for n, o, _ in ran}
-        counts = {o: sum(1 for x in outcome.values() if x.split(":")[0] == o)
+        # Each test's outcome over all processes: where one ran it, that one's.
+        per_test = {n: o for n, o, _ in results if o == "skipped"} | {n: o for n, o, _ in ran}
+        counts = {o: sum(1 for x in per_test.values() if x.split(":")[0] == o)
                   for o in ("passed", "failed", "timedout", "declined", "skipped")}
         asked = os.environ["LACE_E2E_FOCUS"] if by_hand else " or ".join(focus)
         print(f"\nupstream e2e ({asked}; {took:.0f}s): {counts['passed']} passed, "
