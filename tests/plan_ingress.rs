@@ -127,7 +127,8 @@ fn the_ruleset_grants_the_node_port_of_the_granted_service_only() {
     );
     let nft = d.render_nft();
     for needle in [
-        "ct direction reply ct status dnat ct original ip saddr != @cluster_v4 meta mark set mark | 0x00000800",
+        "ct direction reply ct status dnat jump nodeport_replies",
+        "ct original ip saddr != @cluster_v4 meta mark set mark | 0x00000800",
         "type nat hook postrouting priority srcnat - 10;",
         "snat ip to ip daddr map @ingress_snat_v4",
         "ct protocol . ct original proto-dst . ip daddr @nodeports_v4 accept",

@@ -33,10 +33,18 @@ fn network_policy_runs_first_and_lace_still_decides_and_probes_are_exempt() {
     let r = ruleset(&common::golden_cluster_netpol());
     let established = "ct state established,related accept";
     // Replies of allowed connections pass before any policy: `forward` accepts them before it
-    // jumps to `to_pods`, `from_pods` first thing.
-    for chain in ["forward", "from_pods"] {
-        assert_eq!(r.chain(chain).unwrap().rules[0].statement, established);
-    }
+    // jumps to `to_pods`, `from_vrfs` before it goes to `from_pods`, after rules that only mark
+    // or rewrite packets.
+    assert_eq!(r.chain("forward").unwrap().rules[0].statement, established);
+    let from_vrfs = &r.chain("from_vrfs").unwrap().rules;
+    let accept = from_vrfs.iter().position(|x| x.statement == established);
+    let to_policy = from_vrfs
+        .iter()
+        .position(|x| x.statement == "goto from_pods");
+    assert!(accept.unwrap() < to_policy.unwrap(), "{from_vrfs:#?}");
+    assert!(from_vrfs[..accept.unwrap()]
+        .iter()
+        .all(|x| !x.statement.contains("accept") && !x.statement.contains("drop")));
     for (chain, jump) in [
         ("to_pods", "jump np_ingress"),
         ("from_pods", "jump np_egress"),
@@ -47,8 +55,8 @@ fn network_policy_runs_first_and_lace_still_decides_and_probes_are_exempt() {
             .position(|x| x.statement.ends_with(jump))
             .unwrap();
         assert!(rules[at + 1].statement.ends_with(jump));
-        // Nothing but the established check comes before NetworkPolicy...
-        assert!(rules[..at].iter().all(|x| x.statement == established));
+        // Nothing comes before NetworkPolicy (established flows were accepted on the way)...
+        assert_eq!(at, 0, "{chain}: {rules:#?}");
         // ... and Lace's own verdicts after: an allowed connection still needs a routing policy.
         assert!(rules[at + 2..]
             .iter()

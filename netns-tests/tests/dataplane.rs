@@ -626,9 +626,9 @@ impl World {
     }
 
     /// Packets node `i`'s guard dropped after `lu-ipv4` decapsulated them (not from a node):
-    /// the one counted drop of Lace's prerouting chain.
+    /// the counted drop of the chain `prerouting` sends what `lu-ipv4` decapsulated to.
     fn guard_v4_drops(&self, i: u32) -> u64 {
-        counted_drops(self.node(i), "prerouting")
+        counted_drops(self.node(i), "ipv4_tunnel_guard")
     }
 
     /// Packets node `i`'s guard dropped on their way to a local SID (not from a node).

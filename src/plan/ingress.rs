@@ -323,15 +323,32 @@ fn mark_is(mark: u32) -> String {
 
 /// Prerouting (`from_vrfs`): marks replies of connections opened from outside the cluster that kube-proxy
 /// translated, as they come from a pod or decapsulated into a VRF, after conntrack undid the
-/// source NAT, for the main table (see the module docs).
-pub(super) fn mark_replies(from_vrfs: &mut Chain) {
+/// source NAT, for the main table (see the module docs). One rule in `from_vrfs` picks the
+/// replies of translated connections; the returned chain marks those of clients outside.
+pub(super) fn mark_replies(from_vrfs: &mut Chain) -> Chain {
+    from_vrfs.rule(
+        format!("ct direction reply ct status dnat jump {NODEPORT_REPLIES}"),
+        "replies of connections kube-proxy translated",
+    );
+    let mut replies = Chain {
+        name: NODEPORT_REPLIES.into(),
+        hook: None,
+        comment: "replies of translated connections: those to clients outside the cluster leave by the main table".into(),
+        rules: Vec::new(),
+    };
     for (ip, v) in [("ip", "v4"), ("ip6", "v6")] {
-        from_vrfs.rule(
-            format!("ct direction reply ct status dnat ct original {ip} saddr != @cluster_{v} meta mark set mark | {INGRESS_MARK:#010x}"),
+        replies.rule(
+            format!(
+                "ct original {ip} saddr != @cluster_{v} meta mark set mark | {INGRESS_MARK:#010x}"
+            ),
             "replies to clients outside the cluster (NodePort): routed in the main table",
         );
     }
+    replies
 }
+
+/// The chain of [`mark_replies`].
+const NODEPORT_REPLIES: &str = "nodeport_replies";
 
 /// The accept rule of NodePort connections granted from an external Network, for `to_pods`
 /// (forwarded into the VRF) and `from_host` (the VRF's transmit path runs `output`). The

@@ -13,7 +13,8 @@
 //!   kubelet-probe table and the table of host processes' routes to Networks with
 //!   `hostAccess`, see [`host_access`]);
 //! - rule priorities [`RULE_PRIORITY_PROBE`]`..=`[`RULE_PRIORITY_L3MDEV`];
-//! - interface names starting with [`VRF_PREFIX`] (VRFs), [`INGRESS_PREFIX`] (a VRF's ingress
+//! - interface names starting with [`VRF_PREFIX`] (VRFs), [`POD_LINK_PREFIX`] (the host side of
+//!   pod veths, which the CNI makes), [`INGRESS_PREFIX`] (a VRF's ingress
 //!   device, see [`ingress`]), [`underlay::TUNNEL_PREFIX`] (the SRv6-over-IPv4 device) and
 //!   [`shaping::SHAPER_PREFIX`] (a pod's egress shaper), and the fou listener on
 //!   [`underlay::FOU_PORT`];
@@ -142,6 +143,10 @@ pub const POD_GATEWAY_V6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1);
 pub const POD_GATEWAY_V6_PREFIX: u8 = 64;
 /// Prefix of every VRF device Lace creates ("lace VRF").
 pub const VRF_PREFIX: &str = "lv-";
+/// Prefix of the host side of pod veths (the CNI names them `lp-<hash>`, "lace pod"). The
+/// reconciler only enslaves such links to their Network's VRF; the ruleset lets a pod's packet
+/// pass its first prerouting pass by this name (its policy runs on the VRF's pass).
+pub const POD_LINK_PREFIX: &str = "lp-";
 /// Longest Linux interface name (IFNAMSIZ - 1).
 pub const IFNAME_MAX: usize = 15;
 

@@ -11,6 +11,10 @@ use std::fmt::Write as _;
 /// Name of Lace's one nftables table (family `inet`).
 pub const TABLE: &str = "lace";
 
+/// The rule accepting packets of allowed connections and their related flows: ahead of the
+/// policy in `from_vrfs` and `forward`, after what must see those packets too.
+pub const ESTABLISHED: &str = "ct state established,related accept";
+
 /// One element of a set or map.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Element {

@@ -17,8 +17,8 @@ use super::host_access;
 use super::hostport;
 use super::ingress::{self, Ingress};
 use super::netpol;
-use super::nft::{self, Chain, Hook, Set};
-use super::{underlay, Networks, PROBE_MARK, PROBE_MARK_MASK};
+use super::nft::{self, Chain, Hook, Set, ESTABLISHED};
+use super::{underlay, Networks, POD_LINK_PREFIX, PROBE_MARK, PROBE_MARK_MASK};
 use crate::api::NodeAllocationSpec;
 use crate::netpol::Direction;
 use crate::routing::{BackendLocation, ServiceGrant};
@@ -72,7 +72,7 @@ pub(super) fn build_ruleset(
     let network_policies = netpol::build(node, state);
 
     let [raw_prerouting, raw_output, sid_guard] = underlay::untracked();
-    let [prerouting, from_vrfs] = prerouting();
+    let [prerouting, from_vrfs, nodeport_replies, ipv4_tunnel_guard] = prerouting();
     let [from_pods, to_pods, forward] = policy_chains(network_policies.is_some());
     let [output, from_host] = host_to_pods_chains();
     let [input, pods_to_host] = pods_to_host_chains();
@@ -124,6 +124,8 @@ pub(super) fn build_ruleset(
             vec![
                 from_pods,
                 to_pods,
+                nodeport_replies,
+                ipv4_tunnel_guard,
                 from_vrfs,
                 from_host,
                 pods_to_host,
@@ -354,24 +356,30 @@ fn service_sets(node: &str, nets: &Networks<'_>, grants: &[ServiceGrant<'_>]) ->
     [svc_sets, svc_ext_sets, backend_sets]
 }
 
-/// The sending node's policy, behind the SRv6-over-IPv4 guard: `prerouting` hands what
-/// comes out of Lace's VRFs to `from_vrfs`, which ends in `from_pods` (new connections from
-/// local pods). A pod's packet traverses prerouting twice, first from its veth, then from its
-/// VRF (the VRF driver runs the hook again); only the second pass has anything to do, and it
-/// does it after one lookup of the input device, whatever the number of rules: this chain is
-/// on the path of every packet a pod sends.
-fn prerouting() -> [Chain; 2] {
+/// The sending node's policy, beside the SRv6-over-IPv4 guard: `prerouting` hands what comes
+/// out of Lace's VRFs to `from_vrfs`, which accepts established flows and ends in `from_pods`
+/// (new connections from local pods). A pod's packet traverses prerouting twice, first from
+/// its veth, then from its VRF (the VRF driver runs the hook again); only the second pass has
+/// anything to do. These chains are on the path of every packet a pod sends or a node
+/// decapsulates, so each pass is settled within the first rules: a VRF's pass by one lookup of
+/// the input device, a veth's by one comparison, an established flow's by two rules of
+/// `from_vrfs` (three with the fou MSS clamp).
+fn prerouting() -> [Chain; 4] {
     let mut prerouting = Chain {
         name: "prerouting".into(),
         hook: Some(Hook { kind: "filter", hook: "prerouting", priority: "dstnat + 10" }),
         comment: "after kube-proxy's DNAT; the sending node's policy lives here because seg6 encap happens at route input, before forward".into(),
         rules: Vec::new(),
     };
-    underlay::guard(&mut prerouting);
     prerouting.rule(
         "iifname @vrfs goto from_vrfs",
         "packets from local pods, as their VRF hands them over",
     );
+    prerouting.rule(
+        format!("iifname \"{POD_LINK_PREFIX}*\" accept"),
+        "packets from local pods on their first pass, from their veth: policed on their VRF's pass",
+    );
+    let ipv4_tunnel_guard = underlay::guard(&mut prerouting);
     let mut from_vrfs = Chain {
         name: "from_vrfs".into(),
         hook: None,
@@ -380,7 +388,12 @@ fn prerouting() -> [Chain; 2] {
                 .into(),
         rules: Vec::new(),
     };
-    ingress::mark_replies(&mut from_vrfs);
+    let nodeport_replies = ingress::mark_replies(&mut from_vrfs);
+    // The fou MSS clamp (underlay::MssClamp) goes before this rule: it rewrites SYN-ACKs too.
+    from_vrfs.rule(
+        ESTABLISHED,
+        "replies and related flows of allowed connections",
+    );
     // The VRF driver runs a pod's neighbour discovery frames through prerouting a second time
     // with the VRF as input device, untracked (vrf_ip6_rcv): from_pods would drop the
     // advertisements answering the host, which then cannot resolve IPv6 pods (seen in a VM).
@@ -391,7 +404,7 @@ fn prerouting() -> [Chain; 2] {
         "link-local and multicast from pods: never forwarded, policed in input (pods_to_host)",
     );
     from_vrfs.rule("goto from_pods", "connections opened by local pods");
-    [prerouting, from_vrfs]
+    [prerouting, from_vrfs, nodeport_replies, ipv4_tunnel_guard]
 }
 
 /// `from_pods` and `to_pods`: what the routing policies allow, then drop; and `forward`, the
@@ -412,12 +425,8 @@ fn policy_chains(network_policies: bool) -> [Chain; 3] {
             .into(),
         rules: Vec::new(),
     };
-    // `forward` accepts established flows before it jumps to `to_pods`: the one check most
-    // forwarded packets need.
-    from_pods.rule(
-        "ct state established,related accept",
-        "replies and related flows of allowed connections",
-    );
+    // `from_vrfs` and `forward` accept established flows before they hand packets over: the
+    // one check most packets need.
     for (c, d) in [
         (&mut from_pods, Direction::Egress),
         (&mut to_pods, Direction::Ingress),
@@ -493,7 +502,7 @@ fn policy_chains(network_policies: bool) -> [Chain; 3] {
         rules: Vec::new(),
     };
     forward.rule(
-        "ct state established,related accept",
+        ESTABLISHED,
         "replies and related flows of allowed connections",
     );
     forward.rule("ip daddr @cluster_v4 jump to_pods", "towards pods");

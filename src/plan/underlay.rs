@@ -312,15 +312,16 @@ pub struct MssClamp {
 }
 
 impl MssClamp {
-    /// Adds the clamp to `ruleset`: its sets, and its rules in `from_vrfs` before the policy
-    /// (which only accepts or drops).
+    /// Adds the clamp to `ruleset`: its sets, and its rules in `from_vrfs` before the accept of
+    /// established flows (a pod's SYN-ACK belongs to one) and the policy (which only accepts or
+    /// drops).
     pub fn install(self, ruleset: &mut super::nft::Ruleset) {
         ruleset.sets.extend(self.sets);
         if let Some(pre) = ruleset.chains.iter_mut().find(|c| c.name == "from_vrfs") {
             let at = pre
                 .rules
                 .iter()
-                .position(|r| r.statement.contains("@link_scope_v6"))
+                .position(|r| r.statement == super::nft::ESTABLISHED)
                 .unwrap_or(pre.rules.len());
             for (i, (statement, comment)) in self.rules.into_iter().enumerate() {
                 pre.rules
@@ -334,15 +335,17 @@ impl MssClamp {
 /// `/etc/protocols`, which the agent's image (and many minimal hosts) do not have.
 const SIT_L4PROTO: &str = "meta l4proto 41";
 
-/// The SRv6-over-IPv4 ingress guard, at the head of the `prerouting` chain (the IPv6 one is
-/// [`untracked`]'s `sid_guard`).
+/// The SRv6-over-IPv4 ingress guard, in the `prerouting` chain after the passes of pods'
+/// packets, which never carry SRv6 over IPv4 (the IPv6 guard is [`untracked`]'s `sid_guard`).
+/// Returns the chain that checks what the tunnel decapsulated, so other packets pay one
+/// interface name comparison for it.
 ///
 /// [`IPV4_TUNNEL`] (`remote any`) decapsulates whatever protocol 41 or fou UDP reaches the
 /// node, so its outer IPv4 header is checked before, and the verdict carried across the
 /// decapsulation in [`UNDERLAY_MARK`] (the outer header is gone when the inner packet comes
 /// by). A node's address counts only on the link this node's routes lead to it (strict reverse
 /// path), so a spoofed InternalIP from elsewhere gets no mark.
-pub fn guard(prerouting: &mut Chain) {
+pub fn guard(prerouting: &mut Chain) -> Chain {
     let um = UNDERLAY_MARK;
     for (what, l4) in [
         ("6in4", SIT_L4PROTO.to_string()),
@@ -356,17 +359,28 @@ pub fn guard(prerouting: &mut Chain) {
         );
     }
     prerouting.rule(
-        format!("iifname \"{IPV4_TUNNEL}\" meta mark & {um:#010x} != {um:#010x} counter drop"),
+        format!("iifname \"{IPV4_TUNNEL}\" goto {IPV4_TUNNEL_GUARD}"),
+        format!("what {IPV4_TUNNEL} decapsulated"),
+    );
+    let mut tunnel = Chain {
+        name: IPV4_TUNNEL_GUARD.into(),
+        hook: None,
+        comment: format!("SRv6 ingress guard over IPv4: {IPV4_TUNNEL} takes only what nodes sent from their InternalIPs"),
+        rules: Vec::new(),
+    };
+    tunnel.rule(
+        format!("meta mark & {um:#010x} != {um:#010x} counter drop"),
         format!("SRv6 ingress guard over IPv4: {IPV4_TUNNEL} takes only what nodes sent from their InternalIPs"),
     );
-    prerouting.rule(
-        format!(
-            "iifname \"{IPV4_TUNNEL}\" meta mark set meta mark & {:#010x}",
-            !um
-        ),
+    tunnel.rule(
+        format!("meta mark set meta mark & {:#010x}", !um),
         "the mark only carried the outer check across the decapsulation",
     );
+    tunnel
 }
+
+/// The chain of [`guard`] that checks what [`IPV4_TUNNEL`] decapsulated.
+const IPV4_TUNNEL_GUARD: &str = "ipv4_tunnel_guard";
 
 /// Chains at the `raw` priority that keep conntrack off the outer headers of SRv6 between
 /// nodes: the pod's packet inside is tracked on its own (the `sit` and `seg6local`
@@ -376,23 +390,32 @@ pub fn guard(prerouting: &mut Chain) {
 /// conntrack, so a rogue packet creates no conntrack entry, and each packet to a SID is
 /// looked up once for both decisions.
 pub fn untracked() -> [Chain; 3] {
-    let raw = |hook: &'static str, comment: &str| Chain {
+    let raw = |hook: &'static str, priority: &'static str, comment: &str| Chain {
         name: format!("raw_{hook}"),
         hook: Some(Hook {
             kind: "filter",
             hook,
-            priority: "raw",
+            priority,
         }),
         comment: comment.into(),
         rules: Vec::new(),
     };
     let mut pre = raw(
         "prerouting",
+        "raw",
         "the SRv6 ingress guard, and no conntrack for the outer headers of SRv6 from nodes",
     );
+    // Ahead of defragmentation (-400), which an untracked packet skips: the outer headers
+    // leave whole (the encapsulation happens before fragmentation), and seg6's encapsulation
+    // of a pod's packet comes by here once per packet (nf_hooks_lwtunnel).
     let mut out = raw(
         "output",
-        "no conntrack for the outer headers of SRv6 over IPv4 to nodes",
+        "raw - 150",
+        "no conntrack for the outer headers of SRv6 to nodes",
+    );
+    out.rule(
+        "ip6 nexthdr 43 ip6 saddr @node_underlays notrack",
+        "SRv6 from this node (its outer header: IPv6 with a routing header, from its tunnel source)",
     );
     pre.rule(
         "ip6 daddr @local_sids goto sid_guard",
