@@ -681,3 +681,26 @@ fn route_metrics_spread_ipv4_vrf_routes_and_leave_the_rest_at_the_family_default
     // Stable across releases: a changed metric rewrites every IPv4 VRF route on upgrade.
     assert_eq!(other, 3721);
 }
+
+/// The TCP MSS clamp towards peers on fou for now rewrites a pod's SYN-ACK as well as its SYN
+/// (the peer's pod must send segments that fit fou too), and a SYN-ACK belongs to an
+/// established flow: the clamp must come before `from_vrfs` accepts established flows.
+#[test]
+fn the_fou_mss_clamp_runs_before_established_flows_are_accepted() {
+    let state = golden_cluster_mixed();
+    let facts = lace::plan::underlay::UnderlayFacts {
+        uplink_ipv6: true,
+        on_link: ["node-1".to_string(), "node-2".to_string()].into(),
+        answering: ["node-1".to_string()].into(),
+        answered: ["node-1".to_string()].into(),
+        uplink_mtu: Some(1500),
+    };
+    let node3 = lace::plan::plan_with("node-3", &state, &facts, &[]).unwrap();
+    let rules = &node3.nft().chain("from_vrfs").unwrap().rules;
+    let at = |what: &str| rules.iter().position(|r| r.statement.contains(what));
+    let established = at(lace::plan::nft::ESTABLISHED).unwrap();
+    for family in ["@fou_clamp_v4", "@fou_clamp_v6"] {
+        let clamp = at(family).unwrap_or_else(|| panic!("no clamp to {family}: {rules:#?}"));
+        assert!(clamp < established, "{rules:#?}");
+    }
+}
