@@ -363,7 +363,7 @@ fn service_sets(node: &str, nets: &Networks<'_>, grants: &[ServiceGrant<'_>]) ->
 /// anything to do. These chains are on the path of every packet a pod sends or a node
 /// decapsulates, so each pass is settled within the first rules: a VRF's pass by one lookup of
 /// the input device, a veth's by one comparison, an established flow's by two rules of
-/// `from_vrfs` (three with the fou MSS clamp).
+/// `from_vrfs` (four while the fou MSS clamp is there).
 fn prerouting() -> [Chain; 4] {
     let mut prerouting = Chain {
         name: "prerouting".into(),
