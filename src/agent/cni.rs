@@ -33,9 +33,10 @@ use ipnet::IpNet;
 use super::ipam::{AttachmentKey, Claim, IpamError, Record};
 use super::{Agent, Dataplane};
 use crate::binding;
-use crate::dataplane::{gateway, DataplaneError, PodInterface, POD_LINK_PREFIX};
+use crate::dataplane::{gateway, DataplaneError, PodInterface};
 use crate::hash::fnv1a64;
 use crate::plan::shaping::shaper_name;
+use crate::plan::POD_LINK_PREFIX;
 use crate::plan::{vrf_name, vrf_table, RouteKey};
 use crate::state::{ObjectKey, Pod};
 use crate::wire::{

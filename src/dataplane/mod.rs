@@ -134,6 +134,7 @@
 //! [`plan::RULE_PRIORITY_PROBE`]: crate::plan::RULE_PRIORITY_PROBE
 //! [`plan::RULE_PRIORITY_L3MDEV`]: crate::plan::RULE_PRIORITY_L3MDEV
 //! [`plan::VRF_PREFIX`]: crate::plan::VRF_PREFIX
+//! [`POD_LINK_PREFIX`]: crate::plan::POD_LINK_PREFIX
 //! [`plan::INGRESS_PREFIX`]: crate::plan::INGRESS_PREFIX
 //! [`plan::ingress`]: crate::plan::ingress
 //! [`plan::shaping`]: crate::plan::shaping
@@ -177,7 +178,7 @@ pub use netns::{NetnsError, NetnsTarget};
 pub use observe::ObserveError;
 pub use observed::{
     FouListener, HostRoute, KernelNexthop, NftState, ObservedLink, ObservedNode, ObservedRule,
-    SitLink, POD_LINK_PREFIX, ROUTE_PROTOCOL,
+    SitLink, ROUTE_PROTOCOL,
 };
 pub use op::Op;
 pub use pod::{gateway, PodInterface, PodLinkState, GATEWAY_V4, GATEWAY_V6};

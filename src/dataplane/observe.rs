@@ -24,12 +24,13 @@ use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use super::nl::{Nl, NlError};
 use super::observed::{
     HostRoute, KernelNexthop, LinkTc, NftState, ObservedLink, ObservedNode, ObservedRule, Redirect,
-    SitLink, POD_LINK_PREFIX, ROUTE_PROTOCOL,
+    SitLink, ROUTE_PROTOCOL,
 };
 use super::rawnl::RawNlError;
 use super::tc::{self, Qdisc};
 use super::{fou, host, nft, seg6};
 use crate::plan::shaping::SHAPER_PREFIX;
+use crate::plan::POD_LINK_PREFIX;
 use crate::plan::{
     Family, RouteKey, Rule, RuleAction as PlanRuleAction, HOST_ACCESS_TABLE, MAIN_TABLE,
     RULE_PRIORITY_L3MDEV, RULE_PRIORITY_PROBE, VRF_TABLE_BASE,

@@ -16,8 +16,6 @@ use crate::plan::{self, RouteKey};
 /// (which lists 0-4, 8-18, 42, 99, 186-192) nor used by the common CNIs (Calico uses 80).
 pub const ROUTE_PROTOCOL: u8 = 0x4c;
 
-pub use crate::plan::POD_LINK_PREFIX;
-
 /// A route's next hop as the kernel holds it: symbolic next hops resolved, devices by name.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum KernelNexthop {

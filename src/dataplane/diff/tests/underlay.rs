@@ -306,7 +306,7 @@ fn lace_link(name: &str) -> bool {
         crate::plan::VRF_PREFIX,
         crate::plan::INGRESS_PREFIX,
         crate::plan::underlay::TUNNEL_PREFIX,
-        crate::dataplane::observed::POD_LINK_PREFIX,
+        crate::plan::POD_LINK_PREFIX,
     ]
     .iter()
     .any(|p| name.starts_with(p))
