@@ -16,6 +16,7 @@
 
 use std::io;
 use std::os::fd::AsFd;
+use std::sync::mpsc;
 
 use netlink_packet_core::{
     NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_DUMP, NLM_F_DUMP_INTR,
@@ -85,7 +86,7 @@ pub type Ack = Result<(), i32>;
 
 /// The datagram socket under [`Nl`]: the kernel's rtnetlink socket, or a scripted kernel in
 /// unit tests (so the dump and batch loops are tested without one).
-pub trait Transport {
+pub trait Transport: Send {
     /// Sends one datagram.
     fn send(&mut self, buf: &[u8]) -> io::Result<()>;
     /// Receives one datagram into `buf`; returns its length.
@@ -156,6 +157,119 @@ fn decode(buf: &[u8]) -> Result<Vec<NetlinkMessage<RouteNetlinkMessage>>, NlErro
     Messages::new(buf).collect()
 }
 
+/// Receives one datagram into `buf` (retrying when interrupted); returns its length.
+fn recv<T: Transport>(sock: &mut T, buf: &mut [u8]) -> Result<usize, NlError> {
+    loop {
+        match sock.recv(buf) {
+            Ok(n) => return Ok(n.min(buf.len())),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(NlError::Receive(e)),
+        }
+    }
+}
+
+/// Datagrams [`read_dump`] may read ahead of the decoding.
+const DUMP_QUEUE: usize = 4;
+
+/// A dump's reader thread: receives the rest of the dump `seq` into buffers of `size` bytes
+/// (taken back from `empty` once decoded) and hands them to `full`, until the datagram that
+/// ends the dump (`NLMSG_DONE` or `NLMSG_ERROR` of `seq`: only the headers are read here), a
+/// receive error (handed on), or until `full`'s receiver is gone.
+fn read_dump<T: Transport>(
+    sock: &mut T,
+    seq: u32,
+    size: usize,
+    full: mpsc::SyncSender<Result<Vec<u8>, NlError>>,
+    empty: mpsc::Receiver<Vec<u8>>,
+) {
+    loop {
+        let mut buf = empty.try_recv().unwrap_or_default();
+        buf.resize(size, 0);
+        let received = recv(sock, &mut buf).map(|n| {
+            buf.truncate(n);
+            buf
+        });
+        let last = match &received {
+            Ok(datagram) => ends_dump(datagram, seq),
+            Err(_) => true,
+        };
+        if full.send(received).is_err() || last {
+            return;
+        }
+    }
+}
+
+/// Whether `datagram` holds the message that ends dump `seq` (or is malformed: the decoding
+/// reports that). Reads only the messages' headers.
+fn ends_dump(datagram: &[u8], seq: u32) -> bool {
+    let word = |at: usize| {
+        u32::from_ne_bytes([
+            datagram[at],
+            datagram[at + 1],
+            datagram[at + 2],
+            datagram[at + 3],
+        ])
+    };
+    let mut off = 0;
+    while off + 16 <= datagram.len() {
+        let len = word(off) as usize;
+        if len < 16 || off + len > datagram.len() {
+            return true;
+        }
+        let kind = u16::from_ne_bytes([datagram[off + 4], datagram[off + 5]]);
+        if word(off + 8) == seq && matches!(kind, NLMSG_DONE | NLMSG_ERROR) {
+            return true;
+        }
+        off += (len + 3) & !3;
+    }
+    false
+}
+
+/// `NLMSG_ERROR` and `NLMSG_DONE`: the message types that end a dump.
+const NLMSG_ERROR: u16 = 2;
+const NLMSG_DONE: u16 = 3;
+
+/// One dump attempt's state: what its messages add up to so far.
+struct Fold<A> {
+    what: &'static str,
+    seq: u32,
+    acc: A,
+    /// Whether the kernel flagged the dump inconsistent (`NLM_F_DUMP_INTR`): it is read to
+    /// its end and thrown away.
+    interrupted: bool,
+}
+
+impl<A> Fold<A> {
+    /// Decodes one datagram of the dump into `acc`; `Ok(true)` once the dump ended.
+    fn datagram(
+        &mut self,
+        datagram: &[u8],
+        add: &mut impl FnMut(&mut A, RouteNetlinkMessage),
+    ) -> Result<bool, NlError> {
+        for msg in Messages::new(datagram) {
+            let msg = msg?;
+            if msg.header.sequence_number != self.seq {
+                continue; // a late ACK of an earlier request: not ours to read
+            }
+            self.interrupted |= msg.header.flags & NLM_F_DUMP_INTR != 0;
+            match msg.payload {
+                NetlinkPayload::Done(_) => return Ok(true),
+                NetlinkPayload::Error(e) if e.code.is_some() => {
+                    return Err(NlError::Dump {
+                        what: self.what,
+                        source: e.to_io(),
+                    })
+                }
+                // An ACK (code 0) ends the request as `NLMSG_DONE` would ([`ends_dump`]).
+                NetlinkPayload::Error(_) => return Ok(true),
+                NetlinkPayload::InnerMessage(m) if !self.interrupted => add(&mut self.acc, m),
+                _ => {}
+            }
+        }
+        Ok(false)
+    }
+}
+
 impl Nl {
     /// Opens a socket in the calling thread's network namespace.
     pub fn open() -> Result<Self, NlError> {
@@ -219,14 +333,8 @@ impl<T: Transport> Nl<T> {
 
     /// Receives one datagram and decodes every message in it.
     fn recv_messages(&mut self) -> Result<Vec<NetlinkMessage<RouteNetlinkMessage>>, NlError> {
-        let n = loop {
-            match self.sock.recv(&mut self.rx) {
-                Ok(n) => break n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(NlError::Receive(e)),
-            }
-        };
-        decode(&self.rx[..n.min(self.rx.len())])
+        let n = recv(&mut self.sock, &mut self.rx)?;
+        decode(&self.rx[..n])
     }
 
     /// Dumps `request` (a `Get*` message), retrying while the kernel reports the dump as
@@ -242,6 +350,11 @@ impl<T: Transport> Nl<T> {
     /// Dumps `request` like [`Nl::dump`], handing each object to `add` as it is decoded
     /// instead of keeping them all: a node's 300,000 routes are never all decoded in memory
     /// at once. A retried dump starts again from `init()`.
+    ///
+    /// A dump longer than one datagram is read on by a second thread ([`read_dump`]) while
+    /// this one decodes: the kernel fills the next datagram inside the `recv` that took the
+    /// last one, so its filling and Lace's decoding overlap instead of taking turns (at
+    /// 300,000 routes the kernel's share is over half of the dump).
     pub fn dump_fold<A>(
         &mut self,
         what: &'static str,
@@ -253,30 +366,35 @@ impl<T: Transport> Nl<T> {
             let mut buf = Vec::new();
             let seq = self.encode(request.clone(), NLM_F_REQUEST | NLM_F_DUMP, &mut buf);
             self.sock.send(&buf).map_err(NlError::Send)?;
-            let mut acc = init();
-            let mut interrupted = false;
-            'recv: loop {
-                for msg in self.recv_messages()? {
-                    if msg.header.sequence_number != seq {
-                        continue; // a late ACK of an earlier request: not ours to read
-                    }
-                    interrupted |= msg.header.flags & NLM_F_DUMP_INTR != 0;
-                    match msg.payload {
-                        NetlinkPayload::Done(_) => break 'recv,
-                        NetlinkPayload::Error(e) if e.code.is_some() => {
-                            return Err(NlError::Dump {
-                                what,
-                                source: e.to_io(),
-                            })
+            let mut fold = Fold {
+                what,
+                seq,
+                acc: init(),
+                interrupted: false,
+            };
+            let n = recv(&mut self.sock, &mut self.rx)?;
+            if !fold.datagram(&self.rx[..n], &mut add)? {
+                let (sock, size) = (&mut self.sock, self.rx.len());
+                std::thread::scope(|s| {
+                    let (full_tx, full) = mpsc::sync_channel(DUMP_QUEUE);
+                    let (empty, empty_rx) = mpsc::channel();
+                    s.spawn(move || read_dump(sock, seq, size, full_tx, empty_rx));
+                    // The reader stops at the dump's end or when `full` is dropped (an error
+                    // here), whichever comes first.
+                    for datagram in full {
+                        let datagram: Vec<u8> = datagram?;
+                        if fold.datagram(&datagram, &mut add)? {
+                            return Ok(());
                         }
-                        // An interrupted dump is read to its end and thrown away.
-                        NetlinkPayload::InnerMessage(m) if !interrupted => add(&mut acc, m),
-                        _ => {}
+                        let _ = empty.send(datagram);
                     }
-                }
+                    Err(NlError::Decode(format!(
+                        "the dump of {what} stopped before its end (a malformed message?)"
+                    )))
+                })?;
             }
-            if !interrupted {
-                return Ok(acc);
+            if !fold.interrupted {
+                return Ok(fold.acc);
             }
         }
         Err(NlError::DumpInterrupted { what })
@@ -546,12 +664,30 @@ mod tests {
         interrupted: bool,
     }
 
+    /// How the scripted kernel lays an answer out: the first link in one datagram and the
+    /// rest with `NLMSG_DONE` in a second, or each message in its own datagram, ending with
+    /// `NLMSG_DONE`, an error (`NLMSG_ERROR` with this errno) or nothing (the stream breaks).
+    #[derive(Clone, Copy, Default, PartialEq)]
+    enum Layout {
+        #[default]
+        Two,
+        Each(End),
+    }
+
+    #[derive(Clone, Copy, PartialEq)]
+    enum End {
+        Done,
+        Errno(i32),
+        Nothing,
+    }
+
     /// A kernel that answers each dump request with the next scripted answer, split over
     /// two datagrams (a dump spans several `recv`s), preceded by a stray message of an
     /// earlier request.
     #[derive(Default)]
     struct Scripted {
         answers: VecDeque<Answer>,
+        layout: Layout,
         requests: usize,
         queue: VecDeque<Vec<u8>>,
     }
@@ -593,19 +729,30 @@ mod tests {
                 NLM_F_MULTI_FLAG,
                 NetlinkPayload::InnerMessage(link("stale0")),
             ));
-            let mut first = Vec::new();
-            let mut second = Vec::new();
-            for (i, name) in answer.links.iter().enumerate() {
-                let m = emit(seq, flags, NetlinkPayload::InnerMessage(link(name)));
-                if i == 0 { &mut first } else { &mut second }.extend(m);
+            let done = emit(seq, flags, NetlinkPayload::Done(DoneMessage::default()));
+            let links = answer
+                .links
+                .iter()
+                .map(|name| emit(seq, flags, NetlinkPayload::InnerMessage(link(name))));
+            match self.layout {
+                Layout::Two => {
+                    let mut links = links;
+                    self.queue.push_back(links.next().unwrap_or_default());
+                    self.queue.push_back(links.flatten().chain(done).collect());
+                }
+                Layout::Each(end) => {
+                    self.queue.extend(links);
+                    match end {
+                        End::Done => self.queue.push_back(done),
+                        End::Errno(errno) => {
+                            let mut e = netlink_packet_core::ErrorMessage::default();
+                            e.code = std::num::NonZeroI32::new(-errno);
+                            self.queue.push_back(emit(seq, 0, NetlinkPayload::Error(e)));
+                        }
+                        End::Nothing => {}
+                    }
+                }
             }
-            second.extend(emit(
-                seq,
-                flags,
-                NetlinkPayload::Done(DoneMessage::default()),
-            ));
-            self.queue.push_back(first);
-            self.queue.push_back(second);
             Ok(())
         }
 
@@ -642,8 +789,16 @@ mod tests {
     }
 
     fn dump_links(answers: Vec<Answer>) -> (Result<Vec<RouteNetlinkMessage>, NlError>, usize) {
+        dump_links_laid_out(answers, Layout::Two)
+    }
+
+    fn dump_links_laid_out(
+        answers: Vec<Answer>,
+        layout: Layout,
+    ) -> (Result<Vec<RouteNetlinkMessage>, NlError>, usize) {
         let mut nl = Nl::with_transport(Scripted {
             answers: answers.into(),
+            layout,
             ..Default::default()
         });
         let got = nl.dump(
@@ -661,6 +816,83 @@ mod tests {
         }]);
         assert_eq!(names(&got.unwrap()), ["lo", "eth0", "lv-a"]);
         assert_eq!(requests, 1);
+    }
+
+    /// 200 names, each its own datagram: far more than the reader thread may read ahead.
+    fn many_links() -> Vec<&'static str> {
+        (0..200)
+            .map(|i| &*Box::leak(format!("l{i}").into_boxed_str()))
+            .collect()
+    }
+
+    #[test]
+    fn a_long_dump_read_ahead_by_the_reader_thread_keeps_every_message_in_order() {
+        let links = many_links();
+        let (got, requests) = dump_links_laid_out(
+            vec![Answer {
+                links: links.clone(),
+                interrupted: false,
+            }],
+            Layout::Each(End::Done),
+        );
+        assert_eq!(names(&got.unwrap()), links);
+        assert_eq!(requests, 1);
+    }
+
+    #[test]
+    fn an_error_ending_a_long_dump_names_the_dump_and_the_errno() {
+        let (got, _) = dump_links_laid_out(
+            vec![Answer {
+                links: many_links(),
+                interrupted: false,
+            }],
+            Layout::Each(End::Errno(libc::EBUSY)),
+        );
+        let err = got.unwrap_err();
+        assert!(
+            matches!(&err, NlError::Dump { what: "links", source } if source.raw_os_error() == Some(libc::EBUSY)),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn a_dump_whose_stream_breaks_fails_with_the_receive_error_instead_of_hanging() {
+        let (got, _) = dump_links_laid_out(
+            vec![Answer {
+                links: many_links(),
+                interrupted: false,
+            }],
+            Layout::Each(End::Nothing),
+        );
+        let err = got.unwrap_err();
+        assert!(
+            matches!(&err, NlError::Receive(e) if e.kind() == io::ErrorKind::WouldBlock),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn only_the_end_of_the_dump_asked_for_stops_the_reader() {
+        let end = |seq, kind| {
+            let payload = match kind {
+                NLMSG_DONE => NetlinkPayload::Done(DoneMessage::default()),
+                _ => NetlinkPayload::Error(netlink_packet_core::ErrorMessage::default()),
+            };
+            emit(seq, NLM_F_MULTI_FLAG, payload)
+        };
+        let other = emit(7, NLM_F_MULTI_FLAG, NetlinkPayload::InnerMessage(link("a")));
+        assert!(!ends_dump(&other, 7));
+        assert!(!ends_dump(&end(6, NLMSG_DONE), 7), "another request's end");
+        for kind in [NLMSG_DONE, NLMSG_ERROR] {
+            let datagram: Vec<u8> = other.iter().copied().chain(end(7, kind)).collect();
+            assert!(ends_dump(&datagram, 7), "type {kind} after a message");
+        }
+        let mut malformed = other.clone();
+        malformed[0] = 8; // a length shorter than a header
+        assert!(
+            ends_dump(&malformed, 7),
+            "a malformed datagram ends the reading"
+        );
     }
 
     #[test]
