@@ -19,8 +19,8 @@ use std::os::fd::AsFd;
 use std::sync::mpsc;
 
 use netlink_packet_core::{
-    NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_DUMP, NLM_F_DUMP_INTR,
-    NLM_F_REQUEST,
+    NetlinkBuffer, NetlinkHeader, NetlinkMessage, NetlinkPayload, ParseableParametrized, NLM_F_ACK,
+    NLM_F_DUMP, NLM_F_DUMP_INTR, NLM_F_REQUEST,
 };
 use netlink_packet_route::RouteNetlinkMessage;
 use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
@@ -112,23 +112,23 @@ pub struct Nl<T: Transport = Socket> {
     notifications: Option<Notifications>,
 }
 
-/// The messages of one datagram, or of datagrams laid end to end, decoded one at a time
-/// (a large batch's notifications are never all decoded in memory at once). Stops after the
-/// first error.
+/// The messages of one datagram, or of datagrams laid end to end, one at a time and not
+/// decoded: each one's header fields and payload bytes ([`NetlinkBuffer`]), checked to lie
+/// within the datagram. Stops after the first malformed one.
 #[derive(Debug)]
-pub struct Messages<'a> {
+struct RawMessages<'a> {
     buf: &'a [u8],
     off: usize,
 }
 
-impl<'a> Messages<'a> {
+impl<'a> RawMessages<'a> {
     fn new(buf: &'a [u8]) -> Self {
         Self { buf, off: 0 }
     }
 }
 
-impl Iterator for Messages<'_> {
-    type Item = Result<NetlinkMessage<RouteNetlinkMessage>, NlError>;
+impl<'a> Iterator for RawMessages<'a> {
+    type Item = Result<NetlinkBuffer<&'a [u8]>, NlError>;
 
     fn next(&mut self) -> Option<Self::Item> {
         let (buf, off, n) = (self.buf, self.off, self.buf.len());
@@ -143,10 +143,37 @@ impl Iterator for Messages<'_> {
             ))));
         }
         self.off = off + ((len + 3) & !3);
-        let msg = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&buf[off..off + len])
-            .map_err(|e| NlError::Decode(e.to_string()));
+        Some(Ok(NetlinkBuffer::new(&buf[off..off + len])))
+    }
+}
+
+/// Decodes one message of [`RawMessages`].
+fn decode_message(
+    raw: NetlinkBuffer<&[u8]>,
+) -> Result<NetlinkMessage<RouteNetlinkMessage>, NlError> {
+    NetlinkMessage::<RouteNetlinkMessage>::deserialize(raw.into_inner())
+        .map_err(|e| NlError::Decode(e.to_string()))
+}
+
+/// The messages of one datagram, or of datagrams laid end to end, decoded one at a time
+/// (a large batch's notifications are never all decoded in memory at once). Stops after the
+/// first error.
+#[derive(Debug)]
+pub struct Messages<'a>(RawMessages<'a>);
+
+impl<'a> Messages<'a> {
+    fn new(buf: &'a [u8]) -> Self {
+        Self(RawMessages::new(buf))
+    }
+}
+
+impl Iterator for Messages<'_> {
+    type Item = Result<NetlinkMessage<RouteNetlinkMessage>, NlError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let msg = self.0.next()?.and_then(decode_message);
         if msg.is_err() {
-            self.off = n;
+            self.0.off = self.0.buf.len();
         }
         Some(msg)
     }
@@ -172,25 +199,22 @@ fn recv<T: Transport>(sock: &mut T, buf: &mut [u8]) -> Result<usize, NlError> {
 const DUMP_QUEUE: usize = 4;
 
 /// A dump's reader thread: receives the rest of the dump `seq` into buffers of `size` bytes
-/// (taken back from `empty` once decoded) and hands them to `full`, until the datagram that
-/// ends the dump (`NLMSG_DONE` or `NLMSG_ERROR` of `seq`: only the headers are read here), a
-/// receive error (handed on), or until `full`'s receiver is gone.
+/// (taken back from `empty` once decoded: a few per dump, never cleared again) and hands
+/// each with its datagram's length to `full`, until the datagram that ends the dump
+/// (`NLMSG_DONE` or `NLMSG_ERROR` of `seq`: only the headers are read here), a receive error
+/// (handed on), or until `full`'s receiver is gone.
 fn read_dump<T: Transport>(
     sock: &mut T,
     seq: u32,
     size: usize,
-    full: mpsc::SyncSender<Result<Vec<u8>, NlError>>,
+    full: mpsc::SyncSender<Result<(Vec<u8>, usize), NlError>>,
     empty: mpsc::Receiver<Vec<u8>>,
 ) {
     loop {
-        let mut buf = empty.try_recv().unwrap_or_default();
-        buf.resize(size, 0);
-        let received = recv(sock, &mut buf).map(|n| {
-            buf.truncate(n);
-            buf
-        });
+        let mut buf = empty.try_recv().unwrap_or_else(|_| vec![0; size]);
+        let received = recv(sock, &mut buf).map(|n| (buf, n));
         let last = match &received {
-            Ok(datagram) => ends_dump(datagram, seq),
+            Ok((buf, n)) => ends_dump(&buf[..*n], seq),
             Err(_) => true,
         };
         if full.send(received).is_err() || last {
@@ -202,32 +226,18 @@ fn read_dump<T: Transport>(
 /// Whether `datagram` holds the message that ends dump `seq` (or is malformed: the decoding
 /// reports that). Reads only the messages' headers.
 fn ends_dump(datagram: &[u8], seq: u32) -> bool {
-    let word = |at: usize| {
-        u32::from_ne_bytes([
-            datagram[at],
-            datagram[at + 1],
-            datagram[at + 2],
-            datagram[at + 3],
-        ])
-    };
-    let mut off = 0;
-    while off + 16 <= datagram.len() {
-        let len = word(off) as usize;
-        if len < 16 || off + len > datagram.len() {
-            return true;
-        }
-        let kind = u16::from_ne_bytes([datagram[off + 4], datagram[off + 5]]);
-        if word(off + 8) == seq && matches!(kind, NLMSG_DONE | NLMSG_ERROR) {
-            return true;
-        }
-        off += (len + 3) & !3;
-    }
-    false
+    RawMessages::new(datagram).any(|m| {
+        m.map_or(true, |m| {
+            m.sequence_number() == seq && matches!(m.message_type(), NLMSG_DONE | NLMSG_ERROR)
+        })
+    })
 }
 
-/// `NLMSG_ERROR` and `NLMSG_DONE`: the message types that end a dump.
+/// Netlink's own message types: nothing, an error or ACK, a dump's end, data lost.
+const NLMSG_NOOP: u16 = 1;
 const NLMSG_ERROR: u16 = 2;
 const NLMSG_DONE: u16 = 3;
+const NLMSG_OVERRUN: u16 = 4;
 
 /// One dump attempt's state: what its messages add up to so far.
 struct Fold<A> {
@@ -240,29 +250,34 @@ struct Fold<A> {
 }
 
 impl<A> Fold<A> {
-    /// Decodes one datagram of the dump into `acc`; `Ok(true)` once the dump ended.
+    /// Reads one datagram of the dump into `acc`, handing `add` each of its objects' message
+    /// type and payload; `Ok(true)` once the dump ended.
     fn datagram(
         &mut self,
         datagram: &[u8],
-        add: &mut impl FnMut(&mut A, RouteNetlinkMessage),
+        add: &mut impl FnMut(&mut A, u16, &[u8]) -> Result<(), NlError>,
     ) -> Result<bool, NlError> {
-        for msg in Messages::new(datagram) {
+        for msg in RawMessages::new(datagram) {
             let msg = msg?;
-            if msg.header.sequence_number != self.seq {
+            if msg.sequence_number() != self.seq {
                 continue; // a late ACK of an earlier request: not ours to read
             }
-            self.interrupted |= msg.header.flags & NLM_F_DUMP_INTR != 0;
-            match msg.payload {
-                NetlinkPayload::Done(_) => return Ok(true),
-                NetlinkPayload::Error(e) if e.code.is_some() => {
-                    return Err(NlError::Dump {
-                        what: self.what,
-                        source: e.to_io(),
-                    })
+            self.interrupted |= msg.flags() & NLM_F_DUMP_INTR != 0;
+            match msg.message_type() {
+                NLMSG_DONE => return Ok(true),
+                NLMSG_ERROR => {
+                    return match decode_message(msg)?.payload {
+                        NetlinkPayload::Error(e) if e.code.is_some() => Err(NlError::Dump {
+                            what: self.what,
+                            source: e.to_io(),
+                        }),
+                        // An ACK (code 0) ends the request as `NLMSG_DONE` would.
+                        _ => Ok(true),
+                    };
                 }
-                // An ACK (code 0) ends the request as `NLMSG_DONE` would ([`ends_dump`]).
-                NetlinkPayload::Error(_) => return Ok(true),
-                NetlinkPayload::InnerMessage(m) if !self.interrupted => add(&mut self.acc, m),
+                NLMSG_NOOP | NLMSG_OVERRUN => {}
+                // An interrupted dump is read to its end and thrown away.
+                kind if !self.interrupted => add(&mut self.acc, kind, msg.payload())?,
                 _ => {}
             }
         }
@@ -344,12 +359,19 @@ impl<T: Transport> Nl<T> {
         what: &'static str,
         request: RouteNetlinkMessage,
     ) -> Result<Vec<RouteNetlinkMessage>, NlError> {
-        self.dump_fold(what, request, Vec::new, |items, m| items.push(m))
+        self.dump_fold(what, request, Vec::new, |items, kind, payload| {
+            let m = RouteNetlinkMessage::parse_with_param(payload, kind)
+                .map_err(|e| NlError::Decode(format!("{what}: {e}")))?;
+            items.push(m);
+            Ok(())
+        })
     }
 
-    /// Dumps `request` like [`Nl::dump`], handing each object to `add` as it is decoded
-    /// instead of keeping them all: a node's 300,000 routes are never all decoded in memory
-    /// at once. A retried dump starts again from `init()`.
+    /// Dumps `request` like [`Nl::dump`], handing each object's message type and payload to
+    /// `add` as it is received instead of keeping them all decoded: a node's 300,000 routes
+    /// are never all in memory at once, and `add` decodes only what it reads (see
+    /// [`super::observe::RouteFields`]). A retried dump starts again from `init()`; an error of
+    /// `add` ends the dump with it.
     ///
     /// A dump longer than one datagram is read on by a second thread ([`read_dump`]) while
     /// this one decodes: the kernel fills the next datagram inside the `recv` that took the
@@ -360,7 +382,7 @@ impl<T: Transport> Nl<T> {
         what: &'static str,
         request: RouteNetlinkMessage,
         init: impl Fn() -> A,
-        mut add: impl FnMut(&mut A, RouteNetlinkMessage),
+        mut add: impl FnMut(&mut A, u16, &[u8]) -> Result<(), NlError>,
     ) -> Result<A, NlError> {
         for _ in 0..DUMP_ATTEMPTS {
             let mut buf = Vec::new();
@@ -381,12 +403,12 @@ impl<T: Transport> Nl<T> {
                     s.spawn(move || read_dump(sock, seq, size, full_tx, empty_rx));
                     // The reader stops at the dump's end or when `full` is dropped (an error
                     // here), whichever comes first.
-                    for datagram in full {
-                        let datagram: Vec<u8> = datagram?;
-                        if fold.datagram(&datagram, &mut add)? {
+                    for received in full {
+                        let (buf, n): (Vec<u8>, usize) = received?;
+                        if fold.datagram(&buf[..n], &mut add)? {
                             return Ok(());
                         }
-                        let _ = empty.send(datagram);
+                        let _ = empty.send(buf);
                     }
                     Err(NlError::Decode(format!(
                         "the dump of {what} stopped before its end (a malformed message?)"

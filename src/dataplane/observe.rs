@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+use netlink_packet_core::{DecodeError, NlasIterator, ParseableParametrized};
 use netlink_packet_route::address::{
     AddressAttribute, AddressFlags, AddressHeaderFlags, AddressMessage,
 };
@@ -15,8 +16,9 @@ use netlink_packet_route::link::{
     InfoData, InfoIpTunnel, InfoKind, InfoVrf, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
 };
 use netlink_packet_route::route::{
-    RouteAddress, RouteAttribute, RouteFlags, RouteLwTunnelEncap, RouteMessage, RouteProtocol,
-    RouteSeg6IpTunnel, RouteSeg6LocalTunnel, RouteType, Seg6LocalAction,
+    RouteAddress, RouteAttribute, RouteFlags, RouteHeader, RouteLwEnCapType, RouteLwTunnelEncap,
+    RouteMessage, RouteProtocol, RouteSeg6IpTunnel, RouteSeg6LocalTunnel, RouteType,
+    Seg6LocalAction,
 };
 use netlink_packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
@@ -82,15 +84,18 @@ pub fn dump(nl: &mut Nl) -> Result<(ObservedNode, HostRoutes), ObserveError> {
             "routes",
             RouteNetlinkMessage::GetRoute(req),
             || (Vec::new(), Vec::new()),
-            |(lace, host), m| {
-                let RouteNetlinkMessage::NewRoute(r) = m else {
-                    return;
-                };
+            |(lace, host), kind, payload| {
+                if kind != libc::RTM_NEWROUTE {
+                    return Ok(());
+                }
+                let r = RouteFields::parse(payload)
+                    .map_err(|e| NlError::Decode(format!("a dumped route: {e}")))?;
                 match classify_route(&r, &names) {
                     Route::Lace(key, nh) => lace.push((key, nh)),
                     Route::Host(id, h) => host.push((id, h)),
                     Route::Foreign(_) | Route::Other => {}
                 }
+                Ok(())
             },
         )?;
         routes.extend(lace);
@@ -396,32 +401,124 @@ pub enum Route {
 /// `fe80::/64`).
 pub type HostRouteId = (IpNet, u8, u32, Option<u32>);
 
+/// The fields of a route message that Lace reads. [`RouteFields::parse`] takes them from the
+/// message's bytes: the header and the seven attributes below, each parsed by
+/// netlink-packet-route, the others (cache info, metrics, preference) skipped unparsed, and no
+/// list of them built, which a whole [`RouteMessage`]'s parse does for every route (at 300,000
+/// routes that list was most of a dump's decoding). A decoded message converts too.
+#[derive(Debug)]
+pub struct RouteFields {
+    header: RouteHeader,
+    table: u32,
+    dst: Option<IpAddr>,
+    gateway: Option<IpAddr>,
+    oif: Option<u32>,
+    encap_type: RouteLwEnCapType,
+    encap: Option<Vec<RouteLwTunnelEncap>>,
+    src: Option<IpAddr>,
+    priority: u32,
+}
+
+/// The attributes [`RouteFields::parse`] reads (`RTA_*`; the encapsulation's own after its type).
+const RTA_READ: [u16; 7] = [
+    libc::RTA_TABLE,
+    libc::RTA_DST,
+    libc::RTA_GATEWAY,
+    libc::RTA_OIF,
+    libc::RTA_PREFSRC,
+    libc::RTA_PRIORITY,
+    RTA_ENCAP_TYPE,
+];
+const RTA_ENCAP_TYPE: u16 = 21;
+const RTA_ENCAP: u16 = 22;
+/// The length of `struct rtmsg`, the header before a route's attributes.
+const RTMSG_LEN: usize = 12;
+
+impl RouteFields {
+    fn new(header: RouteHeader) -> Self {
+        Self {
+            table: u32::from(header.table),
+            header,
+            dst: None,
+            gateway: None,
+            oif: None,
+            encap_type: RouteLwEnCapType::None,
+            encap: None,
+            src: None,
+            priority: 0,
+        }
+    }
+
+    /// The fields of the route message whose payload (`struct rtmsg` and attributes) is
+    /// `payload`.
+    pub fn parse(payload: &[u8]) -> Result<Self, DecodeError> {
+        let mut fields = Self::new(RouteHeader::parse(payload)?);
+        let param = |f: &Self| (f.header.address_family, f.header.kind, f.encap_type);
+        let mut encap = None;
+        for nla in NlasIterator::new(payload.get(RTMSG_LEN..).unwrap_or_default()) {
+            let nla = nla?;
+            match nla.kind() {
+                // Its parse needs the encapsulation's type, which may come after it.
+                RTA_ENCAP => encap = Some(nla),
+                kind if RTA_READ.contains(&kind) => {
+                    fields.set(&RouteAttribute::parse_with_param(&nla, param(&fields))?)
+                }
+                _ => {}
+            }
+        }
+        if let Some(nla) = encap {
+            if let RouteAttribute::Encap(e) =
+                RouteAttribute::parse_with_param(&nla, param(&fields))?
+            {
+                fields.encap = Some(e);
+            }
+        }
+        Ok(fields)
+    }
+
+    fn set(&mut self, a: &RouteAttribute) {
+        match a {
+            RouteAttribute::Table(t) => self.table = *t,
+            RouteAttribute::Destination(d) => self.dst = addr_of(d),
+            RouteAttribute::Gateway(g) => self.gateway = addr_of(g),
+            RouteAttribute::Oif(i) => self.oif = Some(*i),
+            RouteAttribute::EncapType(t) => self.encap_type = *t,
+            RouteAttribute::Encap(e) => self.encap = Some(e.clone()),
+            RouteAttribute::PrefSource(p) => self.src = addr_of(p),
+            RouteAttribute::Priority(p) => self.priority = *p,
+            _ => {}
+        }
+    }
+}
+
+impl From<&RouteMessage> for RouteFields {
+    fn from(r: &RouteMessage) -> Self {
+        let mut fields = Self::new(r.header.clone());
+        for a in &r.attributes {
+            fields.set(a);
+        }
+        fields
+    }
+}
+
 /// Sorts a dumped or notified route into Lace's routes, the host's main-table routes, or
 /// neither. `names` resolves link indices.
-pub fn classify_route(r: &RouteMessage, names: &BTreeMap<u32, String>) -> Route {
+pub fn classify_route(r: &RouteFields, names: &BTreeMap<u32, String>) -> Route {
     // A cached clone (a PMTU exception, a redirect) is not a FIB entry: dumps leave them out.
     if r.header.flags.contains(RouteFlags::Cloned) {
         return Route::Other;
     }
-    let mut table = u32::from(r.header.table);
-    let mut dst = None;
-    let mut gateway = None;
-    let mut oif = None;
-    let mut encap = None;
-    let mut src = None;
-    let mut priority = 0;
-    for a in &r.attributes {
-        match a {
-            RouteAttribute::Table(t) => table = *t,
-            RouteAttribute::Destination(d) => dst = addr_of(d),
-            RouteAttribute::Gateway(g) => gateway = addr_of(g),
-            RouteAttribute::Oif(i) => oif = Some(*i),
-            RouteAttribute::Encap(e) => encap = Some(e),
-            RouteAttribute::PrefSource(p) => src = addr_of(p),
-            RouteAttribute::Priority(p) => priority = *p,
-            _ => {}
-        }
-    }
+    let RouteFields {
+        table,
+        dst,
+        gateway,
+        oif,
+        ref encap,
+        src,
+        priority,
+        ..
+    } = *r;
+    let encap = encap.as_deref();
     let len = r.header.destination_prefix_length;
     let dst = match (r.header.address_family, dst) {
         (_, Some(IpAddr::V4(a))) => Ipv4Net::new(a, len).ok().map(IpNet::V4),
@@ -573,3 +670,6 @@ pub fn link_indices(nl: &mut Nl) -> Result<std::collections::HashMap<String, u32
         .map(|(n, l)| (n, l.index))
         .collect())
 }
+
+#[cfg(test)]
+mod tests;

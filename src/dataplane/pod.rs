@@ -391,7 +391,7 @@ fn main_route_via(
     if !through {
         return None;
     }
-    match classify_route(r, names) {
+    match classify_route(&r.into(), names) {
         Route::Lace(key, nh) if key.table == MAIN_TABLE => Some((
             key.dst,
             match nh {

@@ -1,0 +1,164 @@
+//! Route classification from a message's bytes ([`RouteFields::parse`]) against the same
+//! message decoded whole: every kind of route Lace writes, the kernel's attribute order, an
+//! attribute Lace does not read, a host route, a foreign one and a cached clone.
+
+use std::collections::BTreeMap;
+
+use netlink_packet_core::Emitable;
+use netlink_packet_route::route::{
+    RouteAttribute, RouteCacheInfo, RouteFlags, RouteMessage, RouteProtocol,
+};
+
+use super::{classify_route, Route, RouteFields};
+use crate::dataplane::msg;
+use crate::dataplane::observed::{HostRoute, KernelNexthop};
+use crate::plan::{RouteKey, MAIN_TABLE};
+
+const TABLE: u32 = 1_000_005;
+
+fn names() -> BTreeMap<u32, String> {
+    [(2, "eth0".to_string()), (7, "lv-a".to_string())].into()
+}
+
+fn index(dev: &str) -> Option<u32> {
+    names().into_iter().find(|(_, n)| n == dev).map(|(i, _)| i)
+}
+
+/// The message's payload as the kernel sends it: `struct rtmsg` and the attributes.
+fn bytes(m: &RouteMessage) -> Vec<u8> {
+    let mut buf = vec![0; m.buffer_len()];
+    m.emit(&mut buf);
+    buf
+}
+
+/// The classification from the bytes, checked equal to the whole message's.
+fn classified(m: &RouteMessage) -> Route {
+    let from_bytes = classify_route(&RouteFields::parse(&bytes(m)).unwrap(), &names());
+    assert_eq!(from_bytes, classify_route(&m.into(), &names()), "{m:?}");
+    from_bytes
+}
+
+/// What the kernel sends beside what Lace wrote: `RTA_ENCAP` before `RTA_ENCAP_TYPE` (the
+/// encapsulation is parsed once its type is known) and a cache info Lace does not read.
+fn as_the_kernel_sends(mut m: RouteMessage) -> RouteMessage {
+    let types: Vec<_> = m
+        .attributes
+        .iter()
+        .filter(|a| matches!(a, RouteAttribute::EncapType(_)))
+        .cloned()
+        .collect();
+    m.attributes
+        .retain(|a| !matches!(a, RouteAttribute::EncapType(_)));
+    m.attributes.extend(types);
+    m.attributes.push(RouteAttribute::CacheInfo(
+        RouteCacheInfo::parse(&[0; 32]).unwrap(),
+    ));
+    m
+}
+
+#[test]
+fn every_route_lace_writes_classifies_from_its_bytes_as_written() {
+    let v4 = |dst: &str| RouteKey {
+        table: TABLE,
+        dst: dst.parse().unwrap(),
+        metric: 17,
+    };
+    let cases = [
+        (
+            v4("10.1.2.0/24"),
+            KernelNexthop::Seg6Encap {
+                segs: "fd00:0:0:2::1".parse().unwrap(),
+                dev: "eth0".into(),
+            },
+        ),
+        (
+            RouteKey {
+                table: MAIN_TABLE,
+                dst: "fd00:0:0:1::2/128".parse().unwrap(),
+                metric: 1024,
+            },
+            KernelNexthop::Seg6LocalDt46 {
+                vrf_table: TABLE,
+                dev: "lv-a".into(),
+            },
+        ),
+        (
+            v4("10.9.0.0/16"),
+            KernelNexthop::Via {
+                via: "192.168.1.1".parse().unwrap(),
+                dev: "eth0".into(),
+            },
+        ),
+        (
+            v4("10.1.1.5/32"),
+            KernelNexthop::DevSrc {
+                dev: "lv-a".into(),
+                src: "10.1.1.1".parse().unwrap(),
+            },
+        ),
+        (v4("10.1.1.6/32"), KernelNexthop::Dev("lv-a".into())),
+        (v4("0.0.0.0/0"), KernelNexthop::Unreachable),
+    ];
+    for (key, nh) in cases {
+        let m = as_the_kernel_sends(msg::route(&key, Some(&nh), &index).unwrap());
+        assert_eq!(classified(&m), Route::Lace(key, nh));
+    }
+}
+
+#[test]
+fn host_foreign_and_cloned_routes_classify_from_their_bytes_as_decoded() {
+    let key = RouteKey {
+        table: MAIN_TABLE,
+        dst: "192.168.1.0/24".parse().unwrap(),
+        metric: 100,
+    };
+    let mut host = msg::route(&key, Some(&KernelNexthop::Dev("eth0".into())), &index).unwrap();
+    host.header.protocol = RouteProtocol::Kernel;
+    assert_eq!(
+        classified(&host),
+        Route::Host(
+            (key.dst, 0, 100, Some(2)),
+            HostRoute {
+                dst: key.dst,
+                gateway: None,
+                dev: Some("eth0".into()),
+            }
+        )
+    );
+
+    let foreign_key = RouteKey {
+        table: TABLE,
+        ..key
+    };
+    let mut foreign = msg::route(&foreign_key, None, &index).unwrap();
+    foreign.header.protocol = RouteProtocol::Boot;
+    assert_eq!(classified(&foreign), Route::Foreign(foreign_key));
+
+    let mut cloned = msg::route(
+        &foreign_key,
+        Some(&KernelNexthop::Dev("eth0".into())),
+        &index,
+    )
+    .unwrap();
+    cloned.header.flags = RouteFlags::Cloned;
+    assert_eq!(classified(&cloned), Route::Other);
+}
+
+#[test]
+fn a_truncated_route_message_is_a_decode_error() {
+    let key = RouteKey {
+        table: TABLE,
+        dst: "10.1.2.0/24".parse().unwrap(),
+        metric: 1,
+    };
+    let nh = KernelNexthop::Seg6Encap {
+        segs: "fd00::1".parse().unwrap(),
+        dev: "eth0".into(),
+    };
+    let whole = bytes(&msg::route(&key, Some(&nh), &index).unwrap());
+    assert!(RouteFields::parse(&whole[..whole.len() - 3]).is_err());
+    assert!(
+        RouteFields::parse(&whole[..8]).is_err(),
+        "shorter than struct rtmsg"
+    );
+}
