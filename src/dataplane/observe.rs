@@ -80,7 +80,7 @@ pub fn dump(nl: &mut Nl) -> Result<(ObservedNode, HostRoutes), ObserveError> {
     for family in [AddressFamily::Inet, AddressFamily::Inet6] {
         let mut req = RouteMessage::default();
         req.header.address_family = family;
-        let (lace, host_routes) = nl.dump_fold(
+        let (lace, host_routes) = nl.dump_fold_unordered(
             "routes",
             RouteNetlinkMessage::GetRoute(req),
             || (Vec::new(), Vec::new()),
@@ -96,6 +96,11 @@ pub fn dump(nl: &mut Nl) -> Result<(ObservedNode, HostRoutes), ObserveError> {
                     Route::Foreign(_) | Route::Other => {}
                 }
                 Ok(())
+            },
+            // Both are made maps below, which order them.
+            |(lace, host), (more_lace, more_host)| {
+                lace.extend(more_lace);
+                host.extend(more_host);
             },
         )?;
         routes.extend(lace);
