@@ -198,11 +198,11 @@ fn recv<T: Transport>(sock: &mut T, buf: &mut [u8]) -> Result<usize, NlError> {
 /// Datagrams [`read_dump`] may read ahead of the decoding.
 const DUMP_QUEUE: usize = 4;
 
+/// What a dump hands each object to: the accumulator, the object's message type, its payload.
+type Add<'a, A> = dyn Fn(&mut A, u16, &[u8]) -> Result<(), NlError> + Sync + 'a;
+
 /// The decoding a dump's reader thread may do itself: its own accumulator and `add`.
-type Helper<'a, A> = (
-    Fold<A>,
-    &'a (dyn Fn(&mut A, u16, &[u8]) -> Result<(), NlError> + Sync),
-);
+type Helper<'a, A> = (Fold<A>, &'a Add<'a, A>);
 
 /// A dump's reader thread: receives the rest of the dump `seq` into buffers of `size` bytes
 /// (taken back from `empty` once decoded: a few per dump, never cleared again) and hands
@@ -286,11 +286,7 @@ impl<A> Fold<A> {
 
     /// Reads one datagram of the dump into `acc`, handing `add` each of its objects' message
     /// type and payload; `Ok(true)` once the dump ended.
-    fn datagram(
-        &mut self,
-        datagram: &[u8],
-        add: &(dyn Fn(&mut A, u16, &[u8]) -> Result<(), NlError> + Sync),
-    ) -> Result<bool, NlError> {
+    fn datagram(&mut self, datagram: &[u8], add: &Add<A>) -> Result<bool, NlError> {
         for msg in RawMessages::new(datagram) {
             let msg = msg?;
             if msg.sequence_number() != self.seq {
@@ -440,7 +436,7 @@ impl<T: Transport> Nl<T> {
         what: &'static str,
         request: RouteNetlinkMessage,
         init: &(dyn Fn() -> A + Sync),
-        add: &(dyn Fn(&mut A, u16, &[u8]) -> Result<(), NlError> + Sync),
+        add: &Add<'_, A>,
         merge: Option<impl Fn(&mut A, A)>,
     ) -> Result<A, NlError> {
         for _ in 0..DUMP_ATTEMPTS {
