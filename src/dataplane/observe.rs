@@ -466,40 +466,36 @@ impl RouteFields {
                 // Its parse needs the encapsulation's type, which may come after it.
                 RTA_ENCAP => encap = Some(nla),
                 kind if RTA_READ.contains(&kind) => {
-                    fields.set(&RouteAttribute::parse_with_param(&nla, param(&fields))?)
+                    fields.set(RouteAttribute::parse_with_param(&nla, param(&fields))?)
                 }
                 _ => {}
             }
         }
         if let Some(nla) = encap {
-            if let RouteAttribute::Encap(e) =
-                RouteAttribute::parse_with_param(&nla, param(&fields))?
-            {
-                fields.encap = Some(e);
-            }
+            fields.set(RouteAttribute::parse_with_param(&nla, param(&fields))?);
         }
         Ok(fields)
     }
 
-    fn set(&mut self, a: &RouteAttribute) {
+    fn set(&mut self, a: RouteAttribute) {
         match a {
-            RouteAttribute::Table(t) => self.table = *t,
-            RouteAttribute::Destination(d) => self.dst = addr_of(d),
-            RouteAttribute::Gateway(g) => self.gateway = addr_of(g),
-            RouteAttribute::Oif(i) => self.oif = Some(*i),
-            RouteAttribute::EncapType(t) => self.encap_type = *t,
-            RouteAttribute::Encap(e) => self.encap = Some(e.clone()),
-            RouteAttribute::PrefSource(p) => self.src = addr_of(p),
-            RouteAttribute::Priority(p) => self.priority = *p,
+            RouteAttribute::Table(t) => self.table = t,
+            RouteAttribute::Destination(d) => self.dst = addr_of(&d),
+            RouteAttribute::Gateway(g) => self.gateway = addr_of(&g),
+            RouteAttribute::Oif(i) => self.oif = Some(i),
+            RouteAttribute::EncapType(t) => self.encap_type = t,
+            RouteAttribute::Encap(e) => self.encap = Some(e),
+            RouteAttribute::PrefSource(p) => self.src = addr_of(&p),
+            RouteAttribute::Priority(p) => self.priority = p,
             _ => {}
         }
     }
 }
 
-impl From<&RouteMessage> for RouteFields {
-    fn from(r: &RouteMessage) -> Self {
-        let mut fields = Self::new(r.header.clone());
-        for a in &r.attributes {
+impl From<RouteMessage> for RouteFields {
+    fn from(r: RouteMessage) -> Self {
+        let mut fields = Self::new(r.header);
+        for a in r.attributes {
             fields.set(a);
         }
         fields

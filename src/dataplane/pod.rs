@@ -370,7 +370,7 @@ pub fn inspect(nl: &mut Nl, ifname: &str) -> Result<Option<PodLinkState>, NlErro
             let RouteNetlinkMessage::NewRoute(r) = m else {
                 continue;
             };
-            if let Some((dst, via)) = main_route_via(&r, index, &names) {
+            if let Some((dst, via)) = main_route_via(r, index, &names) {
                 state.routes.push((dst, via));
             }
         }
@@ -380,7 +380,7 @@ pub fn inspect(nl: &mut Nl, ifname: &str) -> Result<Option<PodLinkState>, NlErro
 
 /// A main-table route through link `index`: its destination and gateway.
 fn main_route_via(
-    r: &RouteMessage,
+    r: RouteMessage,
     index: u32,
     names: &std::collections::BTreeMap<u32, String>,
 ) -> Option<(IpNet, Option<IpAddr>)> {

@@ -34,7 +34,11 @@ fn bytes(m: &RouteMessage) -> Vec<u8> {
 /// The classification from the bytes, checked equal to the whole message's.
 fn classified(m: &RouteMessage) -> Route {
     let from_bytes = classify_route(&RouteFields::parse(&bytes(m)).unwrap(), &names());
-    assert_eq!(from_bytes, classify_route(&m.into(), &names()), "{m:?}");
+    assert_eq!(
+        from_bytes,
+        classify_route(&m.clone().into(), &names()),
+        "{m:?}"
+    );
     from_bytes
 }
 

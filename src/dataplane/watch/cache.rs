@@ -139,7 +139,7 @@ impl Cache {
                     self.del_addr(ip, index, host_changed);
                 }
             }
-            RouteNetlinkMessage::NewRoute(r) => match classify_route(&(&r).into(), &self.names) {
+            RouteNetlinkMessage::NewRoute(r) => match classify_route(&r.into(), &self.names) {
                 observe::Route::Lace(key, nh) => {
                     self.node.routes.insert(key, nh);
                 }
@@ -165,7 +165,7 @@ impl Cache {
                 }
                 observe::Route::Foreign(_) | observe::Route::Other => {}
             },
-            RouteNetlinkMessage::DelRoute(r) => match classify_route(&(&r).into(), &self.names) {
+            RouteNetlinkMessage::DelRoute(r) => match classify_route(&r.into(), &self.names) {
                 observe::Route::Lace(key, _) => {
                     self.node.routes.remove(&key);
                 }
