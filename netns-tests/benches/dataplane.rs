@@ -317,11 +317,12 @@ fn raw_route_dump(ns: &Netns) -> (Duration, usize) {
             SockProtocol::NetlinkRoute,
         )
         .unwrap();
-        // nlmsghdr (len, RTM_GETROUTE, NLM_F_REQUEST | NLM_F_DUMP, seq 1, pid 0) + rtmsg (AF_INET).
+        use nix::libc::{NLMSG_DONE, NLMSG_ERROR, NLM_F_DUMP, NLM_F_REQUEST, RTM_GETROUTE};
+        // nlmsghdr (len, type, flags, seq 1, pid 0) + rtmsg (AF_INET, the rest 0).
         let mut request = Vec::new();
         request.extend(28u32.to_ne_bytes());
-        request.extend(26u16.to_ne_bytes());
-        request.extend(0x301u16.to_ne_bytes());
+        request.extend(RTM_GETROUTE.to_ne_bytes());
+        request.extend(((NLM_F_REQUEST | NLM_F_DUMP) as u16).to_ne_bytes());
         request.extend(1u32.to_ne_bytes());
         request.extend(0u32.to_ne_bytes());
         request.extend([nix::libc::AF_INET as u8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
@@ -334,9 +335,9 @@ fn raw_route_dump(ns: &Netns) -> (Duration, usize) {
             let mut off = 0;
             while off + 16 <= n {
                 let len = u32::from_ne_bytes(buf[off..off + 4].try_into().unwrap()) as usize;
-                match u16::from_ne_bytes([buf[off + 4], buf[off + 5]]) {
-                    3 => return (t.elapsed(), routes), // NLMSG_DONE
-                    2 => panic!("the raw route dump failed"),
+                match i32::from(u16::from_ne_bytes([buf[off + 4], buf[off + 5]])) {
+                    NLMSG_DONE => return (t.elapsed(), routes),
+                    NLMSG_ERROR => panic!("the raw route dump failed"),
                     _ => routes += 1,
                 }
                 off += (len.max(16) + 3) & !3;
