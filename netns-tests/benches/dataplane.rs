@@ -16,12 +16,14 @@
 //!   synthetic cluster (IPv4, every Network routed to itself) programmed from nothing: its plan,
 //!   then the first apply by the real reconciler, the kernel's routes and rules and the kernel
 //!   memory they took (`/proc/meminfo`, the FIB's slab caches) after it, and the re-applies;
-//!   the baseline is `ip -batch` adding the plan's encap routes alone into VRFs that exist.
+//!   the baseline is `ip -batch` adding the plan's encap routes alone into VRFs that exist,
+//!   inline and through next hop objects (one per SID, one per node), with the kernel's CPU.
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 #[path = "../../tests/common/mod.rs"]
 mod common;
 
+use std::collections::HashMap;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::process::Command;
 use std::sync::Arc;
@@ -118,13 +120,20 @@ fn median(times: impl IntoIterator<Item = Duration>) -> Duration {
 /// kernel refuses seg6 routes with ENOMEM while its atomic per-CPU pool is empty, and `ip`
 /// does not resend), so the caller counts what was installed.
 fn ip_batch(ns: &Netns, commands: &str) -> Duration {
+    ip_batch_cpu(ns, commands).0
+}
+
+/// [`ip_batch`], and the kernel's CPU for it: `ip`'s system time (the kernel handles each
+/// netlink request inside the `sendmsg` that carries it, in the sender's context).
+fn ip_batch_cpu(ns: &Netns, commands: &str) -> (Duration, f64) {
     let path = std::env::temp_dir().join(format!("lace-bench-{}.batch", std::process::id()));
     std::fs::write(&path, commands).unwrap();
-    let t = Instant::now();
+    let (system0, t) = (cpu_times()[3], Instant::now());
     let _ = ns.ip(&format!("-force -batch {}", path.display()));
     let took = t.elapsed();
+    let system = cpu_times()[3] - system0;
     let _ = std::fs::remove_file(&path);
-    took
+    (took, system)
 }
 
 fn bench_routes(n: u32) {
@@ -282,9 +291,9 @@ impl KernelMemory {
     }
 }
 
-/// This process's CPU time so far, from `/proc/self/stat`: user, system, and its waited-for
-/// children's (user + system; the `nft` runs), in seconds.
-fn cpu_times() -> [f64; 3] {
+/// This process's CPU time so far, from `/proc/self/stat`: user, system, its waited-for
+/// children's (user + system; the `nft` and `ip` runs), and their system time alone, in seconds.
+fn cpu_times() -> [f64; 4] {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
     // Fields after the command's closing parenthesis: state is field 3, utime 14 ... cstime 17.
     let rest: Vec<f64> = stat[stat.rfind(')').unwrap() + 2..]
@@ -298,6 +307,7 @@ fn cpu_times() -> [f64; 3] {
         rest[11] / tick,
         rest[12] / tick,
         (rest[13] + rest[14]) / tick,
+        rest[14] / tick,
     ]
 }
 
@@ -421,34 +431,69 @@ fn bench_scale(nodes: u32, networks: u32) {
     drop(ns);
 
     // Baseline: the plan's encap routes by `ip -batch` at their metrics, their VRFs created
-    // beforehand.
-    let encaps: Vec<String> = desired
+    // beforehand; then the same routes through next hop objects (`ip nexthop`), one per SID
+    // (each Network's SID on each node: what the plan has) and one per node (what a single
+    // SID per node for all Networks would allow).
+    let encaps: Vec<(&RouteKey, Ipv6Addr)> = desired
         .routes()
         .filter_map(|(k, nh)| match nh {
-            Nexthop::Seg6Encap { segs, .. } => Some(format!(
-                "route add {} table {} proto {ROUTE_PROTOCOL} metric {} encap seg6 mode encap segs {segs} dev eth0\n",
-                k.dst, k.table, k.metric
-            )),
+            Nexthop::Seg6Encap { segs, .. } => Some((k, *segs)),
             _ => None,
         })
         .collect();
-    let tables: std::collections::BTreeSet<u32> = desired
-        .routes()
-        .filter(|(_, nh)| matches!(nh, Nexthop::Seg6Encap { .. }))
-        .map(|(k, _)| k.table)
+    let inline: String = encaps
+        .iter()
+        .map(|(k, segs)| {
+            format!(
+                "route add {} table {} proto {ROUTE_PROTOCOL} metric {} encap seg6 mode encap segs {segs} dev eth0\n",
+                k.dst, k.table, k.metric
+            )
+        })
         .collect();
-    let base = node_ns("bench-scale-ip");
-    for (i, t) in tables.iter().enumerate() {
-        base.ip(&format!("link add lv-b{i} type vrf table {t}"))
-            .unwrap();
-    }
-    progress(t0, "ip -batch starts");
-    let ip_batch = ip_batch(&base, &encaps.concat());
-    let ip_batch_installed = count_lines(
-        &base,
-        &format!("-4 route show table all proto {ROUTE_PROTOCOL}"),
-    );
-    drop(base);
+    let via_nexthops = |sid_of: &dyn Fn(Ipv6Addr) -> Ipv6Addr| {
+        let mut ids: HashMap<Ipv6Addr, usize> = HashMap::new();
+        let mut nexthops = String::new();
+        let mut routes = String::new();
+        for (k, segs) in &encaps {
+            let sid = sid_of(*segs);
+            let next = ids.len() + 1;
+            let id = *ids.entry(sid).or_insert_with(|| {
+                nexthops.push_str(&format!(
+                    "nexthop add id {next} encap seg6 mode encap segs {sid} dev eth0 proto {ROUTE_PROTOCOL}\n"
+                ));
+                next
+            });
+            routes.push_str(&format!(
+                "route add {} table {} proto {ROUTE_PROTOCOL} metric {} nhid {id}\n",
+                k.dst, k.table, k.metric
+            ));
+        }
+        (ids.len(), nexthops + &routes)
+    };
+    let (per_sid, per_sid_batch) = via_nexthops(&|segs| segs);
+    // Any address of the node's locator (function 0, argument 1): the kernel only copies it.
+    let (per_node, per_node_batch) =
+        via_nexthops(&|segs| Ipv6Addr::from(u128::from(segs) & !0xffff_ffff | 1));
+    let tables: std::collections::BTreeSet<u32> = encaps.iter().map(|(k, _)| k.table).collect();
+    let batch = |name: &str, commands: &str| {
+        let base = node_ns(name);
+        for (i, t) in tables.iter().enumerate() {
+            base.ip(&format!("link add lv-b{i} type vrf table {t}"))
+                .unwrap();
+        }
+        progress(t0, &format!("ip -batch starts: {name}"));
+        let (took, system) = ip_batch_cpu(&base, commands);
+        let installed = count_lines(
+            &base,
+            &format!("-4 route show table all proto {ROUTE_PROTOCOL}"),
+        );
+        (took, system, installed)
+    };
+    let (ip_batch, ip_batch_system, ip_batch_installed) = batch("bench-scale-ip", &inline);
+    let (per_sid_took, per_sid_system, per_sid_installed) =
+        batch("bench-scale-nh-sid", &per_sid_batch);
+    let (per_node_took, per_node_system, per_node_installed) =
+        batch("bench-scale-nh-node", &per_node_batch);
     progress(t0, "ip -batch done");
 
     let what = format!("{nodes} x {networks}: plan + first apply");
@@ -471,6 +516,23 @@ fn bench_scale(nodes: u32, networks: u32) {
         ip_batch,
         "-",
         None,
+    );
+    row(
+        "  the same via one nexthop object per SID (ip -batch)",
+        encaps.len(),
+        per_sid_took,
+        "-",
+        None,
+    );
+    row(
+        "  the same via one nexthop object per node (ip -batch)",
+        encaps.len(),
+        per_node_took,
+        "-",
+        None,
+    );
+    println!(
+        "|   the kernel's CPU (ip's system time) for the encap routes: {ip_batch_system:.1} s inline ({ip_batch_installed} installed); {per_sid_system:.1} s via {per_sid} nexthop objects, one per SID ({per_sid_installed} installed); {per_node_system:.1} s via {per_node} nexthop objects, one per node ({per_node_installed} installed)"
     );
     row(
         "  re-apply unchanged, same reconciler (median)",
