@@ -10,7 +10,7 @@ use ipnet::IpNet;
 use netlink_packet_core::{NetlinkHeader, NetlinkMessage, NetlinkPayload};
 use netlink_packet_route::address::{AddressAttribute, AddressMessage};
 use netlink_packet_route::link::{
-    InfoData, InfoVrf, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
+    InfoData, InfoKind, InfoVrf, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
 };
 use netlink_packet_route::route::{
     RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteType,
@@ -346,10 +346,10 @@ pub fn link_of(o: &ObservedNode, name: &str) -> LinkMessage {
         m.attributes.push(LinkAttribute::Controller(master));
     }
     if let Some(t) = l.vrf_table {
-        m.attributes
-            .push(LinkAttribute::LinkInfo(vec![LinkInfo::Data(
-                InfoData::Vrf(vec![InfoVrf::TableId(t)]),
-            )]));
+        m.attributes.push(LinkAttribute::LinkInfo(vec![
+            LinkInfo::Kind(InfoKind::Vrf),
+            LinkInfo::Data(InfoData::Vrf(vec![InfoVrf::TableId(t)])),
+        ]));
     }
     m
 }

@@ -116,13 +116,13 @@ pub struct Nl<T: Transport = Socket> {
 /// decoded: each one's header fields and payload bytes ([`NetlinkBuffer`]), checked to lie
 /// within the datagram. Stops after the first malformed one.
 #[derive(Debug)]
-struct RawMessages<'a> {
+pub struct RawMessages<'a> {
     buf: &'a [u8],
     off: usize,
 }
 
 impl<'a> RawMessages<'a> {
-    fn new(buf: &'a [u8]) -> Self {
+    pub fn new(buf: &'a [u8]) -> Self {
         Self { buf, off: 0 }
     }
 }
@@ -148,40 +148,18 @@ impl<'a> Iterator for RawMessages<'a> {
 }
 
 /// Decodes one message of [`RawMessages`].
-fn decode_message(
+pub fn decode_message(
     raw: NetlinkBuffer<&[u8]>,
 ) -> Result<NetlinkMessage<RouteNetlinkMessage>, NlError> {
     NetlinkMessage::<RouteNetlinkMessage>::deserialize(raw.into_inner())
         .map_err(|e| NlError::Decode(e.to_string()))
 }
 
-/// The messages of one datagram, or of datagrams laid end to end, decoded one at a time
-/// (a large batch's notifications are never all decoded in memory at once). Stops after the
-/// first error.
-#[derive(Debug)]
-pub struct Messages<'a>(RawMessages<'a>);
-
-impl<'a> Messages<'a> {
-    fn new(buf: &'a [u8]) -> Self {
-        Self(RawMessages::new(buf))
-    }
-}
-
-impl Iterator for Messages<'_> {
-    type Item = Result<NetlinkMessage<RouteNetlinkMessage>, NlError>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        let msg = self.0.next()?.and_then(decode_message);
-        if msg.is_err() {
-            self.0.off = self.0.buf.len();
-        }
-        Some(msg)
-    }
-}
-
 /// Decodes every message of one datagram.
 fn decode(buf: &[u8]) -> Result<Vec<NetlinkMessage<RouteNetlinkMessage>>, NlError> {
-    Messages::new(buf).collect()
+    RawMessages::new(buf)
+        .map(|m| m.and_then(decode_message))
+        .collect()
 }
 
 /// Receives one datagram into `buf` (retrying when interrupted); returns its length.
@@ -729,9 +707,11 @@ impl Taken {
         self.0.is_empty()
     }
 
-    /// The notifications, decoded in order as they are read.
-    pub fn messages(&self) -> Messages<'_> {
-        Messages::new(&self.0)
+    /// The notifications in order, not decoded: the cache reads routes, most of them, from
+    /// their bytes ([`RouteFields::parse`](super::observe::RouteFields::parse)) and decodes
+    /// the rest ([`decode_message`]).
+    pub fn messages(&self) -> RawMessages<'_> {
+        RawMessages::new(&self.0)
     }
 }
 

@@ -1,12 +1,15 @@
 //! Route classification from a message's bytes ([`RouteFields::parse`]) against the same
 //! message decoded whole: every kind of route Lace writes, the kernel's attribute order, an
-//! attribute Lace does not read, a host route, a foreign one and a cached clone.
+//! attribute Lace does not read, a host route, a foreign one and a cached clone, and seg6
+//! routes in forms Lace never writes (which the fast read of the encapsulation leaves to the
+//! library's parse).
 
 use std::collections::BTreeMap;
 
 use netlink_packet_core::Emitable;
 use netlink_packet_route::route::{
-    RouteAttribute, RouteCacheInfo, RouteFlags, RouteMessage, RouteProtocol,
+    RouteAttribute, RouteCacheInfo, RouteFlags, RouteLwTunnelEncap, RouteMessage, RouteProtocol,
+    RouteSeg6IpTunnel, Seg6Header, Seg6Mode,
 };
 
 use super::{classify_route, Route, RouteFields};
@@ -105,6 +108,11 @@ fn every_route_lace_writes_classifies_from_its_bytes_as_written() {
     ];
     for (key, nh) in cases {
         let m = as_the_kernel_sends(msg::route(&key, Some(&nh), &index).unwrap());
+        if let KernelNexthop::Seg6Encap { segs, .. } = &nh {
+            // The remote blocks' routes, most of a node's: read without the library's parse.
+            let fields = RouteFields::parse(&bytes(&m)).unwrap();
+            assert_eq!((fields.seg6_encap, fields.encap), (Some(*segs), None));
+        }
         assert_eq!(classified(&m), Route::Lace(key, nh));
     }
 }
@@ -164,5 +172,60 @@ fn a_truncated_route_message_is_a_decode_error() {
     assert!(
         RouteFields::parse(&whole[..8]).is_err(),
         "shorter than struct rtmsg"
+    );
+}
+
+/// Lace's encap route with its seg6 header changed by `edit` (as someone editing it by hand).
+fn edited_seg6(edit: impl Fn(&mut Seg6Header)) -> RouteMessage {
+    let key = RouteKey {
+        table: TABLE,
+        dst: "10.1.2.0/24".parse().unwrap(),
+        metric: 17,
+    };
+    let nh = KernelNexthop::Seg6Encap {
+        segs: "fd00:0:0:2::1".parse().unwrap(),
+        dev: "eth0".into(),
+    };
+    let mut m = msg::route(&key, Some(&nh), &index).unwrap();
+    for a in &mut m.attributes {
+        if let RouteAttribute::Encap(e) = a {
+            for x in e.iter_mut() {
+                if let RouteLwTunnelEncap::Seg6(RouteSeg6IpTunnel::Seg6(h)) = x {
+                    edit(h);
+                }
+            }
+        }
+    }
+    as_the_kernel_sends(m)
+}
+
+fn is_unknown(r: &Route) -> bool {
+    matches!(r, Route::Lace(_, KernelNexthop::Unknown(_)))
+}
+
+#[test]
+fn a_seg6_route_in_another_form_than_lace_writes_is_unknown_from_bytes_and_decoded() {
+    let inline = edited_seg6(|h| h.mode = Seg6Mode::Inline);
+    assert!(is_unknown(&classified(&inline)), "mode inline");
+    let two = edited_seg6(|h| h.segments.insert(0, "fd00:0:0:3::1".parse().unwrap()));
+    assert!(is_unknown(&classified(&two)), "two segments");
+    let hmac = edited_seg6(|h| h.hmac = Some(7));
+    assert!(is_unknown(&classified(&hmac)), "an HMAC TLV");
+    let mut tunsrc = edited_seg6(|_| {});
+    for a in &mut tunsrc.attributes {
+        if let RouteAttribute::Encap(e) = a {
+            e.push(RouteLwTunnelEncap::Seg6(RouteSeg6IpTunnel::Src(
+                "fd00::9".parse().unwrap(),
+            )));
+        }
+    }
+    // A per-route tunnel source (newer kernels): Lace writes none, the route still sends to
+    // its segment; the library's parse reads it.
+    assert!(
+        matches!(
+            classified(&tunsrc),
+            Route::Lace(_, KernelNexthop::Seg6Encap { .. })
+        ),
+        "with a tunnel source"
     );
 }

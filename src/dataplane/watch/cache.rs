@@ -29,12 +29,15 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use netlink_packet_core::{NetlinkMessage, NetlinkPayload, NLM_F_REPLACE};
+#[cfg(test)]
+use netlink_packet_core::NetlinkMessage;
+use netlink_packet_core::{NetlinkBuffer, NetlinkPayload, NLM_F_REPLACE};
 use netlink_packet_route::link::LinkMessage;
 use netlink_packet_route::RouteNetlinkMessage;
 
+use crate::dataplane::nl::{decode_message, NlError};
 use crate::dataplane::observe::{
-    self, addr_entries, classify_route, classify_rule, parse_link, HostRoutes,
+    self, addr_entries, classify_route, classify_rule, parse_link, HostRoutes, RouteFields,
 };
 use crate::dataplane::observed::{KernelNexthop, ObservedNode};
 use crate::dataplane::op::Op;
@@ -88,9 +91,9 @@ impl Cache {
     }
 
     /// Applies notifications in order; an error says why the stream cannot be followed.
-    pub(super) fn apply_stream<E: std::fmt::Display>(
+    pub(super) fn apply_stream<'a>(
         &mut self,
-        mut messages: impl Iterator<Item = Result<NetlinkMessage<RouteNetlinkMessage>, E>>,
+        mut messages: impl Iterator<Item = Result<NetlinkBuffer<&'a [u8]>, NlError>>,
     ) -> Result<(), String> {
         let mut host_changed = false;
         let result =
@@ -101,22 +104,37 @@ impl Cache {
         result
     }
 
-    /// [`Cache::apply_stream`] of messages that all decoded.
+    /// [`Cache::apply_stream`] of decoded messages, laid end to end as the kernel sends them.
     #[cfg(test)]
     pub(super) fn apply_all(
         &mut self,
         messages: Vec<NetlinkMessage<RouteNetlinkMessage>>,
     ) -> Result<(), String> {
-        self.apply_stream(messages.into_iter().map(Ok::<_, String>))
+        let mut bytes = Vec::new();
+        for m in messages {
+            let mut b = vec![0; m.buffer_len()];
+            m.serialize(&mut b);
+            b.resize((b.len() + 3) & !3, 0);
+            bytes.extend(b);
+        }
+        self.apply_stream(crate::dataplane::nl::RawMessages::new(&bytes))
     }
 
-    fn apply(
-        &mut self,
-        msg: NetlinkMessage<RouteNetlinkMessage>,
-        host_changed: &mut bool,
-    ) -> Result<(), String> {
-        let kind = msg.header.message_type;
-        let replace = msg.header.flags & NLM_F_REPLACE != 0;
+    fn apply(&mut self, raw: NetlinkBuffer<&[u8]>, host_changed: &mut bool) -> Result<(), String> {
+        let kind = raw.message_type();
+        let replace = raw.flags() & NLM_F_REPLACE != 0;
+        if kind == libc::RTM_NEWROUTE || kind == libc::RTM_DELROUTE {
+            // Read from the bytes like a dump's: a first apply's settle takes one per route.
+            let r =
+                RouteFields::parse(raw.payload()).map_err(|e| format!("a notified route: {e}"))?;
+            let route = classify_route(&r, &self.names);
+            match kind == libc::RTM_NEWROUTE {
+                true => self.new_route(route, replace, host_changed),
+                false => self.del_route(route, host_changed),
+            }
+            return Ok(());
+        }
+        let msg = decode_message(raw).map_err(|e| e.to_string())?;
         let NetlinkPayload::InnerMessage(m) = msg.payload else {
             return Err(format!("unexpected netlink message of type {kind}"));
         };
@@ -139,41 +157,6 @@ impl Cache {
                     self.del_addr(ip, index, host_changed);
                 }
             }
-            RouteNetlinkMessage::NewRoute(r) => match classify_route(&r.into(), &self.names) {
-                observe::Route::Lace(key, nh) => {
-                    self.node.routes.insert(key, nh);
-                }
-                observe::Route::Host(id, h) => {
-                    if replace {
-                        // Replaced whatever it was, through any link, Lace's route too.
-                        let (dst, tos, priority, _) = id;
-                        self.host
-                            .retain(|&(d, t, p, _), _| (d, t, p) != (dst, tos, priority));
-                        self.node.routes.remove(&RouteKey {
-                            table: crate::plan::MAIN_TABLE,
-                            dst,
-                            metric: priority,
-                        });
-                    }
-                    self.host.insert(id, h);
-                    *host_changed = true;
-                }
-                // Another tool replaced what sat at that key, perhaps Lace's route (the kernel
-                // notifies only the new one). Forgotten: a planned route is written again.
-                observe::Route::Foreign(key) if replace => {
-                    self.node.routes.remove(&key);
-                }
-                observe::Route::Foreign(_) | observe::Route::Other => {}
-            },
-            RouteNetlinkMessage::DelRoute(r) => match classify_route(&r.into(), &self.names) {
-                observe::Route::Lace(key, _) => {
-                    self.node.routes.remove(&key);
-                }
-                observe::Route::Host(id, _) => {
-                    *host_changed |= self.host.remove(&id).is_some();
-                }
-                observe::Route::Foreign(_) | observe::Route::Other => {}
-            },
             RouteNetlinkMessage::NewRule(r) => {
                 if let Some(rule) = classify_rule(r) {
                     if !self.node.rules.iter().any(|x| x.raw == rule.raw) {
@@ -189,6 +172,47 @@ impl Cache {
             _ => return Err(format!("unexpected notification of type {kind}")),
         }
         Ok(())
+    }
+
+    fn new_route(&mut self, route: observe::Route, replace: bool, host_changed: &mut bool) {
+        match route {
+            observe::Route::Lace(key, nh) => {
+                self.node.routes.insert(key, nh);
+            }
+            observe::Route::Host(id, h) => {
+                if replace {
+                    // Replaced whatever it was, through any link, Lace's route too.
+                    let (dst, tos, priority, _) = id;
+                    self.host
+                        .retain(|&(d, t, p, _), _| (d, t, p) != (dst, tos, priority));
+                    self.node.routes.remove(&RouteKey {
+                        table: crate::plan::MAIN_TABLE,
+                        dst,
+                        metric: priority,
+                    });
+                }
+                self.host.insert(id, h);
+                *host_changed = true;
+            }
+            // Another tool replaced what sat at that key, perhaps Lace's route (the kernel
+            // notifies only the new one). Forgotten: a planned route is written again.
+            observe::Route::Foreign(key) if replace => {
+                self.node.routes.remove(&key);
+            }
+            observe::Route::Foreign(_) | observe::Route::Other => {}
+        }
+    }
+
+    fn del_route(&mut self, route: observe::Route, host_changed: &mut bool) {
+        match route {
+            observe::Route::Lace(key, _) => {
+                self.node.routes.remove(&key);
+            }
+            observe::Route::Host(id, _) => {
+                *host_changed |= self.host.remove(&id).is_some();
+            }
+            observe::Route::Foreign(_) | observe::Route::Other => {}
+        }
     }
 
     fn new_link(&mut self, l: &LinkMessage, host_changed: &mut bool) -> Result<(), String> {

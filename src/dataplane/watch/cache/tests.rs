@@ -8,7 +8,7 @@ use ipnet::IpNet;
 use netlink_packet_core::{DoneMessage, NetlinkHeader};
 use netlink_packet_route::address::AddressAttribute;
 use netlink_packet_route::link::{
-    InfoData, InfoVrf, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
+    InfoData, InfoKind, InfoVrf, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
 };
 use netlink_packet_route::neighbour::NeighbourMessage;
 use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteMessage};
@@ -37,10 +37,10 @@ fn link_msg(name: &str, index: u32, up: bool) -> LinkMessage {
     }
     l.attributes.push(LinkAttribute::IfName(name.into()));
     if let Some((_, _, Some(t))) = LINKS.iter().find(|(n, ..)| *n == name) {
-        l.attributes
-            .push(LinkAttribute::LinkInfo(vec![LinkInfo::Data(
-                InfoData::Vrf(vec![InfoVrf::TableId(*t)]),
-            )]));
+        l.attributes.push(LinkAttribute::LinkInfo(vec![
+            LinkInfo::Kind(InfoKind::Vrf),
+            LinkInfo::Data(InfoData::Vrf(vec![InfoVrf::TableId(*t)])),
+        ]));
     }
     l
 }
@@ -422,6 +422,15 @@ fn renames_and_unexpected_messages_make_the_stream_untrusted() {
     );
     done.finalize();
     assert!(c.apply_all(vec![done]).is_err());
+    // A route notification shorter than `struct rtmsg`: read from its bytes, it fails.
+    let mut short = Vec::new();
+    short.extend(20u32.to_ne_bytes());
+    short.extend(libc::RTM_NEWROUTE.to_ne_bytes());
+    short.extend([0; 14]); // flags, sequence, port; 4 bytes of payload
+    let err = c
+        .apply_stream(crate::dataplane::nl::RawMessages::new(&short))
+        .unwrap_err();
+    assert!(err.contains("a notified route"), "{err}");
 }
 
 #[test]
