@@ -516,7 +516,8 @@ impl From<RouteMessage> for RouteFields {
 
 /// The segment of `RTA_ENCAP`'s value `encap` when it is exactly what Lace writes for a remote
 /// block: one `SEG6_IPTUNNEL_SRH` attribute holding mode encap and a routing header with one
-/// segment and no TLV. Anything else is `None`, left to netlink-packet-route's parse.
+/// segment, no flags and no TLV. Anything else is `None`, left to netlink-packet-route's parse
+/// (whose reading [`parse_encap`] accepts the same forms only).
 ///
 /// Read from the bytes because that parse allocates three times per route (the attribute
 /// list, the segment list twice), most of a fresh dump's decoding of 290,000 such routes.
