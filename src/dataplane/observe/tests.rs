@@ -156,27 +156,8 @@ fn host_foreign_and_cloned_routes_classify_from_their_bytes_as_decoded() {
     assert_eq!(classified(&cloned), Route::Other);
 }
 
-#[test]
-fn a_truncated_route_message_is_a_decode_error() {
-    let key = RouteKey {
-        table: TABLE,
-        dst: "10.1.2.0/24".parse().unwrap(),
-        metric: 1,
-    };
-    let nh = KernelNexthop::Seg6Encap {
-        segs: "fd00::1".parse().unwrap(),
-        dev: "eth0".into(),
-    };
-    let whole = bytes(&msg::route(&key, Some(&nh), &index).unwrap());
-    assert!(RouteFields::parse(&whole[..whole.len() - 3]).is_err());
-    assert!(
-        RouteFields::parse(&whole[..8]).is_err(),
-        "shorter than struct rtmsg"
-    );
-}
-
-/// Lace's encap route with its seg6 header changed by `edit` (as someone editing it by hand).
-fn edited_seg6(edit: impl Fn(&mut Seg6Header)) -> RouteMessage {
+/// A remote block's route as Lace writes it.
+fn encap_route() -> RouteMessage {
     let key = RouteKey {
         table: TABLE,
         dst: "10.1.2.0/24".parse().unwrap(),
@@ -186,7 +167,22 @@ fn edited_seg6(edit: impl Fn(&mut Seg6Header)) -> RouteMessage {
         segs: "fd00:0:0:2::1".parse().unwrap(),
         dev: "eth0".into(),
     };
-    let mut m = msg::route(&key, Some(&nh), &index).unwrap();
+    msg::route(&key, Some(&nh), &index).unwrap()
+}
+
+#[test]
+fn a_truncated_route_message_is_a_decode_error() {
+    let whole = bytes(&encap_route());
+    assert!(RouteFields::parse(&whole[..whole.len() - 3]).is_err());
+    assert!(
+        RouteFields::parse(&whole[..8]).is_err(),
+        "shorter than struct rtmsg"
+    );
+}
+
+/// Lace's encap route with its seg6 header changed by `edit` (as someone editing it by hand).
+fn edited_seg6(edit: impl Fn(&mut Seg6Header)) -> RouteMessage {
+    let mut m = encap_route();
     for a in &mut m.attributes {
         if let RouteAttribute::Encap(e) = a {
             for x in e.iter_mut() {
