@@ -320,6 +320,18 @@ pub fn msg(m: RouteNetlinkMessage) -> NetlinkMessage<RouteNetlinkMessage> {
     n
 }
 
+/// `messages` as the kernel sends them: serialized and laid end to end, each padded to 4 bytes.
+pub fn datagram(messages: &[NetlinkMessage<RouteNetlinkMessage>]) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    for m in messages {
+        let start = bytes.len();
+        bytes.resize(start + m.buffer_len(), 0);
+        m.serialize(&mut bytes[start..]);
+        bytes.resize((bytes.len() + 3) & !3, 0);
+    }
+    bytes
+}
+
 /// `ip addr add <ip> dev <index>` as notified.
 pub fn addr_msg(ip: IpAddr, index: u32) -> AddressMessage {
     let mut a = AddressMessage::default();

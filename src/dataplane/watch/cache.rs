@@ -110,13 +110,7 @@ impl Cache {
         &mut self,
         messages: Vec<NetlinkMessage<RouteNetlinkMessage>>,
     ) -> Result<(), String> {
-        let mut bytes = Vec::new();
-        for m in messages {
-            let mut b = vec![0; m.buffer_len()];
-            m.serialize(&mut b);
-            b.resize((b.len() + 3) & !3, 0);
-            bytes.extend(b);
-        }
+        let bytes = crate::dataplane::fixtures::datagram(&messages);
         self.apply_stream(crate::dataplane::nl::RawMessages::new(&bytes))
     }
 
