@@ -21,9 +21,9 @@ use super::underlay::{
 };
 use super::{
     disable_ipv6_key, host_net, vrf_name, vrf_table, Family, NetInfo, Networks, Nexthop, NodeBase,
-    PlanError, PodNetwork, Rule, RuleAction, Vrf, INGRESS_MARK, INGRESS_MARK_MASK, MAIN_TABLE,
-    PROBE_MARK, PROBE_MARK_MASK, PROBE_TABLE, RULE_PRIORITY_INGRESS_REPLY, RULE_PRIORITY_L3MDEV,
-    RULE_PRIORITY_LOCATORS, RULE_PRIORITY_PROBE,
+    PlanError, PodNetwork, Rule, RuleAction, Vrf, FIB_SYNC_MEM, FIB_SYNC_MEM_BYTES, INGRESS_MARK,
+    INGRESS_MARK_MASK, MAIN_TABLE, PROBE_MARK, PROBE_MARK_MASK, PROBE_TABLE,
+    RULE_PRIORITY_INGRESS_REPLY, RULE_PRIORITY_L3MDEV, RULE_PRIORITY_LOCATORS, RULE_PRIORITY_PROBE,
 };
 use crate::alloc::node_blocks;
 use crate::api::NodeAllocationSpec;
@@ -620,6 +620,7 @@ fn sysctls(vrfs: &BTreeMap<String, Vrf>, ipv4_tunnel: bool) -> BTreeMap<String, 
     ] {
         sysctls.insert(k.to_string(), v.to_string());
     }
+    sysctls.insert(FIB_SYNC_MEM.to_string(), FIB_SYNC_MEM_BYTES.to_string());
     for (name, vrf) in vrfs {
         // Decapsulated packets enter through the VRF device; the kernel uses max(all, dev).
         sysctls.insert(format!("net.ipv4.conf.{name}.rp_filter"), "0".to_string());

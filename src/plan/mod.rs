@@ -228,6 +228,18 @@ pub fn disable_ipv6_key(dev: &str) -> String {
     format!("net.ipv6.conf.{dev}.disable_ipv6")
 }
 
+/// `net.ipv4.fib_sync_mem`: how many bytes of IPv4 FIB trie nodes freed while routes change
+/// may wait for an RCU grace period before the writer blocks in `synchronize_rcu()` to let them
+/// go. At the kernel's default (512 KiB) a node installing 290,000 routes waited for 267 grace
+/// periods, a quarter of its first apply (measured by `netns-tests/bench.sh --scale`); Lace
+/// raises it to the kernel's maximum, [`FIB_SYNC_MEM_BYTES`]: the nodes are freed either way,
+/// by RCU in the background. A floor, not a value: a larger one stays (the diff never lowers
+/// it), and only the initial network namespace has it (the kernel registers it there alone), so
+/// where the file is absent (a node in a namespace of its own) there is nothing to raise.
+pub const FIB_SYNC_MEM: &str = "net.ipv4.fib_sync_mem";
+/// The value Lace raises [`FIB_SYNC_MEM`] to: the largest the kernel accepts (64 MiB).
+pub const FIB_SYNC_MEM_BYTES: u64 = 64 << 20;
+
 /// Prefixes of the per-device sysctls, each followed by `<device>.<leaf>`.
 const DEVICE_SYSCTL_PREFIXES: [&str; 4] = [
     "net.ipv4.conf.",

@@ -33,7 +33,7 @@ use crate::plan::underlay::{
 };
 use crate::plan::{
     disable_ipv6_key, sysctl_device, DesiredNode, Nexthop, NodeBase, RouteKey, Rule, RuleAction,
-    Underpath, Vrf, POD_GATEWAY_V6_PREFIX, PROBE_TABLE,
+    Underpath, Vrf, FIB_SYNC_MEM, POD_GATEWAY_V6_PREFIX, PROBE_TABLE,
 };
 
 /// Why no operations could be computed.
@@ -235,9 +235,8 @@ fn diff_in(
             .extend(nft::op(d.nft(), &d.render_nft(), &observed.nft, known_nft)?);
         for (key, value) in &base.sysctls {
             let of_fresh = sysctl_device(key).is_some_and(|l| fresh.contains(l));
-            if of_fresh
-                || observed.sysctls.get(key).and_then(|v| v.as_deref()) != Some(value.as_str())
-            {
+            let have = observed.sysctls.get(key).and_then(|v| v.as_deref());
+            if of_fresh || !sysctl_holds(key, value, have) {
                 out.ops.push(Op::Sysctl {
                     key: key.clone(),
                     value: value.clone(),
@@ -302,6 +301,20 @@ fn diff_in(
     // Stable: within a phase, the order above.
     out.ops.sort_by_key(Op::phase);
     Ok(out)
+}
+
+/// Whether sysctl `key`, read as `have` (`None`: absent or unreadable), already holds the
+/// planned `want`. [`FIB_SYNC_MEM`] is a floor that only the initial network namespace has:
+/// absent is nothing to raise, and a larger value stays.
+fn sysctl_holds(key: &str, want: &str, have: Option<&str>) -> bool {
+    if key != FIB_SYNC_MEM {
+        return have == Some(want);
+    }
+    let Some(have) = have else {
+        return true;
+    };
+    let number = |v: &str| v.trim().parse::<u64>().ok();
+    number(have).is_some() && number(have) >= number(want)
 }
 
 /// The planned VRFs: created if missing, re-created if a link of that name is something

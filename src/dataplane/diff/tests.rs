@@ -606,3 +606,43 @@ fn the_host_access_rule_reads_back_as_written_and_another_iif_is_no_form_of_lace
     let observed = classify_rule(other).expect("in Lace's band");
     assert_eq!(observed.rule, None, "deleted as a stray rule in the band");
 }
+
+#[test]
+fn fib_sync_mem_is_raised_before_the_routes_where_the_kernel_has_it_and_never_lowered() {
+    use crate::plan::FIB_SYNC_MEM_BYTES;
+    let d = desired(true);
+    let want = FIB_SYNC_MEM_BYTES.to_string();
+    assert_eq!(d.base.sysctls.get(FIB_SYNC_MEM), Some(&want));
+    // `have` as read from a node that holds everything else of the plan already.
+    let ops_with = |have: Option<&str>| {
+        let mut o = bare_host();
+        o.sysctls
+            .insert(FIB_SYNC_MEM.to_string(), Some("524288".to_string()));
+        let ops = diff(Some(&d), &o, None).unwrap().ops;
+        let raise = first(
+            &ops,
+            |op| matches!(op, Op::Sysctl { key, .. } if key == FIB_SYNC_MEM),
+        );
+        let route = first(&ops, |op| matches!(op, Op::PutRoute { .. }));
+        assert!(raise.unwrap() < route.unwrap(), "raised before the routes");
+        model(&mut o, &ops);
+        o.sysctls
+            .insert(FIB_SYNC_MEM.to_string(), have.map(str::to_string));
+        diff(Some(&d), &o, None).unwrap().ops
+    };
+    let raised = vec![Op::Sysctl {
+        key: FIB_SYNC_MEM.to_string(),
+        value: want.clone(),
+    }];
+    // The kernel's default, or something unreadable as a number: raised, nothing else.
+    assert_eq!(ops_with(Some("524288")), raised);
+    assert_eq!(ops_with(Some("lots")), raised);
+    // Already there, or larger (an administrator's): left as it is.
+    assert_eq!(ops_with(Some(&want)), vec![]);
+    assert_eq!(
+        ops_with(Some(&format!("{}\n", FIB_SYNC_MEM_BYTES + 4096))),
+        vec![]
+    );
+    // Absent: a namespace other than the initial one, which has none to raise.
+    assert_eq!(ops_with(None), vec![]);
+}
