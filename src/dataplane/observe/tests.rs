@@ -225,3 +225,33 @@ fn a_seg6_route_in_another_form_than_lace_writes_is_unknown_from_bytes_and_decod
         "with a tunnel source"
     );
 }
+
+#[test]
+fn attributes_of_the_kernels_lengths_are_read_from_bytes_and_others_left_to_the_library() {
+    let m = encap_route();
+    let mut fields = RouteFields::new(m.header.clone());
+    assert!(fields.read(libc::RTA_TABLE, &TABLE.to_ne_bytes()));
+    assert!(fields.read(libc::RTA_PRIORITY, &17u32.to_ne_bytes()));
+    assert!(fields.read(libc::RTA_DST, &[10, 1, 2, 0]));
+    assert_eq!(
+        (fields.table, fields.priority, fields.dst),
+        (TABLE, 17, Some("10.1.2.0".parse().unwrap()))
+    );
+    // An IPv6 address in an IPv4 route, a priority of two bytes: not what the kernel sends,
+    // the library's to judge.
+    assert!(!fields.read(libc::RTA_GATEWAY, &[0; 16]));
+    assert!(!fields.read(libc::RTA_PRIORITY, &[1, 0]));
+    // Which rejects them: the route is a decode error, as when the library read every field.
+    for (kind, value) in [
+        (libc::RTA_GATEWAY, &[0u8; 16][..]),
+        (libc::RTA_PRIORITY, &[1, 0]),
+    ] {
+        let mut edited = bytes(&m);
+        let len = 4 + value.len();
+        edited.extend((len as u16).to_ne_bytes());
+        edited.extend(kind.to_ne_bytes());
+        edited.extend(value);
+        edited.resize(edited.len() + (4 - len % 4) % 4, 0);
+        assert!(RouteFields::parse(&edited).is_err(), "attribute {kind}");
+    }
+}
