@@ -275,6 +275,9 @@ fn diff_in(
             out.ops.push(del(k, old));
         }
         let current = have.next_if(|(k, _)| *k == key).map(|(_, old)| old);
+        if unchanged_encap(nh, current, uplink, &fresh) {
+            continue;
+        }
         let Some(resolved) = resolve(key, nh, base, vrfs, observed, uplink, &mut out)? else {
             // Not installable now: whatever the kernel holds under that key goes.
             if let Some(old) = current {
@@ -464,6 +467,27 @@ fn pod_link_ops(
 fn uplink<'a>(base: &NodeBase, observed: &'a ObservedNode) -> Option<&'a str> {
     let u = base.underlay.ipv6?;
     observed.link_holding(IpAddr::V6(u)).map(|(name, _)| name)
+}
+
+/// Whether the kernel holds remote block route `nh` over the IPv6 underlay as [`resolve`]
+/// would write it, through no device this diff creates (`fresh`): most of a node's routes,
+/// recognised without building their kernel form (which allocates the uplink's name).
+fn unchanged_encap(
+    nh: &Nexthop,
+    current: Option<&KernelNexthop>,
+    uplink: Option<&str>,
+    fresh: &BTreeSet<&str>,
+) -> bool {
+    match (nh, current) {
+        (
+            Nexthop::Seg6Encap {
+                segs,
+                underlay: Underpath::Ipv6,
+            },
+            Some(KernelNexthop::Seg6Encap { segs: have, dev }),
+        ) => have == segs && uplink == Some(dev.as_str()) && !fresh.contains(dev.as_str()),
+        _ => false,
+    }
 }
 
 /// The kernel form of planned route `key` via `nh`, resolved against what was observed, or

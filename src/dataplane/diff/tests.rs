@@ -646,3 +646,45 @@ fn fib_sync_mem_is_raised_before_the_routes_where_the_kernel_has_it_and_never_lo
     // Absent: a namespace other than the initial one, which has none to raise.
     assert_eq!(ops_with(None), vec![]);
 }
+
+#[test]
+fn a_remote_blocks_route_is_rewritten_when_its_segment_or_device_differs() {
+    let d = desired(true);
+    let mut o = bare_host();
+    let ops = diff(Some(&d), &o, None).unwrap().ops;
+    model(&mut o, &ops);
+    assert_eq!(diff(Some(&d), &o, None).unwrap().ops, vec![]);
+    let (key, written) = o
+        .routes
+        .iter()
+        .find(|(k, _)| matches!(d.route(k), Some(Nexthop::Seg6Encap { .. })))
+        .map(|(k, nh)| (*k, nh.clone()))
+        .expect("a plan with remote blocks");
+    let KernelNexthop::Seg6Encap { segs, dev } = written.clone() else {
+        panic!("{written:?}")
+    };
+    let edits = [
+        KernelNexthop::Seg6Encap {
+            segs: Ipv6Addr::from(u128::from(segs) + 1),
+            dev: dev.clone(),
+        },
+        KernelNexthop::Seg6Encap {
+            segs,
+            dev: EGRESS.into(),
+        },
+        KernelNexthop::Dev(dev),
+    ];
+    for edited in edits {
+        let mut o = o.clone();
+        o.routes.insert(key, edited.clone());
+        let ops = diff(Some(&d), &o, None).unwrap().ops;
+        assert_eq!(
+            ops,
+            vec![Op::PutRoute {
+                key,
+                nh: written.clone()
+            }],
+            "{edited:?}"
+        );
+    }
+}
