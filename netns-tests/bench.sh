@@ -5,7 +5,7 @@
 #   default       netns-tests/benches/dataplane.rs: programming rate (routes, nft swaps)
 #   --scale NxM   the same bench: a node of N nodes x M Networks (the plan bench's cluster)
 #                 programmed from nothing (plan, first apply, kernel routes and memory,
-#                 re-applies) vs ip -batch of its encap routes; give the VM memory (-m 4G)
+#                 re-applies) vs ip -batch of its encap routes; give the VM memory (-m 6G)
 #   --netpol      netns-tests/benches/netpol.rs: 1,000 pods and 300 NetworkPolicies on a node:
 #                 a fresh node's programming, a policy or pod change -> applied (p50/p99, writes)
 #   --throughput  netns-tests/benches/throughput.rs: one TCP stream pod to pod across nodes
@@ -23,7 +23,7 @@
 #              nic = TSO off, packets of 1,500 bytes on the wire, GRO on the receiver)
 #   e.g. netns-tests/bench.sh --routes 10000 -t 900
 #        netns-tests/bench.sh --throughput --kernel 6.12
-#        netns-tests/bench.sh --scale 5000x50 -m 4G
+#        netns-tests/bench.sh --scale 5000x50 -m 6G
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BENCH=dataplane ROUTES=10000,100000 SCALE= SECONDS_=5 REPEATS=3 CASES= FABRICS= WITH=()
