@@ -231,7 +231,7 @@ pub fn disable_ipv6_key(dev: &str) -> String {
 /// `net.ipv4.fib_sync_mem`: how many bytes of IPv4 FIB trie nodes freed while routes change
 /// may wait for an RCU grace period before the writer blocks in `synchronize_rcu()` to let them
 /// go. At the kernel's default (512 KiB) a node installing 290,000 routes waited for 267 grace
-/// periods, a quarter of its first apply (measured by `netns-tests/bench.sh --scale`); Lace
+/// periods, a fifth of its first apply (the 6.1 test VM, `netns-tests/bench.sh --scale`); Lace
 /// raises it to the kernel's maximum, [`FIB_SYNC_MEM_BYTES`]: the nodes are freed either way,
 /// by RCU in the background. A floor, not a value: a larger one stays (the diff never lowers
 /// it), and only the initial network namespace has it (the kernel registers it there alone), so
