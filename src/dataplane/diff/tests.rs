@@ -20,6 +20,14 @@ fn puts(ops: &[Op]) -> BTreeMap<RouteKey, KernelNexthop> {
         .collect()
 }
 
+/// A bare host once the diff of `d` against it is applied (to the model).
+fn converged(d: &DesiredNode) -> ObservedNode {
+    let mut o = bare_host();
+    let ops = diff(Some(d), &o, None).unwrap().ops;
+    model(&mut o, &ops);
+    o
+}
+
 fn first(ops: &[Op], f: impl Fn(&Op) -> bool) -> Option<usize> {
     ops.iter().position(f)
 }
@@ -78,9 +86,7 @@ fn from_scratch_everything_is_added_in_a_safe_order() {
 #[test]
 fn applying_the_diff_converges_to_no_ops() {
     let d = desired(true);
-    let mut o = bare_host();
-    let ops = diff(Some(&d), &o, None).unwrap().ops;
-    model(&mut o, &ops);
+    let o = converged(&d);
     assert_eq!(diff(Some(&d), &o, None).unwrap(), Diff::default());
 }
 
@@ -163,9 +169,7 @@ fn teardown_removes_all_of_lace_but_the_shared_l3mdev_rule() {
 #[test]
 fn a_changed_route_is_replaced_and_a_stray_rule_in_the_band_deleted() {
     let d = desired(true);
-    let mut o = bare_host();
-    let ops = diff(Some(&d), &o, None).unwrap().ops;
-    model(&mut o, &ops);
+    let mut o = converged(&d);
     let (key, _) = d.routes().next().map(|(k, n)| (*k, n.clone())).unwrap();
     o.routes
         .insert(key, KernelNexthop::Unknown("edited by hand".into()));
@@ -192,9 +196,7 @@ fn a_changed_route_is_replaced_and_a_stray_rule_in_the_band_deleted() {
 fn routes_at_an_older_metric_are_put_at_the_planned_one_before_they_go() {
     // An older Lace wrote IPv4 routes in its VRF tables at metric 0.
     let d = desired(true);
-    let mut o = bare_host();
-    let ops = diff(Some(&d), &o, None).unwrap().ops;
-    model(&mut o, &ops);
+    let mut o = converged(&d);
     let vrf_v4 = |k: &RouteKey| k.dst.addr().is_ipv4() && k.table != crate::plan::MAIN_TABLE;
     let older: BTreeMap<RouteKey, KernelNexthop> = std::mem::take(&mut o.routes)
         .into_iter()
@@ -479,18 +481,14 @@ fn attach_creates_a_missing_vrf_and_a_reconcile_that_ran_first_leaves_it_nothing
         "{rest:#?}"
     );
     // The other way round: a reconcile found the veth first and set it up.
-    let mut o = bare_host();
-    let ops = diff(Some(&d), &o, None).unwrap().ops;
-    model(&mut o, &ops);
+    let o = converged(&d);
     assert_eq!(attach(&pod, &o, &o.tc).unwrap(), Diff::default());
 }
 
 #[test]
 fn a_pod_veth_down_or_out_of_its_vrf_is_put_back() {
     let d = desired(false);
-    let mut o = bare_host();
-    let ops = diff(Some(&d), &o, None).unwrap().ops;
-    model(&mut o, &ops);
+    let mut o = converged(&d);
     o.links.get_mut("lp-pa").unwrap().up = false;
     assert_eq!(
         diff(Some(&d), &o, None).unwrap().ops,
@@ -507,9 +505,7 @@ fn a_pod_veth_down_or_out_of_its_vrf_is_put_back() {
 #[test]
 fn drift_sees_only_what_notifications_change() {
     let d = desired(true);
-    let mut o = bare_host();
-    let ops = diff(Some(&d), &o, None).unwrap().ops;
-    model(&mut o, &ops);
+    let mut o = converged(&d);
     assert_eq!(drift(&d, &o).unwrap(), vec![]);
     // The nft table, sysctls and tunsrc are no notification's business.
     o.nft = NftState::Absent;
@@ -549,9 +545,7 @@ fn the_locators_rule_reads_back_as_written_and_a_new_span_comes_before_the_old_g
 
     // A node whose locator lies outside the span widens it: the new rule is added before the
     // old one goes, so encapsulated packets always find the main table.
-    let mut o = bare_host();
-    let ops = diff(Some(&d), &o, None).unwrap().ops;
-    model(&mut o, &ops);
+    let o = converged(&d);
     let mut wider = d.clone();
     let RuleAction::ToPrefix { dst, table } = rule.action else {
         unreachable!()
@@ -650,9 +644,7 @@ fn fib_sync_mem_is_raised_before_the_routes_where_the_kernel_has_it_and_never_lo
 #[test]
 fn a_remote_blocks_route_is_rewritten_when_its_segment_or_device_differs() {
     let d = desired(true);
-    let mut o = bare_host();
-    let ops = diff(Some(&d), &o, None).unwrap().ops;
-    model(&mut o, &ops);
+    let o = converged(&d);
     assert_eq!(diff(Some(&d), &o, None).unwrap().ops, vec![]);
     let (key, written) = o
         .routes
