@@ -317,7 +317,7 @@ fn sysctl_holds(key: &str, want: &str, have: Option<&str>) -> bool {
         return true;
     };
     let number = |v: &str| v.trim().parse::<u64>().ok();
-    number(have).is_some() && number(have) >= number(want)
+    matches!((number(have), number(want)), (Some(have), Some(want)) if have >= want)
 }
 
 /// The planned VRFs: created if missing, re-created if a link of that name is something
