@@ -28,6 +28,10 @@ use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 /// Bytes of requests sent per `send`: the ACKs of one chunk (36 bytes each with capped ACKs)
 /// must fit the socket's receive buffer, which the kernel caps at `rmem_max`.
 const CHUNK_BYTES: usize = 32 * 1024;
+/// Requests of a batch past which a second thread encodes its chunks ([`Nl::batch`]), and
+/// how many chunks it may encode ahead.
+const PIPELINE_REQUESTS: usize = 1024;
+const CHUNKS_AHEAD: usize = 4;
 /// How often requests the kernel refused with `ENOMEM` are sent again ([`Nl::batch`]), and
 /// the pause before the first time (doubling: 630 ms in all).
 const ENOMEM_RESENDS: usize = 6;
@@ -343,14 +347,7 @@ impl<T: Transport> Nl<T> {
 
     fn encode(&mut self, msg: RouteNetlinkMessage, flags: u16, out: &mut Vec<u8>) -> u32 {
         let seq = self.next_seq();
-        let mut header = NetlinkHeader::default();
-        header.flags = flags;
-        header.sequence_number = seq;
-        let mut m = NetlinkMessage::new(header, NetlinkPayload::from(msg));
-        m.finalize();
-        let start = out.len();
-        out.resize(start + m.buffer_len(), 0);
-        m.serialize(&mut out[start..]);
+        encode(msg, flags, seq, out);
         seq
     }
 
@@ -504,66 +501,81 @@ impl<T: Transport> Nl<T> {
     /// their per-CPU cache from the kernel's atomic per-CPU pool, which a fast writer empties
     /// faster than the kernel's worker refills it (measured: 184 adds in a row refused, the next
     /// ones taken).
+    ///
+    /// A batch of more than [`PIPELINE_REQUESTS`] is encoded by a second thread while this one
+    /// waits for the kernel: the kernel does a chunk's work inside the `send` that hands it
+    /// over, so encoding the next chunk meanwhile takes the encoding off the batch's time.
     pub fn batch(
         &mut self,
         requests: Vec<(RouteNetlinkMessage, u16)>,
     ) -> Result<Vec<Ack>, NlError> {
         let total = requests.len();
         let mut acks: Vec<Option<Ack>> = vec![None; total];
-        let mut iter = requests.into_iter().enumerate().peekable();
-        let mut buf = Vec::with_capacity(CHUNK_BYTES + 4096);
-        // Each request of the chunk: its index and where its bytes are in `buf`.
-        let mut spans: Vec<(usize, std::ops::Range<usize>)> = Vec::new();
-        while iter.peek().is_some() {
-            buf.clear();
-            spans.clear();
-            // seq of the first message of the chunk; seqs within a chunk are consecutive.
-            let mut seq0 = None;
-            while buf.len() < CHUNK_BYTES {
-                let Some((i, (msg, flags))) = iter.next() else {
-                    break;
-                };
-                let start = buf.len();
-                let seq = self.encode(msg, NLM_F_REQUEST | NLM_F_ACK | flags, &mut buf);
-                seq0.get_or_insert(seq);
-                spans.push((i, start..buf.len()));
-            }
-            let Some(seq0) = seq0 else { break };
-            let slots: Vec<usize> = spans.iter().map(|(i, _)| *i).collect();
-            self.exchange(&buf, seq0, &slots, &mut acks)?;
-            let mut pause = ENOMEM_PAUSE;
-            for _ in 0..ENOMEM_RESENDS {
-                let refused = |i: &usize| acks[*i] == Some(Err(libc::ENOMEM));
-                if !slots.iter().any(refused) {
-                    break;
+        // The chunks take the next `total` sequence numbers; resends come after them.
+        let first = self.seq.wrapping_add(1);
+        self.seq = self.seq.wrapping_add(total as u32);
+        let mut requests = requests.into_iter().enumerate();
+        let mut seq = first;
+        match total > PIPELINE_REQUESTS {
+            false => {
+                while let Some(chunk) = Chunk::next(&mut requests, &mut seq) {
+                    self.send_chunk(&chunk, &mut acks)?;
                 }
-                std::thread::sleep(pause);
-                pause *= 2;
-                let mut again = Vec::new();
-                let mut again_slots = Vec::new();
-                let seq0 = self.seq.wrapping_add(1);
-                for (i, bytes) in spans.iter().filter(|(i, _)| refused(i)) {
-                    let at = again.len();
-                    again.extend_from_slice(&buf[bytes.clone()]);
-                    // A fresh sequence number: the kernel's answer to the first send is read.
-                    let seq = self.next_seq();
-                    again[at + 8..at + 12].copy_from_slice(&seq.to_ne_bytes());
-                    again_slots.push(*i);
-                }
-                tracing::debug!(
-                    requests = again_slots.len(),
-                    pause_ms = pause.as_millis() / 2,
-                    "netlink: the kernel was out of memory (ENOMEM), resending"
-                );
-                self.exchange(&again, seq0, &again_slots, &mut acks)?;
             }
-            // The chunk's notifications are queued by now (the kernel sends them before the
-            // ACK): take them off the socket before the next chunk adds as many again.
-            if let Some(n) = &mut self.notifications {
-                n.drain();
-            }
+            true => std::thread::scope(|s| {
+                let (tx, rx) = mpsc::sync_channel(CHUNKS_AHEAD);
+                s.spawn(move || {
+                    while let Some(chunk) = Chunk::next(&mut requests, &mut seq) {
+                        if tx.send(chunk).is_err() {
+                            return; // this thread stopped at an error
+                        }
+                    }
+                });
+                rx.into_iter()
+                    .try_for_each(|chunk| self.send_chunk(&chunk, &mut acks))
+            })?,
         }
         Ok(acks.into_iter().map(|a| a.unwrap_or(Ok(()))).collect())
+    }
+
+    /// Sends `chunk`, records the answers in `acks` and resends what the kernel refused with
+    /// `ENOMEM` (see [`Nl::batch`]).
+    fn send_chunk(&mut self, chunk: &Chunk, acks: &mut [Option<Ack>]) -> Result<(), NlError> {
+        let Chunk { buf, spans, seq0 } = chunk;
+        let slots: Vec<usize> = spans.iter().map(|(i, _)| *i).collect();
+        self.exchange(buf, *seq0, &slots, acks)?;
+        let mut pause = ENOMEM_PAUSE;
+        for _ in 0..ENOMEM_RESENDS {
+            let refused = |i: &usize| acks[*i] == Some(Err(libc::ENOMEM));
+            if !slots.iter().any(refused) {
+                break;
+            }
+            std::thread::sleep(pause);
+            pause *= 2;
+            let mut again = Vec::new();
+            let mut again_slots = Vec::new();
+            let seq0 = self.seq.wrapping_add(1);
+            for (i, bytes) in spans.iter().filter(|(i, _)| refused(i)) {
+                let at = again.len();
+                again.extend_from_slice(&buf[bytes.clone()]);
+                // A fresh sequence number: the kernel's answer to the first send is read.
+                let seq = self.next_seq();
+                again[at + 8..at + 12].copy_from_slice(&seq.to_ne_bytes());
+                again_slots.push(*i);
+            }
+            tracing::debug!(
+                requests = again_slots.len(),
+                pause_ms = pause.as_millis() / 2,
+                "netlink: the kernel was out of memory (ENOMEM), resending"
+            );
+            self.exchange(&again, seq0, &again_slots, acks)?;
+        }
+        // The chunk's notifications are queued by now (the kernel sends them before the
+        // ACK): take them off the socket before the next chunk adds as many again.
+        if let Some(n) = &mut self.notifications {
+            n.drain();
+        }
+        Ok(())
     }
 
     /// Sends `buf`, requests with consecutive sequence numbers from `seq0`, and records the
@@ -593,6 +605,50 @@ impl<T: Transport> Nl<T> {
             }
         }
         Ok(())
+    }
+}
+
+/// Encodes `msg` with `NLM_F_*` `flags` and sequence number `seq` onto the end of `out`.
+fn encode(msg: RouteNetlinkMessage, flags: u16, seq: u32, out: &mut Vec<u8>) {
+    let mut header = NetlinkHeader::default();
+    header.flags = flags;
+    header.sequence_number = seq;
+    let mut m = NetlinkMessage::new(header, NetlinkPayload::from(msg));
+    m.finalize();
+    let start = out.len();
+    out.resize(start + m.buffer_len(), 0);
+    m.serialize(&mut out[start..]);
+}
+
+/// One `send` of a batch: its requests end to end, each one's index in the batch and where
+/// its bytes are, and the first one's sequence number (the others' follow).
+struct Chunk {
+    buf: Vec<u8>,
+    spans: Vec<(usize, std::ops::Range<usize>)>,
+    seq0: u32,
+}
+
+impl Chunk {
+    /// The next chunk of `requests` (about [`CHUNK_BYTES`]), numbered from `seq` on.
+    fn next(
+        requests: &mut impl Iterator<Item = (usize, (RouteNetlinkMessage, u16))>,
+        seq: &mut u32,
+    ) -> Option<Self> {
+        let mut chunk = Chunk {
+            buf: Vec::with_capacity(CHUNK_BYTES + 4096),
+            spans: Vec::new(),
+            seq0: *seq,
+        };
+        while chunk.buf.len() < CHUNK_BYTES {
+            let Some((i, (msg, flags))) = requests.next() else {
+                break;
+            };
+            let start = chunk.buf.len();
+            encode(msg, NLM_F_REQUEST | NLM_F_ACK | flags, *seq, &mut chunk.buf);
+            *seq = seq.wrapping_add(1);
+            chunk.spans.push((i, start..chunk.buf.len()));
+        }
+        (!chunk.spans.is_empty()).then_some(chunk)
     }
 }
 

@@ -330,11 +330,13 @@ fn a_dump_that_stays_interrupted_gives_up_after_the_last_attempt() {
 }
 
 /// A kernel that ACKs every request of a datagram at once, refusing the link named `n`
-/// with `ENOMEM` the first `refuse[n]` times it sees it. Records the names of each send.
+/// with `ENOMEM` the first `refuse[n]` times it sees it. Records the names of each send and
+/// every request's sequence number.
 #[derive(Default)]
 struct Acking {
-    refuse: std::collections::HashMap<&'static str, usize>,
+    refuse: std::collections::HashMap<String, usize>,
     sends: Vec<Vec<String>>,
+    seqs: Vec<u32>,
     queue: VecDeque<Vec<u8>>,
 }
 
@@ -347,6 +349,7 @@ impl Transport for Acking {
                 panic!("not a request: {m:?}");
             };
             let name = names(&[inner])[0].clone();
+            self.seqs.push(m.header.sequence_number);
             let mut e = netlink_packet_core::ErrorMessage::default();
             if let Some(n) = self.refuse.get_mut(name.as_str()).filter(|n| **n > 0) {
                 *n -= 1;
@@ -367,7 +370,7 @@ impl Transport for Acking {
 
 fn batch_links(refuse: &[(&'static str, usize)]) -> (Vec<Ack>, Vec<Vec<String>>) {
     let mut nl = Nl::with_transport(Acking {
-        refuse: refuse.iter().copied().collect(),
+        refuse: refuse.iter().map(|(n, k)| (n.to_string(), *k)).collect(),
         ..Default::default()
     });
     let requests = ["a", "b", "c", "d"].map(|n| (link(n), 0)).to_vec();
@@ -388,6 +391,48 @@ fn a_request_refused_past_the_last_resend_reports_enomem_and_other_errors_are_no
     assert_eq!(acks, [Ok(()), Ok(()), Err(libc::ENOMEM), Ok(())]);
     assert_eq!(sends.len(), 1 + ENOMEM_RESENDS);
     assert!(sends[1..].iter().all(|s| s == &["c"]), "{sends:?}");
+}
+
+#[test]
+fn a_batch_encoded_by_a_second_thread_answers_every_request_in_order_and_numbers_each_send_once() {
+    let n = 3 * PIPELINE_REQUESTS;
+    let names_sent: Vec<String> = (0..n).map(|i| format!("l{i}")).collect();
+    let refuse = [("l7", 1), ("l2000", 2), ("l3000", ENOMEM_RESENDS + 1)];
+    let mut nl = Nl::with_transport(Acking {
+        refuse: refuse.iter().map(|(n, k)| (n.to_string(), *k)).collect(),
+        ..Default::default()
+    });
+    let requests = names_sent.iter().map(|n| (link(n), 0)).collect();
+    let acks = nl.batch(requests).unwrap();
+    let refused: Vec<usize> = (0..n).filter(|i| acks[*i].is_err()).collect();
+    assert_eq!(refused, [3000]);
+    assert_eq!(acks[3000], Err(libc::ENOMEM));
+    let sends = &nl.sock.sends;
+    assert!(sends.len() > 2, "more than one chunk: {}", sends.len());
+    // Every request is sent in order, a refused one again after its chunk: as often as it
+    // was refused, up to the last resend.
+    let mut seen = std::collections::BTreeSet::new();
+    let mut first_sends = Vec::new();
+    let mut times: std::collections::BTreeMap<&str, usize> = Default::default();
+    for name in sends.iter().flatten() {
+        if seen.insert(name) {
+            first_sends.push(name);
+        }
+        *times.entry(name.as_str()).or_default() += 1;
+    }
+    assert!(
+        first_sends.into_iter().eq(names_sent.iter()),
+        "sent in order"
+    );
+    let resent: Vec<(&str, usize)> = times.into_iter().filter(|(_, k)| *k > 1).collect();
+    assert_eq!(
+        resent,
+        [("l2000", 3), ("l3000", 1 + ENOMEM_RESENDS), ("l7", 2)]
+    );
+    let unique: std::collections::BTreeSet<u32> = nl.sock.seqs.iter().copied().collect();
+    assert_eq!(unique.len(), nl.sock.seqs.len(), "no sequence number twice");
+    // The next request is numbered after all of them.
+    assert!(nl.seq.wrapping_add(1) > *unique.last().unwrap());
 }
 
 #[test]
