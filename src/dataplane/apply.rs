@@ -94,7 +94,7 @@ pub fn apply(
                 break;
             }
         }
-        let mut requests = Vec::new();
+        // Netlink operations, whose messages the batch builds as it sends them.
         let mut sent: Vec<Op> = Vec::new();
         for op in group {
             match op {
@@ -139,38 +139,34 @@ pub fn apply(
                         failures.push(fail(&op, e));
                     }
                 }
-                _ => {
-                    let failed = match message(&op, &index) {
-                        Ok(Some(m)) => {
-                            requests.push(m);
-                            sent.push(op);
-                            continue;
-                        }
-                        Ok(None) => fail(&op, "not a netlink operation"),
-                        Err(e) => fail(&op, e),
-                    };
-                    shaping_failures += usize::from(op.is_shaping());
-                    failures.push(failed);
-                }
+                _ => sent.push(op),
             }
         }
-        if !requests.is_empty() {
-            writes += requests.len() as u64;
-            match nl.batch(requests) {
-                Ok(acks) => {
-                    for (op, ack) in sent.iter().zip(acks) {
-                        if let Err(errno) = ack {
-                            if !idempotent(op, errno) {
-                                shaping_failures += usize::from(op.is_shaping());
-                                failures.push(fail(op, errno_text(errno)));
-                            }
-                        }
+        if !sent.is_empty() {
+            let index = &index;
+            match nl.batch_with(sent.iter().collect(), |op| message(op, index)) {
+                Ok(answers) => {
+                    for (op, answer) in sent.iter().zip(answers) {
+                        // Every request the kernel answered was a write; one that could not
+                        // be built was not sent.
+                        writes += u64::from(answer.is_ok());
+                        let failed = match answer {
+                            Ok(Ok(())) => continue,
+                            Ok(Err(errno)) if idempotent(op, errno) => continue,
+                            Ok(Err(errno)) => fail(op, errno_text(errno)),
+                            Err(e) => fail(op, e),
+                        };
+                        shaping_failures += usize::from(op.is_shaping());
+                        failures.push(failed);
                     }
                 }
-                Err(e) => failures.push(OpFailure {
-                    op: format!("{} netlink request(s), first: {}", sent.len(), sent[0]),
-                    error: e.to_string(),
-                }),
+                Err(e) => {
+                    writes += sent.len() as u64;
+                    failures.push(OpFailure {
+                        op: format!("{} netlink request(s), first: {}", sent.len(), sent[0]),
+                        error: e.to_string(),
+                    })
+                }
             }
         }
         // A phase that failed stops the later ones, which may build on it; a failed shaping
@@ -222,14 +218,14 @@ fn idempotent(op: &Op, errno: i32) -> bool {
     }
 }
 
-/// The netlink request (and its extra flags) for a netlink operation; `None` for the others.
+/// The netlink request (and its extra flags) for a netlink operation.
 fn message(
     op: &Op,
     index: &HashMap<String, u32>,
-) -> Result<Option<(RouteNetlinkMessage, u16)>, msg::MsgError> {
+) -> Result<(RouteNetlinkMessage, u16), msg::MsgError> {
     let lookup = |name: &str| index.get(name).copied();
     let idx = |name: &str| lookup(name).ok_or_else(|| msg::MsgError::NoLink(name.to_string()));
-    Ok(Some(match op {
+    Ok(match op {
         Op::AddVrf { name, table } => (
             RouteNetlinkMessage::NewLink(msg::vrf(name, *table)),
             NLM_F_CREATE | NLM_F_EXCL,
@@ -305,8 +301,8 @@ fn message(
         | Op::NftUpdate { .. }
         | Op::NftDelete
         | Op::AddFou { .. }
-        | Op::DelFou { .. } => return Ok(None),
-    }))
+        | Op::DelFou { .. } => return Err(msg::MsgError::NotNetlink),
+    })
 }
 
 #[cfg(test)]
@@ -379,7 +375,7 @@ mod tests {
             sit,
             mtu: 1472,
         };
-        let Some((RouteNetlinkMessage::NewLink(m), flags)) = message(&op, &HashMap::new()).unwrap()
+        let (RouteNetlinkMessage::NewLink(m), flags) = message(&op, &HashMap::new()).unwrap()
         else {
             panic!("not a NewLink");
         };

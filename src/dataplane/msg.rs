@@ -41,6 +41,9 @@ pub enum MsgError {
     /// A next hop Lace reads but never writes ([`KernelNexthop::Unknown`]).
     #[error("cannot write route form {0}")]
     Unwritable(String),
+    /// An operation that is not a netlink request (a sysctl, an nft run, ...).
+    #[error("not a netlink operation")]
+    NotNetlink,
 }
 
 fn family(ip: IpAddr) -> AddressFamily {

@@ -502,46 +502,79 @@ impl<T: Transport> Nl<T> {
     /// faster than the kernel's worker refills it (measured: 184 adds in a row refused, the next
     /// ones taken).
     ///
-    /// A batch of more than [`PIPELINE_REQUESTS`] is encoded by a second thread while this one
-    /// waits for the kernel: the kernel does a chunk's work inside the `send` that hands it
-    /// over, so encoding the next chunk meanwhile takes the encoding off the batch's time.
+    /// [`Nl::batch_with`] of messages built already.
     pub fn batch(
         &mut self,
         requests: Vec<(RouteNetlinkMessage, u16)>,
     ) -> Result<Vec<Ack>, NlError> {
+        let answers = self.batch_with(requests, Ok::<_, std::convert::Infallible>)?;
+        Ok(answers
+            .into_iter()
+            .map(|a| a.unwrap_or_else(|never| match never {}))
+            .collect())
+    }
+
+    /// [`Nl::batch`] of `requests` that `build` makes messages of as they are sent: each
+    /// one's answer is the kernel's, or `build`'s error (then it is not sent).
+    ///
+    /// A batch of more than [`PIPELINE_REQUESTS`] is built and encoded by a second thread
+    /// while this one waits for the kernel: the kernel does a chunk's work inside the `send`
+    /// that hands it over, so building the next chunk meanwhile takes Lace's part off the
+    /// batch's time.
+    pub fn batch_with<R: Send, E: Send>(
+        &mut self,
+        requests: Vec<R>,
+        build: impl Fn(R) -> Result<(RouteNetlinkMessage, u16), E> + Sync,
+    ) -> Result<Vec<Result<Ack, E>>, NlError> {
         let total = requests.len();
         let mut acks: Vec<Option<Ack>> = vec![None; total];
+        let mut unbuilt = Vec::new();
         // The chunks take the next `total` sequence numbers; resends come after them.
         let first = self.seq.wrapping_add(1);
         self.seq = self.seq.wrapping_add(total as u32);
         let mut requests = requests.into_iter().enumerate();
         let mut seq = first;
+        let build = &build;
+        let mut send = |chunk: Chunk<E>| {
+            self.send_chunk(&chunk, &mut acks)?;
+            unbuilt.extend(chunk.unbuilt);
+            Ok(())
+        };
         match total > PIPELINE_REQUESTS {
             false => {
-                while let Some(chunk) = Chunk::next(&mut requests, &mut seq) {
-                    self.send_chunk(&chunk, &mut acks)?;
+                while let Some(chunk) = Chunk::next(&mut requests, build, &mut seq) {
+                    send(chunk)?;
                 }
             }
             true => std::thread::scope(|s| {
                 let (tx, rx) = mpsc::sync_channel(CHUNKS_AHEAD);
                 s.spawn(move || {
-                    while let Some(chunk) = Chunk::next(&mut requests, &mut seq) {
+                    while let Some(chunk) = Chunk::next(&mut requests, build, &mut seq) {
                         if tx.send(chunk).is_err() {
                             return; // this thread stopped at an error
                         }
                     }
                 });
-                rx.into_iter()
-                    .try_for_each(|chunk| self.send_chunk(&chunk, &mut acks))
+                rx.into_iter().try_for_each(&mut send)
             })?,
         }
-        Ok(acks.into_iter().map(|a| a.unwrap_or(Ok(()))).collect())
+        let mut answers: Vec<Result<Ack, E>> =
+            acks.into_iter().map(|a| Ok(a.unwrap_or(Ok(())))).collect();
+        for (i, e) in unbuilt {
+            answers[i] = Err(e);
+        }
+        Ok(answers)
     }
 
     /// Sends `chunk`, records the answers in `acks` and resends what the kernel refused with
     /// `ENOMEM` (see [`Nl::batch`]).
-    fn send_chunk(&mut self, chunk: &Chunk, acks: &mut [Option<Ack>]) -> Result<(), NlError> {
-        let Chunk { buf, spans, seq0 } = chunk;
+    fn send_chunk<E>(&mut self, chunk: &Chunk<E>, acks: &mut [Option<Ack>]) -> Result<(), NlError> {
+        let Chunk {
+            buf, spans, seq0, ..
+        } = chunk;
+        if spans.is_empty() {
+            return Ok(()); // none of it built
+        }
         let slots: Vec<usize> = spans.iter().map(|(i, _)| *i).collect();
         self.exchange(buf, *seq0, &slots, acks)?;
         let mut pause = ENOMEM_PAUSE;
@@ -621,34 +654,46 @@ fn encode(msg: RouteNetlinkMessage, flags: u16, seq: u32, out: &mut Vec<u8>) {
 }
 
 /// One `send` of a batch: its requests end to end, each one's index in the batch and where
-/// its bytes are, and the first one's sequence number (the others' follow).
-struct Chunk {
+/// its bytes are, and the first one's sequence number (the others' follow); and the requests
+/// that could not be built, each with its index and why.
+struct Chunk<E> {
     buf: Vec<u8>,
     spans: Vec<(usize, std::ops::Range<usize>)>,
     seq0: u32,
+    unbuilt: Vec<(usize, E)>,
 }
 
-impl Chunk {
-    /// The next chunk of `requests` (about [`CHUNK_BYTES`]), numbered from `seq` on.
-    fn next(
-        requests: &mut impl Iterator<Item = (usize, (RouteNetlinkMessage, u16))>,
+impl<E> Chunk<E> {
+    /// The next chunk of `requests` (about [`CHUNK_BYTES`]), built with `build` and numbered
+    /// from `seq` on.
+    fn next<R>(
+        requests: &mut impl Iterator<Item = (usize, R)>,
+        build: &impl Fn(R) -> Result<(RouteNetlinkMessage, u16), E>,
         seq: &mut u32,
     ) -> Option<Self> {
         let mut chunk = Chunk {
             buf: Vec::with_capacity(CHUNK_BYTES + 4096),
             spans: Vec::new(),
             seq0: *seq,
+            unbuilt: Vec::new(),
         };
         while chunk.buf.len() < CHUNK_BYTES {
-            let Some((i, (msg, flags))) = requests.next() else {
+            let Some((i, request)) = requests.next() else {
                 break;
+            };
+            let (msg, flags) = match build(request) {
+                Ok(built) => built,
+                Err(e) => {
+                    chunk.unbuilt.push((i, e));
+                    continue;
+                }
             };
             let start = chunk.buf.len();
             encode(msg, NLM_F_REQUEST | NLM_F_ACK | flags, *seq, &mut chunk.buf);
             *seq = seq.wrapping_add(1);
             chunk.spans.push((i, start..chunk.buf.len()));
         }
-        (!chunk.spans.is_empty()).then_some(chunk)
+        (!chunk.spans.is_empty() || !chunk.unbuilt.is_empty()).then_some(chunk)
     }
 }
 

@@ -436,6 +436,32 @@ fn a_batch_encoded_by_a_second_thread_answers_every_request_in_order_and_numbers
 }
 
 #[test]
+fn a_request_that_cannot_be_built_is_answered_with_its_error_and_not_sent() {
+    for n in [4, 3 * PIPELINE_REQUESTS] {
+        let mut nl = Nl::with_transport(Acking::default());
+        let requests: Vec<usize> = (0..n).collect();
+        let answers = nl
+            .batch_with(requests, |i| match i % 3 {
+                2 => Err(format!("no message for {i}")),
+                _ => Ok((link(&format!("l{i}")), 0)),
+            })
+            .unwrap();
+        for (i, answer) in answers.iter().enumerate() {
+            match i % 3 {
+                2 => assert_eq!(answer, &Err(format!("no message for {i}"))),
+                _ => assert_eq!(answer, &Ok(Ok(())), "request {i}"),
+            }
+        }
+        let sent: Vec<String> = nl.sock.sends.into_iter().flatten().collect();
+        let want: Vec<String> = (0..n)
+            .filter(|i| i % 3 != 2)
+            .map(|i| format!("l{i}"))
+            .collect();
+        assert_eq!(sent, want, "the built ones, in order, of {n}");
+    }
+}
+
+#[test]
 fn datagrams_laid_end_to_end_decode_in_order_and_truncation_is_an_error() {
     let mut buf = emit(7, 0, NetlinkPayload::InnerMessage(link("a")));
     buf.extend(emit(8, 0, NetlinkPayload::InnerMessage(link("b"))));
