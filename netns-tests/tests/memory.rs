@@ -34,16 +34,27 @@ fn pod_addr(second: u8) -> Ipv4Addr {
 /// Two nodes (only `n1` is programmed), Networks `a` and `b` reaching themselves; `pods`
 /// names the Networks whose pod on `n1` is attached.
 fn desired(pods: &[&str]) -> DesiredNode {
+    desired_in(2, &[], pods)
+}
+
+/// [`desired`] in a cluster of `nodes` nodes, with the Networks `more` (name, second octet:
+/// no pod on `n1`, each reaching itself) besides `a` and `b`.
+fn desired_in(nodes: u16, more: &[(&'static str, u8)], pods: &[&str]) -> DesiredNode {
     let networks: Vec<TestNetwork> = NETS
         .iter()
-        .map(|&(name, second, function, _)| TestNetwork {
+        .map(|&(name, second, function, _)| (name, second, function))
+        .chain(
+            more.iter()
+                .map(|&(name, second)| (name, second, u16::from(second))),
+        )
+        .map(|(name, second, function)| TestNetwork {
             name,
             second,
             function,
             reaches_itself: true,
         })
         .collect();
-    let s = ipv4_cluster("n", 2, &networks);
+    let s = ipv4_cluster("n", nodes, &networks);
     let attached: Vec<PodAttachment> = NETS
         .iter()
         .filter(|(name, ..)| pods.contains(name))
@@ -292,6 +303,28 @@ fn memory_hand_edits_and_silent_flushes_are_put_back_exactly() {
     assert_eq!(fresh.writes, 0, "{:#?}", fresh.sample);
     assert_quiet(&rec, &without_b);
     assert_eq!(lace_state(n), after_del);
+}
+
+/// A first apply past the size whose messages a second thread builds and encodes while the
+/// kernel takes the chunks (`Nl::batch_with`: more than 1,024 requests): every planned route
+/// is in the kernel, the memory is what a dump shows, and nothing is written again.
+#[test]
+fn memory_a_first_apply_built_on_the_encoder_thread_installs_every_route() {
+    require_root_and_vrf();
+    let w = world("mem-large");
+    let more = [("c", 3), ("d", 4), ("e", 5), ("f", 6)];
+    let plan = desired_in(250, &more, &["a", "b"]);
+    let planned = plan.routes().count();
+    assert!(planned > 1024, "{planned} routes: not past one batch");
+    let rec = Reconciler::new(NetnsTarget::Path(w.node.path())).unwrap();
+    let first = reconcile(&rec, &plan);
+    assert!(first.writes >= planned as u64, "{} writes", first.writes);
+    let installed = lace_state(&w.node)
+        .iter()
+        .filter(|l| l.starts_with("route "))
+        .count();
+    assert_eq!(installed, planned, "Lace's routes in the kernel");
+    assert_quiet(&rec, &plan);
 }
 
 /// Foreign routes added at once behind the reconciler's back.
