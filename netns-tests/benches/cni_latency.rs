@@ -297,6 +297,22 @@ fn histogram(metrics: &str, name: &str, labels: &str) -> (f64, f64) {
     (value("sum"), value("count"))
 }
 
+/// How many observations of histogram `name` with label `label` (`key="value"`) took over
+/// `le` seconds (one of its bucket bounds, as the exposition spells it), and how many there
+/// were.
+fn over(metrics: &str, name: &str, label: &str, le: &str) -> (f64, f64) {
+    let value = |key: String| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(key.as_str()))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(f64::NAN)
+    };
+    let within = value(format!("{name}_bucket{{le=\"{le}\",{label}}} "));
+    let count = value(format!("{name}_count{{{label}}} "));
+    (count - within, count)
+}
+
 struct Row {
     plugin: &'static str,
     mode: String,
@@ -563,6 +579,24 @@ fn main() {
             })
             .collect();
         println!("lace agent-side ADD phases (mean): {}", phases.join(", "));
+        // Whether the sequential ADD's tail is the agent's handling (e.g. the host phase
+        // waiting for the namespace's worker while it runs a reconcile) or outside it.
+        let (slow, n) = over(
+            &sequential_metrics,
+            "lace_cni_request_duration_seconds",
+            "verb=\"ADD\"",
+            "0.05",
+        );
+        let (slow_host, _) = over(
+            &sequential_metrics,
+            "lace_cni_add_phase_seconds",
+            "phase=\"host\"",
+            "0.05",
+        );
+        println!(
+            "lace agent-side ADDs over 50 ms in the sequential run: {slow} of {n} (host phase \
+             over 50 ms: {slow_host})"
+        );
         let (sum, count) = histogram(&sequential_metrics, "lace_reconcile_duration_seconds", "");
         println!(
             "lace dataplane reconciles during the sequential run: {count}, mean {:.1} ms \
