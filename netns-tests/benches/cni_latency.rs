@@ -10,7 +10,9 @@
 //! spawn to exit of the plugin process. The plugins run back to back with the same pod counts:
 //! per plugin N sequential ADDs then their DELs, then per plugin M ADDs at once then their DELs
 //! at once. Then the agent's `VmRSS`/`VmHWM` idle (before any pod) and with `LACE_BENCH_RSS_PODS`
-//! pods attached.
+//! pods attached. Lace's configuration adds `logLevel: info`: each request's log line (on
+//! stderr) gives the plugin's own time, which splits its sequential ADDs into that and the rest
+//! (the process's start and exit); the agent's metrics give its side.
 //!
 //! The reference configurations are the usual ones: `host-local` with a /16 range (its own
 //! `dataDir`), `ptp` with `ipMasq: false`, `bridge` with `isGateway: true` and
@@ -64,6 +66,25 @@ struct Exec {
     stdout: String,
 }
 
+impl Exec {
+    /// The plugin's own time for the request, from its log line (`... ok in 23.4ms`, at
+    /// `logLevel` info): from its configuration read to its answer.
+    fn own(&self) -> Option<Duration> {
+        let (_, after) = self.stdout.split_once(" ok in ")?;
+        let text = after.split_whitespace().next()?;
+        let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
+        let (number, unit) = text.split_at(split);
+        let scale = match unit {
+            "s" => 1.0,
+            "ms" => 1e-3,
+            "µs" => 1e-6,
+            "ns" => 1e-9,
+            _ => return None,
+        };
+        Some(Duration::from_secs_f64(number.parse::<f64>().ok()? * scale))
+    }
+}
+
 impl Plugin {
     /// Execs the plugin for `verb` on pod `id` in network namespace `netns`. Must run on a
     /// thread that entered the node namespace ([`in_netns`]).
@@ -112,13 +133,18 @@ impl Plugin {
 
     /// [`Plugin::must`] for a pod in Kubernetes namespace `pod_namespace`.
     fn must_in(&self, verb: &str, id: &str, pod_namespace: &str, netns: &Path) -> Duration {
+        self.must_exec(verb, id, pod_namespace, netns).took
+    }
+
+    /// [`Plugin::must_in`] returning the whole [`Exec`].
+    fn must_exec(&self, verb: &str, id: &str, pod_namespace: &str, netns: &Path) -> Exec {
         let e = self.exec(verb, id, pod_namespace, netns);
         assert!(
             e.ok,
             "{} {verb} {id} failed after {:?}: {}",
             self.label, e.took, e.stdout
         );
-        e.took
+        e
     }
 }
 
@@ -141,16 +167,17 @@ const TURN: usize = 20;
 /// take turns of [`TURN`] pods (the ADDs of all turns before the DELs), so a drift of the
 /// machine's load hits them alike while each sees the same number of attached pods; Lace's
 /// agent is let go idle before another plugin's turn, so its reconciles are not counted
-/// against the others. Returns per plugin the ADD and DEL samples.
+/// against the others. Returns per plugin the ADD and DEL execs.
 fn sequential(
     plugins: &[Arc<Plugin>],
     settle: &dyn Fn(),
     pods: usize,
-) -> Vec<(Vec<Duration>, Vec<Duration>)> {
+) -> Vec<(Vec<Exec>, Vec<Exec>)> {
     let namespaces: Vec<PodNamespaces> = (0..plugins.len())
         .map(|i| PodNamespaces::new(&format!("lace-bs{i}-"), pods))
         .collect();
-    let mut out: Vec<(Vec<Duration>, Vec<Duration>)> = vec![Default::default(); plugins.len()];
+    let mut out: Vec<(Vec<Exec>, Vec<Exec>)> =
+        (0..plugins.len()).map(|_| Default::default()).collect();
     for verb in ["ADD", "DEL"] {
         for first in (0..pods).step_by(TURN) {
             for (i, p) in plugins.iter().enumerate() {
@@ -160,7 +187,7 @@ fn sequential(
                 let p2 = Arc::clone(p);
                 let samples = in_netns(&p.node, move || {
                     turn.iter()
-                        .map(|(id, ns)| p2.must(verb, id, ns))
+                        .map(|(id, ns)| p2.must_exec(verb, id, "default", ns))
                         .collect::<Vec<_>>()
                 });
                 let (adds, dels) = &mut out[i];
@@ -373,7 +400,11 @@ fn main() {
             label: "lace",
             binary: bed.p("bin/lace"),
             cni_path: bed.p("bin"),
-            conf: bed.netconf(json!({})).to_string().into_bytes(),
+            // One log line per request (stderr), for its own time.
+            conf: bed
+                .netconf(json!({"logLevel": "info"}))
+                .to_string()
+                .into_bytes(),
             node: PathBuf::from(bed.node.path()),
         }));
     }
@@ -459,16 +490,36 @@ fn main() {
     };
 
     let mut rows = Vec::new();
+    let mut split = String::new();
     eprintln!("cni_latency: {sequential_pods} sequential pods per plugin, in turns of {TURN}");
     for (p, (adds, dels)) in plugins
         .iter()
         .zip(sequential(&plugins, &settle, sequential_pods))
     {
+        // Lace's ADDs split into the plugin's own part and the rest (exec, start, exit).
+        let own: Vec<(Duration, Duration)> = adds
+            .iter()
+            .filter_map(|e| e.own().map(|own| (own, e.took.saturating_sub(own))))
+            .collect();
+        if p.label == "lace" {
+            assert_eq!(
+                own.len(),
+                adds.len(),
+                "every Lace ADD logs its own time at logLevel info"
+            );
+            let (plugin, rest): (Vec<_>, Vec<_>) = own.into_iter().unzip();
+            let ((p50, p99), (rest50, rest99)) = (p50_p99(plugin), p50_p99(rest));
+            split = format!(
+                "lace sequential ADD: the plugin's own time (its log line) p50 {p50:.1} ms, p99 \
+                 {p99:.1} ms; the rest (exec, start, exit) p50 {rest50:.1} ms, p99 {rest99:.1} ms"
+            );
+        }
+        let took = |execs: Vec<Exec>| execs.into_iter().map(|e| e.took).collect();
         rows.push(Row {
             plugin: p.label,
             mode: format!("{sequential_pods} sequential"),
-            add: p50_p99(adds),
-            del: p50_p99(dels),
+            add: p50_p99(took(adds)),
+            del: p50_p99(took(dels)),
         });
     }
     // The agent-side share of Lace's sequential ADDs, before the concurrent ones blur it.
@@ -579,6 +630,7 @@ fn main() {
             })
             .collect();
         println!("lace agent-side ADD phases (mean): {}", phases.join(", "));
+        println!("{split}");
         // Whether the sequential ADD's tail is the agent's handling (e.g. the host phase
         // waiting for the namespace's worker while it runs a reconcile) or outside it.
         let (slow, n) = over(
