@@ -88,9 +88,24 @@ fn golden_plan_mixed_underlay() {
     let node1 = plan("node-1", &state, &common::golden_attachments()).expect("plans");
     golden("mixed-node-1.plan", &node1.render());
     golden("mixed-node-1.nft", &node1.render_nft());
-    let node3 = plan("node-3", &state, &[]).expect("plans");
+    let node3 = plan("node-3", &state, &node_3_attachments()).expect("plans");
     golden("mixed-node-3.plan", &node3.render());
     golden("mixed-node-3.nft", &node3.render_nft());
+}
+
+/// A pod of `system` and one of `tenant-a` on node-3: the tables of those Networks route the
+/// other nodes' blocks (a Network without a pod on the node leaves them out).
+fn node_3_attachments() -> Vec<lace::state::PodAttachment> {
+    vec![
+        common::mk_attachment(
+            "kube-system",
+            "coredns-3",
+            "system",
+            "lp-coredns3",
+            &["10.10.3.2", "fd00:10:0:3::2"],
+        ),
+        common::mk_attachment("tenant-a", "api-3", "tenant-a", "lp-api3", &["10.30.3.2"]),
+    ]
 }
 
 /// The mixed cluster's node-3 (IPv4 only) on one L2 segment with the others, as its probes
@@ -108,7 +123,7 @@ fn golden_plan_link_local() {
         answered: ["node-1".to_string()].into(),
         uplink_mtu: Some(1500),
     };
-    let node3 = plan_with("node-3", &state, &facts, &[]).expect("plans");
+    let node3 = plan_with("node-3", &state, &facts, &node_3_attachments()).expect("plans");
     golden("linklocal-node-3.plan", &node3.render());
     golden("linklocal-node-3.nft", &node3.render_nft());
 }

@@ -1,5 +1,6 @@
 //! Property tests of the planner on random clusters: reachability is exactly what the
-//! NetworkRoutingPolicies allow (routes both ways, new connections one way) over the underlay
+//! NetworkRoutingPolicies allow (routes both ways, from the tables of the Networks with a pod on
+//! the node; new connections one way) over the underlay
 //! each pair of nodes has in common (IPv6 first, else IPv4, else none), names and table ids
 //! are unique, and planning is a pure function.
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
@@ -171,7 +172,9 @@ proptest! {
                 for (node, idx) in &index {
                     for blk in blocks_of(s, node, b) {
                         let got = d.route(&RouteKey::new(ta, blk));
-                        let want = if !(allowed || reverse) {
+                        // A's table routes B's blocks while A has a pod on this node.
+                        let a_here = c.local.iter().any(|l| l.network == *a);
+                        let want = if !(allowed || reverse) || !a_here {
                             None
                         } else if *node != me {
                             path(node).map(|(_, underlay)| Nexthop::Seg6Encap { segs: sid(*idx, f_b), underlay })

@@ -516,6 +516,77 @@ fn incremental_plan_equals_full_plan() {
     assert_eq!(second.route(&key(PROBE_TABLE, "10.10.1.2/32")), None);
 }
 
+/// A Network's table routes the blocks it reaches only while the Network has a pod on the
+/// node: only its local pods' packets are looked up there for them. Everything else of the
+/// Network (VRF, SID, defaults, the ingress and Service routes) stays.
+#[test]
+fn a_network_routes_the_blocks_it_reaches_only_while_it_has_a_pod_here() {
+    let s = golden_cluster();
+    let planner = Planner::new("node-1", &s).expect("planner");
+    let all = golden_attachments();
+    let with = planner.plan(&all).unwrap();
+    let without_tenant: Vec<_> = all
+        .iter()
+        .filter(|a| a.network != "tenant-a")
+        .cloned()
+        .collect();
+    let without = planner.plan(&without_tenant).unwrap();
+    let reach_of_tenant = [
+        (key(T_TENANT, "10.10.2.0/24"), encap("2001:db8:100::2:2:0")),
+        (key(T_TENANT, "10.30.2.0/24"), encap("2001:db8:100::2:3:0")),
+        (key(T_TENANT, "fd00:30:0:2::/64"), encap("2001:db8:100::2:3:0")),
+        (key(T_TENANT, "10.10.1.0/24"), dev("lv-system")),
+    ];
+    for (k, nh) in &reach_of_tenant {
+        assert_eq!(with.route(k), Some(nh), "{k:?} with api-0 on the node");
+        assert_eq!(without.route(k), None, "{k:?} without a tenant-a pod");
+    }
+    // system's table still routes tenant-a's blocks (replies to tenant-a's pods elsewhere).
+    let reply = key(T_SYSTEM, "10.30.2.0/24");
+    assert_eq!(without.route(&reply), with.route(&reply));
+    assert!(without.route(&reply).is_some());
+    // The rest is the same: only tenant-a's table and api-0's own routes differ.
+    let differ: Vec<RouteKey> = with
+        .routes()
+        .filter(|(k, nh)| without.route(k) != Some(*nh))
+        .map(|(k, _)| *k)
+        .chain(
+            without
+                .routes()
+                .filter(|(k, nh)| with.route(k) != Some(*nh))
+                .map(|(k, _)| *k),
+        )
+        .collect();
+    assert!(!differ.is_empty());
+    for k in &differ {
+        let api0 = ["10.30.1.2", "fd00:30:0:1::2"]
+            .iter()
+            .any(|a| k.dst == IpNet::from(a.parse::<std::net::IpAddr>().unwrap()));
+        assert!(k.table == T_TENANT || api0, "{k:?} differs");
+    }
+    assert_eq!(without.base, with.base, "one base for both");
+    assert_eq!(with.served_tables, [T_SYSTEM, T_DEFAULT, T_TENANT].into());
+    assert_eq!(without.served_tables, [T_SYSTEM, T_DEFAULT].into());
+    // With no pod at all, no VRF table routes another node's block (host routes to Service
+    // backends and to the other nodes' ingress addresses stay: NodePort traffic uses them).
+    let fresh = planner.plan(&[]).unwrap();
+    let blocks: Vec<RouteKey> = fresh
+        .routes()
+        .filter(|(k, nh)| {
+            let block = k.dst.prefix_len() < k.dst.max_prefix_len();
+            k.table >= T_DEFAULT && block && matches!(nh, Nexthop::Seg6Encap { .. })
+        })
+        .map(|(k, _)| *k)
+        .collect();
+    assert_eq!(blocks, Vec::<RouteKey>::new());
+    let in_with = |k: &RouteKey| with.route(k).is_some();
+    assert!(with.routes().filter(|(k, _)| k.table >= T_DEFAULT).count() > 10);
+    assert!(in_with(&key(T_SYSTEM, "10.10.2.0/24")));
+    // ...while the other nodes' locators and this node's SIDs are routed as always.
+    assert!(fresh.route(&key(MAIN_TABLE, "2001:db8:100::2:0:0/96")).is_some());
+    assert!(fresh.route(&key(MAIN_TABLE, "2001:db8:100::1:3:0/128")).is_some());
+}
+
 #[test]
 fn routes_iterate_sorted_without_duplicates() {
     let d = golden_node1();
@@ -524,7 +595,12 @@ fn routes_iterate_sorted_without_duplicates() {
         keys.windows(2).all(|w| w[0] < w[1]),
         "routes() must be strictly sorted"
     );
-    assert_eq!(keys.len(), d.base.routes.len() + d.pod_routes.len());
+    let reach = d.base.pod_reach.in_tables(&d.served_tables).count();
+    assert!(reach > 0, "node-1's Networks route each other's blocks");
+    assert_eq!(
+        keys.len(),
+        d.base.routes.len() + reach + d.pod_routes.len()
+    );
     assert!(keys
         .iter()
         .all(|k| k.table == MAIN_TABLE || k.table == PROBE_TABLE || k.table >= vrf_table(0)));

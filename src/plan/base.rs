@@ -89,6 +89,7 @@ pub(super) fn build_base(
         state.node_allocations.values().map(|a| a.locator),
     ));
     rules.extend(host_access::rules(&host_access));
+    let routes = rb.finish();
     let sysctls = sysctls(&vrfs, ipv4_tunnel.is_some());
     let internal_ips: &[IpAddr] = state
         .nodes
@@ -133,7 +134,8 @@ pub(super) fn build_base(
         link_local,
         facts: facts.clone(),
         vrfs,
-        routes: rb.finish(),
+        routes: routes.always,
+        pod_reach: routes.local_pods,
         rules,
         sysctls,
         nft: ruleset,
@@ -392,7 +394,10 @@ fn local_sid_routes(rb: &mut RouteBuilder, me: &NodeAllocationSpec, nets: &Netwo
 
 /// The blocks of reachable Networks on every node: local ones leaked into the destination's
 /// VRF, remote ones seg6-encapsulated towards the node's SID, plus the routes to the peers'
-/// locators.
+/// locators. The blocks are routes for local pods ([`RouteBuilder::add_for_local_pods`]):
+/// only packets of the source Network's pods on this node are looked up in its table for
+/// them (a packet decapsulated into a VRF is for a local pod, NodePort traffic and host
+/// processes have routes of their own).
 fn block_routes(
     rb: &mut RouteBuilder,
     state: &ClusterState,
@@ -441,7 +446,7 @@ fn block_routes(
                             continue; // local pods of the same Network: their own host routes
                         }
                         for b in &blocks {
-                            rb.add(
+                            rb.add_for_local_pods(
                                 src.table,
                                 *b,
                                 PREC_REACH,
@@ -452,7 +457,7 @@ fn block_routes(
                     Some((_, underlay)) => {
                         let segs = sid(alloc.locator, dst_info.function);
                         for b in &blocks {
-                            rb.add(
+                            rb.add_for_local_pods(
                                 src.table,
                                 *b,
                                 PREC_REACH,

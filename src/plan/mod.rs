@@ -507,7 +507,14 @@ pub struct NodeBase {
     pub facts: UnderlayFacts,
     /// By device name.
     pub vrfs: BTreeMap<String, Vrf>,
+    /// The routes installed whatever pods the node has.
     pub routes: RouteTable,
+    /// Each VRF table's routes to the blocks its Network reaches (the other nodes' blocks,
+    /// and this node's of the other Networks it reaches): installed while the Network has a
+    /// pod on this node ([`DesiredNode::served_tables`]), since only its local pods' packets
+    /// are looked up there for them. A node with pods in a few of many Networks holds a few
+    /// Networks' worth of per-node routes.
+    pub pod_reach: RouteTable,
     pub rules: BTreeSet<Rule>,
     /// Sysctl key (dotted) → value.
     pub sysctls: BTreeMap<String, String>,
@@ -549,6 +556,9 @@ pub struct DesiredNode {
     /// in [`HOST_ACCESS_TABLE`] for pods of Networks with `hostAccess`, and in the main table
     /// for pods with hostPorts.
     pub pod_routes: BTreeMap<RouteKey, Nexthop>,
+    /// The VRF tables of the Networks with a pod on this node: the base's
+    /// [`NodeBase::pod_reach`] routes of these tables are part of the plan.
+    pub served_tables: BTreeSet<u32>,
     /// The base's ruleset with the local pods' hostPort elements, when there are any.
     pub host_port_nft: Option<Arc<nft::Ruleset>>,
     /// The local pods' bandwidth shaping, by host-side veth.
@@ -560,25 +570,22 @@ impl DesiredNode {
     pub fn route(&self, key: &RouteKey) -> Option<&Nexthop> {
         self.pod_routes
             .get(key)
+            .or_else(|| {
+                self.served_tables
+                    .contains(&key.table)
+                    .then(|| self.base.pod_reach.get(key))
+                    .flatten()
+            })
             .or_else(|| self.base.routes.get(key))
     }
 
-    /// All routes, sorted by (table, destination). Pod routes win over base routes with the
-    /// same key (there are none by construction: pod routes are host routes of local pods).
+    /// All routes, sorted by (table, destination): the base's, its [`NodeBase::pod_reach`]
+    /// routes of the served tables over them, the pods' routes over both (under one key there
+    /// are none of the latter by construction: pod routes are host routes of local pods).
     pub fn routes(&self) -> impl Iterator<Item = (&RouteKey, &Nexthop)> {
-        let mut a = self
-            .base
-            .routes
-            .iter()
-            .filter(|(k, _)| !self.pod_routes.contains_key(k))
-            .peekable();
-        let mut b = self.pod_routes.iter().peekable();
-        std::iter::from_fn(move || match (a.peek(), b.peek()) {
-            (Some(x), Some(y)) if x.0 < y.0 => a.next(),
-            (Some(_), Some(_)) | (None, Some(_)) => b.next(),
-            (Some(_), None) => a.next(),
-            (None, None) => None,
-        })
+        let reach = self.base.pod_reach.in_tables(&self.served_tables);
+        let base = merge_preferring(self.base.routes.iter(), reach);
+        merge_preferring(base, self.pod_routes.iter())
     }
 
     /// The nftables ruleset: the base's, with the local pods' hostPorts.
@@ -705,6 +712,24 @@ impl DesiredNode {
     }
 }
 
+/// Two walks sorted by key as one, with `b`'s route where both have a key.
+fn merge_preferring<'a>(
+    a: impl Iterator<Item = (&'a RouteKey, &'a Nexthop)>,
+    b: impl Iterator<Item = (&'a RouteKey, &'a Nexthop)>,
+) -> impl Iterator<Item = (&'a RouteKey, &'a Nexthop)> {
+    let (mut a, mut b) = (a.peekable(), b.peekable());
+    std::iter::from_fn(move || match (a.peek(), b.peek()) {
+        (Some(x), Some(y)) if x.0 < y.0 => a.next(),
+        (Some(x), Some(y)) if x.0 == y.0 => {
+            a.next();
+            b.next()
+        }
+        (_, Some(_)) => b.next(),
+        (Some(_), None) => a.next(),
+        (None, None) => None,
+    })
+}
+
 /// Plans node `node`: the pure entry point. See [`Planner`] for the incremental form. Nothing
 /// is known about the node's links ([`UnderlayFacts::default`]): see [`plan_with`].
 pub fn plan(
@@ -760,6 +785,7 @@ impl Planner {
     /// The full plan for these local attachments (cost: the attachments only).
     pub fn plan(&self, local: &[PodAttachment]) -> Result<DesiredNode, PlanError> {
         let mut pod_routes = BTreeMap::new();
+        let mut served_tables = BTreeSet::new();
         let mut host_ports = hostport::Mapped::default();
         let mut owners: HashMap<IpAddr, &ObjectKey> = HashMap::new();
         for att in local {
@@ -771,6 +797,7 @@ impl Planner {
                     node: self.node.clone(),
                 });
             };
+            served_tables.insert(pn.table);
             for ip in &att.ips {
                 let address = ip.addr();
                 if !pn.blocks.iter().any(|b| b.contains(&address)) {
@@ -820,6 +847,7 @@ impl Planner {
             node: self.node.clone(),
             base: Arc::clone(&self.base),
             pod_routes,
+            served_tables,
             host_port_nft,
             shaping: shaping::plan(local),
         })

@@ -1,6 +1,14 @@
 //! The primitives both the node's base routes ([`super::base`]) and its NodePort ingress
 //! routes ([`super::ingress`]) are built with: a collection of routes in which the kind with
 //! the highest precedence wins each key, and the route to a peer's locator along its path.
+//!
+//! A route is either always installed or one of its VRF's *pod routes of reach*: a route in a
+//! Network's table that only packets of that Network's pods on this node use (the other
+//! nodes' blocks). Those are installed while the Network has a pod here, as a BGP/MPLS VPN PE
+//! holds only the VRFs it has attachments for (RFC 4684): on a node with pods in a few of many
+//! Networks, most of the per-node routes never reach its kernel.
+
+use std::collections::BTreeSet;
 
 use ipnet::IpNet;
 
@@ -10,7 +18,24 @@ use super::{Nexthop, RouteKey, Underpath};
 /// Routes collected with a precedence; the highest precedence wins per key.
 #[derive(Default)]
 pub(super) struct RouteBuilder {
-    routes: Vec<(RouteKey, u8, Nexthop)>,
+    routes: Vec<(RouteKey, u8, Reach, Nexthop)>,
+}
+
+/// When a route is installed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum Reach {
+    Always,
+    /// While its table's Network has a pod on this node.
+    LocalPods,
+}
+
+/// What [`RouteBuilder::finish`] yields.
+pub(super) struct BuiltRoutes {
+    /// The routes installed always. Under a key whose winner is a [`Reach::LocalPods`] route,
+    /// the best of the others, if any: what holds while the Network has no pod here.
+    pub always: RouteTable,
+    /// The winning [`Reach::LocalPods`] routes.
+    pub local_pods: RouteTable,
 }
 
 /// Precedence of route kinds when two want the same key.
@@ -20,20 +45,57 @@ pub(super) const PREC_REACH: u8 = 2; // blocks, leaks, underlay, SIDs, backends
 pub(super) const PREC_INGRESS: u8 = 3; // remote NodePort backends through the ingress device
 
 impl RouteBuilder {
+    /// A route installed always.
     pub(super) fn add(&mut self, table: u32, dst: IpNet, prec: u8, nh: Nexthop) {
-        self.routes.push((RouteKey::new(table, dst), prec, nh));
+        self.routes
+            .push((RouteKey::new(table, dst), prec, Reach::Always, nh));
     }
 
-    pub(super) fn finish(mut self) -> RouteTable {
-        // Sort by key, then precedence descending, and keep the first of each key.
+    /// A route in VRF table `table` that only its Network's pods on this node use.
+    pub(super) fn add_for_local_pods(&mut self, table: u32, dst: IpNet, prec: u8, nh: Nexthop) {
         self.routes
-            .sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)).then(a.2.cmp(&b.2)));
-        self.routes.dedup_by(|later, first| later.0 == first.0);
-        // Collected in place (the element shrinks, the buffer is reused), then trimmed.
-        let mut sorted: Vec<(RouteKey, Nexthop)> =
-            self.routes.into_iter().map(|(k, _, nh)| (k, nh)).collect();
-        sorted.shrink_to_fit();
-        RouteTable(sorted)
+            .push((RouteKey::new(table, dst), prec, Reach::LocalPods, nh));
+    }
+
+    pub(super) fn finish(mut self) -> BuiltRoutes {
+        // Sort by key, then precedence descending (always first among equals), and keep the
+        // first of each key, plus the first always-installed one after a local-pods winner.
+        self.routes.sort_unstable_by(|a, b| {
+            (a.0.cmp(&b.0))
+                .then(b.1.cmp(&a.1))
+                .then(a.2.cmp(&b.2))
+                .then(a.3.cmp(&b.3))
+        });
+        let mut winner: Option<(RouteKey, Reach)> = None;
+        self.routes.retain(|(k, _, reach, _)| {
+            let keep = match winner {
+                Some((w, r)) if w == *k => r == Reach::LocalPods && *reach == Reach::Always,
+                _ => true,
+            };
+            if winner.is_none_or(|(w, _)| w != *k) {
+                winner = Some((*k, *reach));
+            } else if keep {
+                winner = Some((*k, Reach::Always)); // one fallback per key
+            }
+            keep
+        });
+        // The always-installed routes are copied out (at scale they are the few: locators,
+        // SIDs, defaults); the others are collected in place (the element shrinks, the buffer
+        // is reused), so the routes are never held twice.
+        let always: Vec<(RouteKey, Nexthop)> = self
+            .routes
+            .iter()
+            .filter(|r| r.2 == Reach::Always)
+            .map(|(k, _, _, nh)| (*k, nh.clone()))
+            .collect();
+        self.routes.retain(|r| r.2 == Reach::LocalPods);
+        let mut local_pods: Vec<(RouteKey, Nexthop)> =
+            self.routes.into_iter().map(|(k, _, _, nh)| (k, nh)).collect();
+        local_pods.shrink_to_fit();
+        BuiltRoutes {
+            always: RouteTable(always),
+            local_pods: RouteTable(local_pods),
+        }
     }
 }
 
@@ -56,6 +118,19 @@ impl RouteTable {
     /// Every route, sorted by key.
     pub fn iter(&self) -> impl Iterator<Item = (&RouteKey, &Nexthop)> {
         self.0.iter().map(|(k, nh)| (k, nh))
+    }
+
+    /// The routes of the tables in `tables`, sorted by key (each table's run is found by
+    /// binary search, so the others cost nothing).
+    pub fn in_tables<'a>(
+        &'a self,
+        tables: &'a BTreeSet<u32>,
+    ) -> impl Iterator<Item = (&'a RouteKey, &'a Nexthop)> + 'a {
+        tables.iter().flat_map(move |&t| {
+            let start = self.0.partition_point(|(k, _)| k.table < t);
+            let end = start + self.0[start..].partition_point(|(k, _)| k.table == t);
+            self.0[start..end].iter().map(|(k, nh)| (k, nh))
+        })
     }
 
     pub fn len(&self) -> usize {

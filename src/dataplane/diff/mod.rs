@@ -109,7 +109,8 @@ pub fn drift(desired: &DesiredNode, observed: &ObservedNode) -> Result<Vec<Op>, 
 /// theirs, e.g. [`crate::plan::Planner::plan`] of one attachment) what the full plan holds
 /// for them: their Networks' VRFs (created if missing), their host veths enslaved and up
 /// (with their proxy ARP sysctls), the link-local sources of their IPv6 probe routes, their
-/// shaping (`tc`: what was read of their links' qdiscs and filters), and their routes.
+/// shaping (`tc`: what was read of their links' qdiscs and filters), their routes, and their
+/// Networks' routes for local pods ([`crate::plan::NodeBase::pod_reach`]).
 /// Nothing else and no deletions: CNI ADD applies this, so the reconcile that follows finds
 /// the pod already as planned and writes nothing for it.
 pub fn attach(
@@ -139,6 +140,22 @@ pub fn attach(
     pod_link_ops(pods, &vrfs, observed, true, &mut out.ops);
     shaping::ops(&pods.shaping, observed, tc, false, &mut out.ops);
     let uplink = uplink(&pods.base, observed);
+    // A Network's first pod here brings its table's routes to the blocks it reaches, through
+    // links a reconcile made (the SRv6-over-IPv4 device, the other VRFs): before there is
+    // one, they are left to it.
+    for (key, nh) in pods.base.pod_reach.in_tables(&pods.served_tables) {
+        let Ok(Some(resolved)) = resolve(key, nh, &pods.base, &vrfs, observed, uplink, &mut out)
+        else {
+            continue; // the reconcile says why
+        };
+        let ready = resolved.dev().is_none_or(|d| observed.links.contains_key(d));
+        if ready && observed.routes.get(key) != Some(&resolved) {
+            out.ops.push(Op::PutRoute {
+                key: *key,
+                nh: resolved,
+            });
+        }
+    }
     for (key, nh) in &pods.pod_routes {
         if let Some(resolved) = resolve(key, nh, &pods.base, &vrfs, observed, uplink, &mut out)? {
             let via_fresh = resolved.dev().is_some_and(|d| fresh.contains(d));

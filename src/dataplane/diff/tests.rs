@@ -394,12 +394,63 @@ fn probe_routes_keep_their_source_only_where_the_node_holds_it() {
     );
 }
 
-/// The plan of just `pods` of `d` (what ADD attaches).
+/// The plan of just the pod on veth `dev` of `d` (what ADD attaches).
 fn just(d: &DesiredNode, dev: &str) -> DesiredNode {
     let mut p = d.clone();
     p.pod_routes
         .retain(|_, nh| matches!(nh, Nexthop::Dev(x) | Nexthop::DevSrc { dev: x, .. } if x == dev));
+    let vrf_tables: BTreeSet<u32> = d.base.vrfs.values().map(|v| v.table).collect();
+    p.served_tables = p
+        .pod_routes
+        .keys()
+        .map(|k| k.table)
+        .filter(|t| vrf_tables.contains(t))
+        .collect();
     p
+}
+
+/// `d` without its pods: the plan of a node that has none.
+fn no_pods(d: &DesiredNode) -> DesiredNode {
+    let mut p = d.clone();
+    p.pod_routes.clear();
+    p.served_tables.clear();
+    p.shaping.clear();
+    p
+}
+
+/// A Network's first pod brings its table's routes to the blocks the Network reaches: ADD
+/// installs them with the pod's own, so the pod reaches other nodes when ADD returns; the
+/// reconcile that follows writes nothing, and one without the pod deletes them.
+#[test]
+fn attach_of_a_network_s_first_pod_brings_its_routes_to_the_blocks_it_reaches() {
+    let d = desired(false);
+    let a_table = d.base.vrfs["lv-a"].table;
+    let remote = RouteKey::new(a_table, "10.1.2.0/24".parse().unwrap());
+    let via_n2 = KernelNexthop::Seg6Encap {
+        segs: "2001:db8:100::2:1:0".parse().unwrap(),
+        dev: UPLINK.into(),
+    };
+    let mut o = bare_host();
+    let ops = diff(Some(&no_pods(&d)), &o, None).unwrap().ops;
+    model(&mut o, &ops);
+    assert_eq!(o.routes.get(&remote), None, "no pod of a: no route to n2's block");
+    assert!(o.links.contains_key("lv-a"), "the VRF is there all the same");
+
+    let pod = just(&d, "lp-pa");
+    assert_eq!(pod.served_tables, [a_table].into());
+    let ops = attach(&pod, &o, &o.tc).unwrap().ops;
+    assert_eq!(puts(&ops).get(&remote), Some(&via_n2), "{ops:#?}");
+    model(&mut o, &ops);
+    assert_eq!(diff(Some(&d), &o, None).unwrap(), Diff::default());
+    assert_eq!(attach(&pod, &o, &o.tc).unwrap(), Diff::default());
+
+    // The last pod of a gone: its routes to the blocks go with it.
+    let ops = diff(Some(&no_pods(&d)), &o, None).unwrap().ops;
+    assert!(
+        ops.iter()
+            .any(|op| matches!(op, Op::DelRoute { key, .. } if *key == remote)),
+        "{ops:#?}"
+    );
 }
 
 #[test]
@@ -407,7 +458,9 @@ fn attach_writes_the_pod_s_part_of_the_plan_and_the_reconcile_nothing_more() {
     let d = desired(true);
     // The node as reconciled before pod b's ADD: everything but pod b; its veth exists.
     let mut before = d.clone();
-    before.pod_routes = just(&d, "lp-pa").pod_routes;
+    let a_only = just(&d, "lp-pa");
+    before.pod_routes = a_only.pod_routes;
+    before.served_tables = a_only.served_tables;
     let mut o = bare_host();
     let ops = diff(Some(&before), &o, None).unwrap().ops;
     model(&mut o, &ops);
@@ -435,6 +488,8 @@ fn attach_writes_the_pod_s_part_of_the_plan_and_the_reconcile_nothing_more() {
             _ => None,
         })
         .collect();
+    // b reaches nothing: its first pod brings no routes to blocks.
+    assert!(pod.base.pod_reach.in_tables(&pod.served_tables).next().is_none());
     assert_eq!(puts, pod.pod_routes.keys().copied().collect());
     assert!(puts.iter().any(|k| k.table == b_table));
     assert!(puts.iter().any(|k| k.table == PROBE_TABLE));

@@ -34,6 +34,7 @@ impl Applied {
         if let Some(plan) = &mut self.0 {
             plan.pod_routes
                 .extend(pods.pod_routes.iter().map(|(k, nh)| (*k, nh.clone())));
+            plan.served_tables.extend(&pods.served_tables);
             plan.shaping
                 .extend(pods.shaping.iter().map(|(v, s)| (v.clone(), s.clone())));
         }

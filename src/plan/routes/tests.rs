@@ -33,7 +33,9 @@ fn the_highest_precedence_wins_each_key_and_the_table_is_sorted() {
         PREC_EGRESS,
         Nexthop::Host,
     );
-    let t = rb.finish();
+    let built = rb.finish();
+    assert!(built.local_pods.is_empty());
+    let t = built.always;
     let all: Vec<(RouteKey, Nexthop)> = t.iter().map(|(k, nh)| (*k, nh.clone())).collect();
     assert_eq!(
         all,
@@ -56,6 +58,64 @@ fn the_highest_precedence_wins_each_key_and_the_table_is_sorted() {
         None,
         "no route of another length"
     );
+}
+
+/// A route for local pods wins its key only while the Network has a pod here: the best
+/// always-installed route under the same key stays in the always table for the other times.
+#[test]
+fn a_route_for_local_pods_keeps_the_best_always_installed_one_under_its_key() {
+    let k = "10.0.1.0/24".parse().unwrap();
+    let mut rb = RouteBuilder::default();
+    rb.add(10, k, PREC_FALLBACK, Nexthop::Unreachable);
+    rb.add_for_local_pods(10, k, PREC_REACH, dev("block"));
+    rb.add(10, k, PREC_EGRESS, Nexthop::Host);
+    rb.add_for_local_pods(10, k, PREC_FALLBACK, dev("lower"));
+    // Above every route for local pods: the only route of its key.
+    let over = "10.0.2.0/24".parse().unwrap();
+    rb.add_for_local_pods(10, over, PREC_REACH, dev("block"));
+    rb.add(10, over, PREC_INGRESS, dev("ingress"));
+    // Only for local pods.
+    rb.add_for_local_pods(11, k, PREC_REACH, dev("only"));
+    let built = rb.finish();
+    let all = |t: &RouteTable| -> Vec<(RouteKey, Nexthop)> {
+        t.iter().map(|(k, nh)| (*k, nh.clone())).collect()
+    };
+    assert_eq!(
+        all(&built.always),
+        vec![
+            (key(10, "10.0.1.0/24"), Nexthop::Host),
+            (key(10, "10.0.2.0/24"), dev("ingress")),
+        ]
+    );
+    assert_eq!(
+        all(&built.local_pods),
+        vec![
+            (key(10, "10.0.1.0/24"), dev("block")),
+            (key(11, "10.0.1.0/24"), dev("only")),
+        ]
+    );
+}
+
+#[test]
+fn in_tables_walks_only_the_runs_of_those_tables() {
+    let t: RouteTable = [
+        (key(1, "10.0.0.0/8"), dev("a")),
+        (key(2, "10.0.0.0/8"), dev("b")),
+        (key(2, "10.1.0.0/16"), dev("c")),
+        (key(3, "10.0.0.0/8"), dev("d")),
+        (key(5, "10.0.0.0/8"), dev("e")),
+    ]
+    .into_iter()
+    .collect();
+    let walk = |tables: &[u32]| -> Vec<String> {
+        let tables: BTreeSet<u32> = tables.iter().copied().collect();
+        t.in_tables(&tables)
+            .map(|(_, nh)| nh.to_string())
+            .collect()
+    };
+    assert_eq!(walk(&[2, 5]), ["dev b", "dev c", "dev e"]);
+    assert_eq!(walk(&[0, 4, 6]), Vec::<String>::new());
+    assert_eq!(walk(&[1, 2, 3, 5]).len(), 5);
 }
 
 #[test]

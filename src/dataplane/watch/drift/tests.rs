@@ -211,6 +211,31 @@ fn a_pod_veth_that_appears_after_the_reconcile_looked_is_left_to_its_add() {
     assert!(a.drift(&o).is_some(), "pod b's routes deleted by hand");
 }
 
+/// The first pod of Network `a` brings `a`'s routes to the blocks it reaches: once attached,
+/// they are part of what Lace applied (their deletion by hand is drift), not foreign routes
+/// of Lace's that a reconcile would delete.
+#[test]
+fn a_network_s_first_pod_makes_its_routes_to_blocks_part_of_what_was_applied() {
+    let d = desired(false);
+    let mut none = d.clone();
+    none.pod_routes.clear();
+    none.served_tables.clear();
+    let mut o = bare_host();
+    let ops = diff(Some(&none), &o, None).unwrap().ops;
+    model(&mut o, &ops);
+    let mut a = Applied::default();
+    a.reconciled(Some(Applied::of(none, &o)));
+    let ops = crate::dataplane::diff::attach(&d, &o, &o.tc).unwrap().ops;
+    model(&mut o, &ops);
+    let a_table = d.base.vrfs["lv-a"].table;
+    let remote = RouteKey::new(a_table, "10.1.2.0/24".parse().unwrap());
+    assert!(o.routes.contains_key(&remote), "{ops:#?}");
+    a.attached(&d);
+    assert_eq!(a.drift(&o), None);
+    o.routes.remove(&remote);
+    assert!(a.drift(&o).is_some(), "a's route to n2's block deleted by hand");
+}
+
 #[test]
 fn a_deleted_pod_is_not_drift_and_its_retried_add_is_the_add_s() {
     let (mut c, mut a, o) = applied();
