@@ -534,7 +534,10 @@ fn a_network_routes_the_blocks_it_reaches_only_while_it_has_a_pod_here() {
     let reach_of_tenant = [
         (key(T_TENANT, "10.10.2.0/24"), encap("2001:db8:100::2:2:0")),
         (key(T_TENANT, "10.30.2.0/24"), encap("2001:db8:100::2:3:0")),
-        (key(T_TENANT, "fd00:30:0:2::/64"), encap("2001:db8:100::2:3:0")),
+        (
+            key(T_TENANT, "fd00:30:0:2::/64"),
+            encap("2001:db8:100::2:3:0"),
+        ),
         (key(T_TENANT, "10.10.1.0/24"), dev("lv-system")),
     ];
     for (k, nh) in &reach_of_tenant {
@@ -583,8 +586,12 @@ fn a_network_routes_the_blocks_it_reaches_only_while_it_has_a_pod_here() {
     assert!(with.routes().filter(|(k, _)| k.table >= T_DEFAULT).count() > 10);
     assert!(in_with(&key(T_SYSTEM, "10.10.2.0/24")));
     // ...while the other nodes' locators and this node's SIDs are routed as always.
-    assert!(fresh.route(&key(MAIN_TABLE, "2001:db8:100::2:0:0/96")).is_some());
-    assert!(fresh.route(&key(MAIN_TABLE, "2001:db8:100::1:3:0/128")).is_some());
+    assert!(fresh
+        .route(&key(MAIN_TABLE, "2001:db8:100::2:0:0/96"))
+        .is_some());
+    assert!(fresh
+        .route(&key(MAIN_TABLE, "2001:db8:100::1:3:0/128"))
+        .is_some());
 }
 
 #[test]
@@ -597,10 +604,7 @@ fn routes_iterate_sorted_without_duplicates() {
     );
     let reach = d.base.pod_reach.in_tables(&d.served_tables).count();
     assert!(reach > 0, "node-1's Networks route each other's blocks");
-    assert_eq!(
-        keys.len(),
-        d.base.routes.len() + reach + d.pod_routes.len()
-    );
+    assert_eq!(keys.len(), d.base.routes.len() + reach + d.pod_routes.len());
     assert!(keys
         .iter()
         .all(|k| k.table == MAIN_TABLE || k.table == PROBE_TABLE || k.table >= vrf_table(0)));

@@ -13,8 +13,10 @@
 //!   element update a reconciler that knows the table makes, vs the full swap one without
 //!   that memory (a restarted one) makes.
 //! - scale (`LACE_BENCH_SCALE=NODESxNETWORKS`, e.g. 5000x50): a node of the plan bench's
-//!   synthetic cluster (IPv4, every Network routed to itself) programmed from nothing: its plan,
-//!   then the first apply by the real reconciler, the kernel's routes and rules and the kernel
+//!   synthetic cluster (IPv4, every Network routed to itself). Fresh, without pods: its plan
+//!   and first apply, then its first pod's attach. Then with its 30 pods (in 30 Networks: an
+//!   agent starting on a loaded node), programmed from nothing: its plan, then the first apply
+//!   by the real reconciler, the kernel's routes and rules and the kernel
 //!   memory they took (`/proc/meminfo`, the FIB's slab caches) after it, and the re-applies;
 //!   baselines: the same first apply at the kernel's own `net.ipv4.fib_sync_mem` (which the
 //!   plan raises), and `ip -batch` adding the plan's encap routes alone into VRFs that exist,
@@ -32,7 +34,8 @@ use std::time::{Duration, Instant};
 
 use ipnet::{IpNet, Ipv4Net};
 use lace::dataplane::{NetnsTarget, Reconciler, ROUTE_PROTOCOL};
-use lace::plan::{plan, DesiredNode, Nexthop, RouteKey, Underpath, FIB_SYNC_MEM};
+use lace::plan::{plan, DesiredNode, Nexthop, Planner, RouteKey, Underpath, FIB_SYNC_MEM};
+use lace::state::{ClusterState, PodAttachment};
 use lace_netns_tests::cluster::{ipv4_cluster, lone_node, TestNetwork};
 use lace_netns_tests::{require_root_and_vrf, Netns};
 
@@ -368,15 +371,84 @@ fn progress(since: Instant, what: &str) {
     eprintln!("dataplane bench: {:>7.1} s  {what}", secs(since.elapsed()));
 }
 
+/// The scenario's pods per node: node 1's are in 30 of the Networks.
+const PODS_PER_NODE: u32 = 30;
+
+/// [`node_ns`] with a dummy link for each of `pods`' host ends (the reconciler enslaves them
+/// to their VRFs and routes the pods through them, as it does a pod's veth).
+fn node_with_pods(label: &str, pods: &[PodAttachment]) -> Netns {
+    let ns = node_ns(label);
+    for p in pods {
+        ns.ip(&format!("link add {} type dummy", p.host_ifname))
+            .unwrap();
+    }
+    ns
+}
+
+/// A fresh node of the scenario, no pods yet: its plan and first apply. Then the first pod of
+/// a Network: ADD's attach, which brings the Network's routes to the blocks it reaches, and
+/// the reconcile after it, which must write nothing.
+fn bench_fresh_node(state: &ClusterState, me: &str, first_pod: &PodAttachment) {
+    let ns = node_with_pods("bench-fresh", std::slice::from_ref(first_pod));
+    let t = Instant::now();
+    let planner = Planner::new(me, state).unwrap();
+    let empty = planner.plan(&[]).unwrap();
+    let planned = t.elapsed();
+    let rec = Reconciler::new(NetnsTarget::Path(ns.path())).unwrap();
+    let t = Instant::now();
+    let first = rec.reconcile(&empty).unwrap();
+    let applied = t.elapsed();
+    let with_pod = planner.plan(std::slice::from_ref(first_pod)).unwrap();
+    let reach = (with_pod.base.pod_reach)
+        .in_tables(&with_pod.served_tables)
+        .count();
+    let t = Instant::now();
+    let attach = rec.attach(with_pod.clone()).unwrap();
+    let attached = t.elapsed();
+    assert!(
+        attach.writes >= reach as u64,
+        "the attach wrote {} for {reach} routes to blocks",
+        attach.writes
+    );
+    let after = rec.reconcile(&with_pod).unwrap();
+    assert_eq!(after.writes, 0, "after the ADD: {:?}", after.sample);
+    row(
+        "fresh node, no pods yet: plan + first apply",
+        empty.routes().count(),
+        planned + applied,
+        "-",
+        None,
+    );
+    row(
+        "  its first pod of a Network: ADD's attach",
+        reach,
+        attached,
+        "-",
+        None,
+    );
+    println!(
+        "|   fresh node: plan {:.3} s, first apply {:.3} s ({} writes; phases: {}); the attach wrote {} ({})",
+        secs(planned),
+        secs(applied),
+        first.writes,
+        first.phases,
+        attach.writes,
+        attach.phases
+    );
+}
+
 fn bench_scale(nodes: u32, networks: u32) {
     let t0 = Instant::now();
-    let sc = common::scenario(nodes, networks, 30, false);
+    let sc = common::scenario(nodes, networks, PODS_PER_NODE, false);
     progress(t0, "cluster built");
-    // Node 1 (index 1): its InternalIP is lone_node(_, 1)'s uplink address. A fresh node has
-    // no pods yet.
+    // Node 1 (index 1): its InternalIP is lone_node(_, 1)'s uplink address.
     let me = "node-0001";
+    let local = common::scenario_attachments(&sc.state, 1, networks, PODS_PER_NODE);
+    bench_fresh_node(&sc.state, me, &local[0]);
+    progress(t0, "fresh node applied, its first pod attached");
+    // The node with its pods (an agent starting on a loaded node, or every pod at once).
     let t = Instant::now();
-    let desired = plan(me, &sc.state, &[]).unwrap();
+    let desired = plan(me, &sc.state, &local).unwrap();
     let planned = t.elapsed();
     // Baseline: the same first apply at the kernel's own `net.ipv4.fib_sync_mem`. Only the
     // initial namespace has that sysctl: there (the host, the agent's namespace) the plan
@@ -384,7 +456,7 @@ fn bench_scale(nodes: u32, networks: u32) {
     // reconciler finds none to raise, so the bench raises it as the agent would. The
     // baseline's namespace stays until the end: tearing it down would compete for the CPUs.
     let sync_mem = FibSyncMem::read();
-    let at_default_ns = node_ns("bench-sync-mem");
+    let at_default_ns = node_with_pods("bench-sync-mem", &local);
     let t = Instant::now();
     Reconciler::new(NetnsTarget::Path(at_default_ns.path()))
         .unwrap()
@@ -394,7 +466,7 @@ fn bench_scale(nodes: u32, networks: u32) {
     progress(t0, "applied at the kernel's fib_sync_mem");
     let lace_sync_mem = &desired.base.sysctls[FIB_SYNC_MEM];
     sync_mem.set(lace_sync_mem);
-    let ns = node_ns("bench-scale");
+    let ns = node_with_pods("bench-scale", &local);
     let before = KernelMemory::read();
     let rec = Reconciler::new(NetnsTarget::Path(ns.path())).unwrap();
     let (cpu0, t) = (cpu_times(), Instant::now());
@@ -512,7 +584,8 @@ fn bench_scale(nodes: u32, networks: u32) {
         batch("bench-nh-node", &per_node_batch);
     progress(t0, "ip -batch done");
 
-    let what = format!("{nodes} x {networks}: plan + first apply");
+    let what =
+        format!("{nodes} x {networks}, node with its {PODS_PER_NODE} pods: plan + first apply");
     row(&what, plan_routes, planned + install, "-", None);
     row("  of which: plan", plan_routes, planned, "-", None);
     row(

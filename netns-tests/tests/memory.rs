@@ -38,7 +38,8 @@ fn desired(pods: &[&str]) -> DesiredNode {
 }
 
 /// [`desired`] in a cluster of `nodes` nodes, with the Networks `more` (name, second octet:
-/// no pod on `n1`, each reaching itself) besides `a` and `b`.
+/// each reaching itself, with a pod on `n1` behind link `lp-<name>`, which the caller makes)
+/// besides `a` and `b`.
 fn desired_in(nodes: u16, more: &[(&'static str, u8)], pods: &[&str]) -> DesiredNode {
     let networks: Vec<TestNetwork> = NETS
         .iter()
@@ -67,6 +68,15 @@ fn desired_in(nodes: u16, more: &[(&'static str, u8)], pods: &[&str]) -> Desired
             host_ports: Vec::new(),
             bandwidth: None,
         })
+        .chain(more.iter().map(|&(name, second)| PodAttachment {
+            pod: ObjectKey::new("test", format!("pod-{name}")),
+            container_id: format!("c-{name}"),
+            host_ifname: format!("lp-{name}"),
+            network: name.to_string(),
+            ips: vec![IpNet::V4(Ipv4Net::from(pod_addr(second)))],
+            host_ports: Vec::new(),
+            bandwidth: None,
+        }))
         .collect();
     plan("n1", &s, &attached).unwrap()
 }
@@ -313,6 +323,11 @@ fn memory_a_first_apply_built_on_the_encoder_thread_installs_every_route() {
     require_root_and_vrf();
     let w = world("mem-large");
     let more = [("c", 3), ("d", 4), ("e", 5), ("f", 6)];
+    for (name, _) in more {
+        w.node
+            .ip(&format!("link add lp-{name} type dummy"))
+            .unwrap();
+    }
     let plan = desired_in(250, &more, &["a", "b"]);
     let planned = plan.routes().count();
     assert!(planned > 1024, "{planned} routes: not past one batch");

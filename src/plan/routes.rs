@@ -89,8 +89,11 @@ impl RouteBuilder {
             .map(|(k, _, _, nh)| (*k, nh.clone()))
             .collect();
         self.routes.retain(|r| r.2 == Reach::LocalPods);
-        let mut local_pods: Vec<(RouteKey, Nexthop)> =
-            self.routes.into_iter().map(|(k, _, _, nh)| (k, nh)).collect();
+        let mut local_pods: Vec<(RouteKey, Nexthop)> = self
+            .routes
+            .into_iter()
+            .map(|(k, _, _, nh)| (k, nh))
+            .collect();
         local_pods.shrink_to_fit();
         BuiltRoutes {
             always: RouteTable(always),

@@ -725,9 +725,7 @@ pub fn scenario(nodes: u32, networks: u32, pods_per_node: u32, dual_stack: bool)
         mk_node(&mut s, &format!("node-{i:04}"), i);
     }
     alloc_all(&mut s);
-    // Pods of every node in the state (the planner ignores them, the agent's binding uses them)
-    // and the planned node's attachments.
-    let mut local = Vec::new();
+    // Pods of every node in the state (the planner ignores them, the agent's binding uses them).
     for i in 0..nodes {
         for p in 0..pods_per_node {
             let net = &names[(p % networks) as usize];
@@ -748,17 +746,6 @@ pub fn scenario(nodes: u32, networks: u32, pods_per_node: u32, dual_stack: bool)
                     ..Default::default()
                 },
             );
-            if i == 0 {
-                local.push(PodAttachment {
-                    pod: key,
-                    container_id: format!("c{p}"),
-                    host_ifname: format!("lp-{p:05}"),
-                    network: net.clone(),
-                    ips: vec![ipnet::IpNet::from(ip)],
-                    host_ports: Vec::new(),
-                    bandwidth: None,
-                });
-            }
         }
     }
     // Ten Services on net-000 granted to net-001, backends spread over nodes.
@@ -796,11 +783,42 @@ pub fn scenario(nodes: u32, networks: u32, pods_per_node: u32, dual_stack: bool)
             );
         }
     }
+    let local = scenario_attachments(&s, 0, networks, pods_per_node);
     Scenario {
         name: format!("{nodes} nodes x {networks} Networks x {pods_per_node} pods/node"),
         state: s,
         local,
     }
+}
+
+/// The attachments of node `node-<i>`'s pods in a [`scenario`] of `networks` Networks and
+/// `pods_per_node` pods per node: pod `p` on host link `lp-<p>` (five digits), in Network
+/// `p % networks`.
+pub fn scenario_attachments(
+    s: &ClusterState,
+    i: u32,
+    networks: u32,
+    pods_per_node: u32,
+) -> Vec<PodAttachment> {
+    (0..pods_per_node)
+        .map(|p| {
+            let key = ObjectKey::new("bench", format!("pod-{i}-{p}"));
+            let ips = s.pods[&key]
+                .ips
+                .iter()
+                .map(|ip| ipnet::IpNet::from(*ip))
+                .collect();
+            PodAttachment {
+                pod: key,
+                container_id: format!("c{p}"),
+                host_ifname: format!("lp-{p:05}"),
+                network: format!("net-{:03}", p % networks),
+                ips,
+                host_ports: Vec::new(),
+                bandwidth: None,
+            }
+        })
+        .collect()
 }
 
 /// The planned route for `dst` in `table`, if any.

@@ -148,7 +148,9 @@ pub fn attach(
         else {
             continue; // the reconcile says why
         };
-        let ready = resolved.dev().is_none_or(|d| observed.links.contains_key(d));
+        let ready = resolved
+            .dev()
+            .is_none_or(|d| observed.links.contains_key(d));
         if ready && observed.routes.get(key) != Some(&resolved) {
             out.ops.push(Op::PutRoute {
                 key: *key,

@@ -433,8 +433,15 @@ fn attach_of_a_network_s_first_pod_brings_its_routes_to_the_blocks_it_reaches() 
     let mut o = bare_host();
     let ops = diff(Some(&no_pods(&d)), &o, None).unwrap().ops;
     model(&mut o, &ops);
-    assert_eq!(o.routes.get(&remote), None, "no pod of a: no route to n2's block");
-    assert!(o.links.contains_key("lv-a"), "the VRF is there all the same");
+    assert_eq!(
+        o.routes.get(&remote),
+        None,
+        "no pod of a: no route to n2's block"
+    );
+    assert!(
+        o.links.contains_key("lv-a"),
+        "the VRF is there all the same"
+    );
 
     let pod = just(&d, "lp-pa");
     assert_eq!(pod.served_tables, [a_table].into());
@@ -489,7 +496,12 @@ fn attach_writes_the_pod_s_part_of_the_plan_and_the_reconcile_nothing_more() {
         })
         .collect();
     // b reaches nothing: its first pod brings no routes to blocks.
-    assert!(pod.base.pod_reach.in_tables(&pod.served_tables).next().is_none());
+    assert!(pod
+        .base
+        .pod_reach
+        .in_tables(&pod.served_tables)
+        .next()
+        .is_none());
     assert_eq!(puts, pod.pod_routes.keys().copied().collect());
     assert!(puts.iter().any(|k| k.table == b_table));
     assert!(puts.iter().any(|k| k.table == PROBE_TABLE));

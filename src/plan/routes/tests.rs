@@ -109,9 +109,7 @@ fn in_tables_walks_only_the_runs_of_those_tables() {
     .collect();
     let walk = |tables: &[u32]| -> Vec<String> {
         let tables: BTreeSet<u32> = tables.iter().copied().collect();
-        t.in_tables(&tables)
-            .map(|(_, nh)| nh.to_string())
-            .collect()
+        t.in_tables(&tables).map(|(_, nh)| nh.to_string()).collect()
     };
     assert_eq!(walk(&[2, 5]), ["dev b", "dev c", "dev e"]);
     assert_eq!(walk(&[0, 4, 6]), Vec::<String>::new());

@@ -233,7 +233,10 @@ fn a_network_s_first_pod_makes_its_routes_to_blocks_part_of_what_was_applied() {
     a.attached(&d);
     assert_eq!(a.drift(&o), None);
     o.routes.remove(&remote);
-    assert!(a.drift(&o).is_some(), "a's route to n2's block deleted by hand");
+    assert!(
+        a.drift(&o).is_some(),
+        "a's route to n2's block deleted by hand"
+    );
 }
 
 #[test]
