@@ -34,7 +34,7 @@ use lace::agent::paths::{self, Tracker, MISSES};
 use lace::api::{NetworkRoutingPolicySpec, NetworkSpec, NodeAllocationSpec, Underlay};
 use lace::dataplane::{NetnsTarget, Reconciler, ROUTE_PROTOCOL};
 use lace::plan::underlay::{self, link_local_address, UnderlayFacts, FOU_PORT, IPV4_TUNNEL};
-use lace::plan::{plan, plan_with, DesiredNode};
+use lace::plan::{plan, plan_with, DesiredNode, Planner};
 use lace::state::{ClusterState, Node, ObjectKey, PodAttachment};
 use lace_netns_tests::bed::number_after;
 use lace_netns_tests::cluster::add_dual_stack_network;
@@ -968,6 +968,49 @@ fn dataplane_three_nodes_policies_srv6_teardown_restart() {
         events.trim().is_empty(),
         "re-apply changed the kernel:\n{events}"
     );
+
+    // --- A Network's routes to the blocks it reaches follow its pods on the node: none in
+    // node 1's `system` table while it has no `system` pod, all back with the first pod's ADD
+    // (its attach alone, no reconcile), so that pod reaches the other nodes' pods at once.
+    let planner = Planner::new(&node_label(1), &cluster(true, Fabric::Ipv6)).unwrap();
+    let (system, others): (Vec<_>, Vec<_>) = attachments(1, true)
+        .into_iter()
+        .partition(|a| a.network == "system");
+    recs[0].reconcile(&planner.plan(&others).unwrap()).unwrap();
+    let encaps = |table: u32| {
+        ["-4", "-6"]
+            .iter()
+            .map(|fam| n1.ip(&format!("{fam} route show table {table}")).unwrap())
+            .map(|routes| routes.matches("encap seg6").count())
+            .sum::<usize>()
+    };
+    let (t_system, t_tenant) = (1_000_002, 1_000_003);
+    assert_eq!(encaps(t_system), 0, "no system pod on node 1");
+    assert!(encaps(t_tenant) > 0, "p1-tenant is still there");
+    for f in FAMILIES {
+        assert!(!w.ping("p1-system", pod_by("p2-system").ip(f), TIMEOUT));
+    }
+    for a in &system {
+        recs[0]
+            .attach(planner.plan(std::slice::from_ref(a)).unwrap())
+            .unwrap();
+    }
+    // Each of node 2's and 3's blocks of system and tenant-a, in both families.
+    assert_eq!(
+        encaps(t_system),
+        8,
+        "{}",
+        shown(&w, 1, "route show table all")
+    );
+    for f in FAMILIES {
+        for to in ["p2-system", "p3-system"] {
+            assert!(
+                w.ping("p1-system", pod_by(to).ip(f), PATIENT),
+                "p1-system -> {to} ({f:?}) right after its ADD"
+            );
+        }
+    }
+    assert_eq!(apply_all(&recs, &same), 0, "the reconcile after the ADDs");
 
     // --- Removing tenant-a removes its state; the rest keeps working. -------------------
     apply_all(&recs, &plans(false, Fabric::Ipv6));

@@ -142,8 +142,20 @@ pub fn attach(
     let uplink = uplink(&pods.base, observed);
     // A Network's first pod here brings its table's routes to the blocks it reaches, through
     // links a reconcile made (the SRv6-over-IPv4 device, the other VRFs): before there is
-    // one, they are left to it.
-    for (key, nh) in pods.base.pod_reach.in_tables(&pods.served_tables) {
+    // one, they are left to it. Every ADD of such a Network walks them (thousands at scale):
+    // one merge walk beside the kernel's, as the diff's, the encap routes compared unbuilt.
+    let reach = || pods.base.pod_reach.in_tables(&pods.served_tables);
+    let mut have = (reach().next())
+        .map(|(first, _)| observed.routes.range(*first..))
+        .into_iter()
+        .flatten()
+        .peekable();
+    for (key, nh) in reach() {
+        while have.next_if(|(k, _)| *k < key).is_some() {}
+        let current = have.next_if(|(k, _)| *k == key).map(|(_, old)| old);
+        if unchanged_encap(nh, current, uplink, &fresh) {
+            continue;
+        }
         let Ok(Some(resolved)) = resolve(key, nh, &pods.base, &vrfs, observed, uplink, &mut out)
         else {
             continue; // the reconcile says why
@@ -151,7 +163,7 @@ pub fn attach(
         let ready = resolved
             .dev()
             .is_none_or(|d| observed.links.contains_key(d));
-        if ready && observed.routes.get(key) != Some(&resolved) {
+        if ready && current != Some(&resolved) {
             out.ops.push(Op::PutRoute {
                 key: *key,
                 nh: resolved,
