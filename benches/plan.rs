@@ -3,8 +3,9 @@
 //! Scenarios (single core; the planner is single-threaded):
 //! - 100 nodes x 10 Networks x 30 pods per node (dual-stack, every Network self-routed, plus
 //!   cross-Network pairs and Service grants);
-//! - 5,000 nodes x 50 Networks (IPv4, every Network self-routed: 249,950 remote-block routes
-//!   for the planned node, plus each VRF's underlay routes).
+//! - 5,000 nodes x 50 Networks (IPv4, every Network self-routed). The planned node has pods in
+//!   30 of them, whose tables route the blocks they reach (189,962 remote-block routes); its
+//!   base holds those of all 50, so that an ADD in another Network plans from it too.
 //!
 //! Columns: median wall time of a full `plan()`, peak resident memory during it (VmHWM from
 //! /proc/self/status after resetting it through /proc/self/clear_refs, minus the resident size

@@ -36,7 +36,9 @@
 //!
 //! For the incremental case, [`Planner`] keeps the pod-independent part (which is almost all
 //! of it: remote blocks grow with nodes × Networks) behind an [`Arc`] and recomputes only the
-//! routes of the local pods when attachments change.
+//! routes of the local pods when attachments change. The routes to the blocks a Network
+//! reaches are in that part for every Network ([`NodeBase::pod_reach`]); the plan takes those
+//! of the Networks its attachments are in ([`DesiredNode::served_tables`]).
 
 mod base;
 mod host_access;

@@ -2,11 +2,11 @@
 //! routes ([`super::ingress`]) are built with: a collection of routes in which the kind with
 //! the highest precedence wins each key, and the route to a peer's locator along its path.
 //!
-//! A route is either always installed or one of its VRF's *pod routes of reach*: a route in a
-//! Network's table that only packets of that Network's pods on this node use (the other
-//! nodes' blocks). Those are installed while the Network has a pod here, as a BGP/MPLS VPN PE
-//! holds only the VRFs it has attachments for (RFC 4684): on a node with pods in a few of many
-//! Networks, most of the per-node routes never reach its kernel.
+//! A route is installed always, or only for local pods: a route in a Network's table that only
+//! packets of that Network's pods on this node use (to the blocks the Network reaches), which
+//! is installed while the Network has a pod here, as a BGP/MPLS VPN PE holds routes only for
+//! the VRFs it has attachments for (RFC 4684): on a node with pods in a few of many Networks,
+//! most of the per-node routes never reach its kernel.
 
 use std::collections::BTreeSet;
 
