@@ -670,9 +670,15 @@ impl DesiredNode {
         }
         let _ = writeln!(out, "\n## vrfs");
         for (name, v) in &b.vrfs {
+            // Why a VRF's table may hold no routes to other nodes' blocks.
+            let pods = if self.served_tables.contains(&v.table) {
+                "pods here"
+            } else {
+                "no pods here (no routes to blocks)"
+            };
             let _ = writeln!(
                 out,
-                "{name:<15} network {:<12} table {}  sid {}",
+                "{name:<15} network {:<12} table {}  sid {}  {pods}",
                 v.network, v.table, v.sid
             );
             if let Some(dev) = &v.ingress {
