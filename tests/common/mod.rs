@@ -739,7 +739,7 @@ pub fn scenario(nodes: u32, networks: u32, pods_per_node: u32, dual_stack: bool)
             };
             let key = ObjectKey::new("bench", format!("pod-{i}-{p}"));
             s.pods.insert(
-                key.clone(),
+                key,
                 Pod {
                     node: format!("node-{i:04}"),
                     ips: vec![ip],
