@@ -1,9 +1,11 @@
-//! A blocking rtnetlink socket that batches requests: many messages per `send`, their ACKs read
-//! back together.
+//! A blocking rtnetlink socket that batches requests: many messages per `send`, their answers
+//! read back together.
 //!
-//! The kernel's rtnetlink handler walks every message of one `sendmsg` buffer and ACKs each, so
-//! a batch of N routes costs about N/300 system calls instead of the 2N of `ip -batch` (one send,
-//! one ACK read per line). The socket lives on the namespace's worker thread
+//! The kernel's rtnetlink handler walks every message of one `sendmsg` buffer in order. Only
+//! the last message of a buffer asks for an ACK (`NLM_F_ACK`); the kernel answers the others
+//! only when they fail, before the last one's ACK. So a batch of N routes costs about N/300
+//! system calls instead of the 2N of `ip -batch` (one send, one ACK read per line), and the
+//! kernel builds and queues an answer per failure, not per request. The socket lives on the namespace's worker thread
 //! ([`super::netns`]), which is why it can be blocking: nothing else runs there.
 //!
 //! Next to it, optionally, a second socket subscribed to rtnetlink's multicast groups
@@ -25,8 +27,8 @@ use netlink_packet_core::{
 use netlink_packet_route::RouteNetlinkMessage;
 use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 
-/// Bytes of requests sent per `send`: the ACKs of one chunk (36 bytes each with capped ACKs)
-/// must fit the socket's receive buffer, which the kernel caps at `rmem_max`.
+/// Bytes of requests sent per `send`: the answers of one chunk (36 bytes each with capped
+/// ACKs, should every request fail) must fit the socket's receive buffer, which the kernel caps at `rmem_max`.
 const CHUNK_BYTES: usize = 32 * 1024;
 /// Requests of a batch past which a second thread encodes its chunks ([`Nl::batch`]), and
 /// how many chunks it may encode ahead.
@@ -494,7 +496,7 @@ impl<T: Transport> Nl<T> {
         }
     }
 
-    /// Sends `requests` (message and `NLM_F_*` flags besides REQUEST|ACK) in chunks and returns
+    /// Sends `requests` (message and `NLM_F_*` flags besides REQUEST and ACK) in chunks and returns
     /// the kernel's answer to each, in order. The kernel handles every message even when an
     /// earlier one failed; the caller decides what a failure means. Requests refused with
     /// `ENOMEM` are sent again after a pause, up to [`ENOMEM_RESENDS`] times: seg6 routes take
@@ -588,14 +590,17 @@ impl<T: Transport> Nl<T> {
             let mut again = Vec::new();
             let mut again_slots = Vec::new();
             let seq0 = self.seq.wrapping_add(1);
+            let mut last = 0;
             for (i, bytes) in spans.iter().filter(|(i, _)| refused(i)) {
-                let at = again.len();
+                last = again.len();
                 again.extend_from_slice(&buf[bytes.clone()]);
                 // A fresh sequence number: the kernel's answer to the first send is read.
                 let seq = self.next_seq();
-                again[at + 8..at + 12].copy_from_slice(&seq.to_ne_bytes());
+                again[last + 8..last + 12].copy_from_slice(&seq.to_ne_bytes());
+                ask_ack(&mut again[last..], false);
                 again_slots.push(*i);
             }
+            ask_ack(&mut again[last..], true);
             tracing::debug!(
                 requests = again_slots.len(),
                 pause_ms = pause.as_millis() / 2,
@@ -621,21 +626,31 @@ impl<T: Transport> Nl<T> {
         acks: &mut [Option<Ack>],
     ) -> Result<(), NlError> {
         self.sock.send(buf).map_err(NlError::Send)?;
-        let mut pending: std::collections::BTreeSet<usize> = (0..slots.len()).collect();
-        while !pending.is_empty() {
+        for s in slots {
+            acks[*s] = None;
+        }
+        // Only the last request asks for an ACK; the kernel handles the requests in order and
+        // answers a failed one at once, so every failure's answer comes before the last one's.
+        let last = slots.len() - 1;
+        let mut done = false;
+        while !done {
             for msg in self.recv_messages()? {
                 let NetlinkPayload::Error(e) = msg.payload else {
                     continue;
                 };
                 let off = msg.header.sequence_number.wrapping_sub(seq0) as usize;
-                if !pending.remove(&off) {
+                let Some(slot) = slots.get(off).filter(|s| acks[**s].is_none()) else {
                     continue; // another exchange's, or a second answer
-                }
-                acks[slots[off]] = Some(match e.code {
+                };
+                done |= off == last;
+                acks[*slot] = Some(match e.code {
                     None => Ok(()),
                     Some(code) => Err(-code.get()),
                 });
             }
+        }
+        for s in slots {
+            acks[*s].get_or_insert(Ok(()));
         }
         Ok(())
     }
@@ -651,6 +666,16 @@ fn encode(msg: RouteNetlinkMessage, flags: u16, seq: u32, out: &mut Vec<u8>) {
     let start = out.len();
     out.resize(start + m.buffer_len(), 0);
     m.serialize(&mut out[start..]);
+}
+
+/// Sets (or clears) `NLM_F_ACK` in the flags of the request at the start of `msg`.
+fn ask_ack(msg: &mut [u8], ack: bool) {
+    let flags = u16::from_ne_bytes([msg[6], msg[7]]);
+    let flags = match ack {
+        true => flags | NLM_F_ACK,
+        false => flags & !NLM_F_ACK,
+    };
+    msg[6..8].copy_from_slice(&flags.to_ne_bytes());
 }
 
 /// One `send` of a batch: its requests end to end, each one's index in the batch and where
@@ -689,9 +714,12 @@ impl<E> Chunk<E> {
                 }
             };
             let start = chunk.buf.len();
-            encode(msg, NLM_F_REQUEST | NLM_F_ACK | flags, *seq, &mut chunk.buf);
+            encode(msg, NLM_F_REQUEST | flags, *seq, &mut chunk.buf);
             *seq = seq.wrapping_add(1);
             chunk.spans.push((i, start..chunk.buf.len()));
+        }
+        if let Some((_, last)) = chunk.spans.last() {
+            ask_ack(&mut chunk.buf[last.start..], true);
         }
         (!chunk.spans.is_empty() || !chunk.unbuilt.is_empty()).then_some(chunk)
     }

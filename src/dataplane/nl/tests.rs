@@ -329,13 +329,17 @@ fn a_dump_that_stays_interrupted_gives_up_after_the_last_attempt() {
     assert_eq!(requests, DUMP_ATTEMPTS, "no request past the last attempt");
 }
 
-/// A kernel that ACKs every request of a datagram at once, refusing the link named `n`
-/// with `ENOMEM` the first `refuse[n]` times it sees it. Records the names of each send and
-/// every request's sequence number.
+/// A kernel that handles the requests of a datagram in order, as rtnetlink does: each one's
+/// answer in a datagram of its own, sent when it fails or asks for an ACK. It refuses the
+/// link named `n` with `ENOMEM` the first `refuse[n]` times it sees it, and `EEXIST` the
+/// links named in `exist` every time. Records the names of each send, which of them asked
+/// for an ACK, and every request's sequence number.
 #[derive(Default)]
 struct Acking {
     refuse: std::collections::HashMap<String, usize>,
+    exist: Vec<&'static str>,
     sends: Vec<Vec<String>>,
+    acked: Vec<Vec<String>>,
     seqs: Vec<u32>,
     queue: VecDeque<Vec<u8>>,
 }
@@ -343,7 +347,7 @@ struct Acking {
 impl Transport for Acking {
     fn send(&mut self, buf: &[u8]) -> io::Result<()> {
         let mut names_sent = Vec::new();
-        let mut answer = Vec::new();
+        let mut acked = Vec::new();
         for m in decode(buf).unwrap() {
             let NetlinkPayload::InnerMessage(inner) = m.payload else {
                 panic!("not a request: {m:?}");
@@ -354,12 +358,21 @@ impl Transport for Acking {
             if let Some(n) = self.refuse.get_mut(name.as_str()).filter(|n| **n > 0) {
                 *n -= 1;
                 e.code = std::num::NonZeroI32::new(-libc::ENOMEM);
+            } else if self.exist.contains(&name.as_str()) {
+                e.code = std::num::NonZeroI32::new(-libc::EEXIST);
             }
-            answer.extend(emit(m.header.sequence_number, 0, NetlinkPayload::Error(e)));
+            let ack = m.header.flags & NLM_F_ACK != 0;
+            if ack {
+                acked.push(name.clone());
+            }
+            if ack || e.code.is_some() {
+                let answer = emit(m.header.sequence_number, 0, NetlinkPayload::Error(e));
+                self.queue.push_back(answer);
+            }
             names_sent.push(name);
         }
         self.sends.push(names_sent);
-        self.queue.push_back(answer);
+        self.acked.push(acked);
         Ok(())
     }
 
@@ -383,6 +396,35 @@ fn a_batch_resends_what_the_kernel_refused_for_lack_of_memory_and_only_that() {
     let (acks, sends) = batch_links(&[("b", 2), ("d", 1)]);
     assert_eq!(acks, [Ok(()), Ok(()), Ok(()), Ok(())]);
     assert_eq!(sends, [vec!["a", "b", "c", "d"], vec!["b", "d"], vec!["b"]]);
+}
+
+/// The kernel answers a request that succeeded only if it asks for an ACK: only the last one
+/// of each send does, and the failures before it are still each reported, in place.
+#[test]
+fn only_the_last_request_of_a_send_asks_for_an_ack_and_every_failure_is_still_answered() {
+    let n = 3 * PIPELINE_REQUESTS;
+    let mut nl = Nl::with_transport(Acking {
+        exist: vec!["l0", "l5", "l2999"],
+        refuse: [("l6".to_string(), 1)].into(),
+        ..Default::default()
+    });
+    let requests = (0..n).map(|i| (link(&format!("l{i}")), 0)).collect();
+    let acks = nl.batch(requests).unwrap();
+    let failed: Vec<(usize, Ack)> = (acks.iter().enumerate())
+        .filter(|(_, a)| a.is_err())
+        .map(|(i, a)| (i, *a))
+        .collect();
+    let eexist = Err(libc::EEXIST);
+    assert_eq!(failed, [(0, eexist), (5, eexist), (2999, eexist)]);
+    let sends = &nl.sock.sends;
+    assert!(sends.len() > 3, "more than one chunk: {}", sends.len());
+    for (sent, acked) in sends.iter().zip(&nl.sock.acked) {
+        assert_eq!(acked, &[sent.last().unwrap().clone()], "of {sent:?}");
+    }
+    assert_eq!(sends[1], ["l6"], "resent alone, with its own ACK");
+    // The next batch reads its own answers, none left over from this one.
+    let again = nl.batch(vec![(link("l5"), 0), (link("x"), 0)]).unwrap();
+    assert_eq!(again, [eexist, Ok(())]);
 }
 
 #[test]
