@@ -290,11 +290,42 @@ pub struct Vrf {
 /// plans one route per table and destination, with the metric [`RouteKey::new`] gives it;
 /// what the kernel reports keeps the metric it has, so a route of Lace's at another metric
 /// (written by an older Lace, or by hand) is another key, deleted as unplanned.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct RouteKey {
     pub table: u32,
     pub dst: IpNet,
     pub metric: u32,
+}
+
+/// By table, destination and metric; destinations in `IpNet`'s order (IPv4 before IPv6, then
+/// address and prefix length), their addresses compared as integers. (Derived, the order
+/// compares addresses byte by byte through calls that do not inline: sorting a node's 300,000
+/// routes took half of its plan.)
+impl Ord for RouteKey {
+    #[inline]
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        use std::cmp::Ordering;
+        let dst = |a: &IpNet, b: &IpNet| match (a, b) {
+            (IpNet::V4(a), IpNet::V4(b)) => {
+                (a.addr().to_bits(), a.prefix_len()).cmp(&(b.addr().to_bits(), b.prefix_len()))
+            }
+            (IpNet::V6(a), IpNet::V6(b)) => {
+                (a.addr().to_bits(), a.prefix_len()).cmp(&(b.addr().to_bits(), b.prefix_len()))
+            }
+            (IpNet::V4(_), IpNet::V6(_)) => Ordering::Less,
+            (IpNet::V6(_), IpNet::V4(_)) => Ordering::Greater,
+        };
+        (self.table.cmp(&other.table))
+            .then_with(|| dst(&self.dst, &other.dst))
+            .then_with(|| self.metric.cmp(&other.metric))
+    }
+}
+
+impl PartialOrd for RouteKey {
+    #[inline]
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
 }
 
 /// The kernel's metric for an IPv6 route added without one (`IP6_RT_PRIO_USER`).

@@ -135,3 +135,44 @@ fn collected_routes_keep_the_last_of_each_key_like_a_map() {
     assert_eq!(t.get(&key(0, "10.0.0.0/8")), Some(&dev("z")));
     assert!(RouteTable::default().is_empty());
 }
+
+proptest::proptest! {
+    /// `RouteKey`'s order is the order of (table, destination, metric) with `IpNet`'s own order
+    /// of destinations, which the kernel's routes and the plan's are merged by.
+    #[test]
+    fn route_keys_order_as_table_then_ipnet_then_metric(
+        a in route_key(), b in route_key(),
+    ) {
+        let reference = |k: &RouteKey| (k.table, k.dst, k.metric);
+        proptest::prop_assert_eq!(a.cmp(&b), reference(&a).cmp(&reference(&b)));
+        proptest::prop_assert_eq!(a.partial_cmp(&b), Some(a.cmp(&b)));
+        proptest::prop_assert_eq!(a == b, a.cmp(&b).is_eq());
+    }
+}
+
+/// Keys drawn from few values, so that ties at each field are common.
+fn route_key() -> impl proptest::strategy::Strategy<Value = RouteKey> {
+    use proptest::prelude::*;
+    let v4 = (
+        prop::sample::select(vec![
+            0u32,
+            1,
+            0x0a00_0000,
+            0x0a00_0100,
+            0x8000_0000,
+            u32::MAX,
+        ]),
+        0u8..=32,
+    )
+        .prop_map(|(a, p)| IpNet::V4(ipnet::Ipv4Net::new(a.into(), p).unwrap()));
+    let v6 = (
+        prop::sample::select(vec![0u128, 1, 0xfd00 << 112, 1 << 127, u128::MAX]),
+        0u8..=128,
+    )
+        .prop_map(|(a, p)| IpNet::V6(ipnet::Ipv6Net::new(a.into(), p).unwrap()));
+    (0u32..3, prop_oneof![v4, v6], 0u32..3).prop_map(|(table, dst, metric)| RouteKey {
+        table,
+        dst,
+        metric,
+    })
+}
