@@ -654,7 +654,14 @@ fn bench_scale(nodes: u32, networks: u32) {
         encaps.len(),
         secs(ip_batch) / secs(install),
     );
-    println!("|   first apply's phases: {}", first.phases);
+    println!(
+        "|   first apply's phases: {}; its routes read back {}",
+        first.phases,
+        match first.dumped_after {
+            true => "with a dump (a bulk apply)",
+            false => "from their notifications",
+        }
+    );
     println!(
         "|   fresh reconciler's re-applies' phases: {}",
         restart_phases.join("; ")

@@ -317,29 +317,74 @@ fn memory_hand_edits_and_silent_flushes_are_put_back_exactly() {
 
 /// A first apply past the size whose messages a second thread builds and encodes while the
 /// kernel takes the chunks (`Nl::batch_with`: more than 1,024 requests): every planned route
-/// is in the kernel, the memory is what a dump shows, and nothing is written again.
+/// is in the kernel, the memory is what a dump shows, and nothing is written again. Once with
+/// the routes read back from their notifications, once with a bulk threshold below the plan's
+/// routes: the apply leaves the route groups and dumps the routes after it
+/// (`watch::dump_after`). Then the memory must still follow route changes through
+/// notifications: a Lace route deleted by hand is drift, reported without a reconcile.
 #[test]
 fn memory_a_first_apply_built_on_the_encoder_thread_installs_every_route() {
     require_root_and_vrf();
-    let w = world("mem-large");
-    let more = [("c", 3), ("d", 4), ("e", 5), ("f", 6)];
-    for (name, _) in more {
+    for (label, bulk_routes, dumped) in [
+        ("mem-large", ReconcilerOptions::default().bulk_routes, false),
+        ("mem-bulk", 1000, true),
+    ] {
+        let w = world(label);
+        let more = [("c", 3), ("d", 4), ("e", 5), ("f", 6)];
+        for (name, _) in more {
+            w.node
+                .ip(&format!("link add lp-{name} type dummy"))
+                .unwrap();
+        }
+        let plan = desired_in(250, &more, &["a", "b"]);
+        let planned = plan.routes().count();
+        assert!(planned > 1024, "{planned} routes: not past one batch");
+        assert_eq!(planned > bulk_routes, dumped, "{planned} routes");
+        let options = ReconcilerOptions {
+            bulk_routes,
+            ..Default::default()
+        };
+        let rec = Reconciler::with_options(NetnsTarget::Path(w.node.path()), options).unwrap();
+        let drifts: Arc<Mutex<Vec<Drift>>> = Arc::default();
+        let sink = Arc::clone(&drifts);
+        rec.on_drift(move |d| sink.lock().unwrap().push(d));
+        let first = reconcile(&rec, &plan);
+        assert!(first.writes >= planned as u64, "{} writes", first.writes);
+        assert_eq!(first.dumped_after, dumped, "{label}");
+        let installed = lace_state(&w.node)
+            .iter()
+            .filter(|l| l.starts_with("route "))
+            .count();
+        assert_eq!(installed, planned, "Lace's routes in the kernel");
+        assert_quiet(&rec, &plan);
+        assert_eq!(
+            *drifts.lock().unwrap(),
+            [],
+            "{label}: no drift of its own writes"
+        );
+
+        let (gone, _) = route_in(&rec, TABLE_A, |nh| {
+            matches!(nh, KernelNexthop::Seg6Encap { .. })
+        });
         w.node
-            .ip(&format!("link add lp-{name} type dummy"))
+            .ip(&format!("route del {} table {}", gone.dst, gone.table))
             .unwrap();
+        // The idle drain (every second) takes the notification in.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while drifts.lock().unwrap().is_empty() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let seen = drifts.lock().unwrap().clone();
+        assert!(
+            seen.iter()
+                .any(|d| d.ops == 1 && d.summary.contains(&gone.dst.to_string())),
+            "{label}: a route deleted by hand, unnoticed: {seen:?}"
+        );
+        let repair = reconcile(&rec, &plan);
+        assert_eq!(repair.writes, 1, "{label}: {:#?}", repair.sample);
+        assert!(!repair.full_dump && !repair.dumped_after, "{label}");
+        assert_quiet(&rec, &plan);
     }
-    let plan = desired_in(250, &more, &["a", "b"]);
-    let planned = plan.routes().count();
-    assert!(planned > 1024, "{planned} routes: not past one batch");
-    let rec = Reconciler::new(NetnsTarget::Path(w.node.path())).unwrap();
-    let first = reconcile(&rec, &plan);
-    assert!(first.writes >= planned as u64, "{} writes", first.writes);
-    let installed = lace_state(&w.node)
-        .iter()
-        .filter(|l| l.starts_with("route "))
-        .count();
-    assert_eq!(installed, planned, "Lace's routes in the kernel");
-    assert_quiet(&rec, &plan);
 }
 
 /// Foreign routes added at once behind the reconciler's back.
@@ -357,6 +402,7 @@ fn memory_overrun_of_the_notification_socket_dumps_again_and_ends_correct() {
         NetnsTarget::Path(n.path()),
         ReconcilerOptions {
             notification_buffer: 64 << 10,
+            ..Default::default()
         },
     )
     .unwrap();

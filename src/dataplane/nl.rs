@@ -54,6 +54,9 @@ const GROUPS: [(u32, &str); 7] = [
     (libc::RTNLGRP_IPV6_RULE, "RTNLGRP_IPV6_RULE"),
 ];
 
+/// The route groups of [`GROUPS`], which a bulk apply leaves ([`Notifications::pause_routes`]).
+const ROUTE_GROUPS: [u32; 2] = [libc::RTNLGRP_IPV4_ROUTE, libc::RTNLGRP_IPV6_ROUTE];
+
 /// What went wrong talking to the kernel.
 #[derive(Debug, thiserror::Error)]
 pub enum NlError {
@@ -328,6 +331,13 @@ impl Nl {
     /// The notification socket, if [`Nl::subscribe`]d.
     pub fn notifications(&mut self) -> Option<&mut Notifications> {
         self.notifications.as_mut()
+    }
+
+    /// [`Notifications::pause_routes`], if subscribed.
+    pub fn pause_route_notifications(&mut self) -> bool {
+        self.notifications
+            .as_mut()
+            .is_some_and(|n| n.pause_routes())
     }
 }
 
@@ -737,6 +747,8 @@ pub struct Notifications {
     pending: Vec<u8>,
     /// Why the stream since the last take has a gap (an overrun, a receive error).
     broken: Option<String>,
+    /// The route groups were left ([`Notifications::pause_routes`]) and not joined again.
+    routes_paused: bool,
 }
 
 impl Notifications {
@@ -768,7 +780,46 @@ impl Notifications {
             rx: vec![0; 64 << 10],
             pending: Vec::new(),
             broken: None,
+            routes_paused: false,
         })
+    }
+
+    /// Leaves the route groups, so that the kernel queues no notification of the routes a bulk
+    /// apply writes; returns whether it did. The next [`Notifications::take`] or
+    /// [`Notifications::discard`] joins them again, and `take` then reports the stream as
+    /// broken: the routes must be dumped.
+    pub fn pause_routes(&mut self) -> bool {
+        for group in ROUTE_GROUPS {
+            match self.sock.drop_membership(group) {
+                Ok(()) => self.routes_paused = true,
+                Err(_) => break,
+            }
+        }
+        self.routes_paused
+    }
+
+    /// Whether the route groups are left ([`Notifications::pause_routes`]).
+    pub fn routes_paused(&self) -> bool {
+        self.routes_paused
+    }
+
+    /// Joins the route groups again after [`Notifications::pause_routes`] and records the gap
+    /// (if joining fails, the next take or discard tries again, and the gap stays).
+    fn resume_routes(&mut self) {
+        if !self.routes_paused {
+            return;
+        }
+        let joined = ROUTE_GROUPS
+            .iter()
+            .try_for_each(|g| self.sock.add_membership(*g));
+        let why = match joined {
+            Ok(()) => {
+                self.routes_paused = false;
+                "route notifications were paused for a bulk apply".to_string()
+            }
+            Err(e) => format!("following route notifications again after a bulk apply: {e}"),
+        };
+        self.broken.get_or_insert(why);
     }
 
     /// Moves everything the kernel queued into `pending`. Never fails: a gap in the stream is
@@ -803,6 +854,7 @@ impl Notifications {
     /// Every notification since the last take or discard, in order; or why they cannot be
     /// trusted to be complete (then they are dropped).
     pub fn take(&mut self) -> Result<Taken, NotificationsLost> {
+        self.resume_routes();
         self.drain();
         let bytes = std::mem::take(&mut self.pending);
         match self.broken.take() {
@@ -814,6 +866,7 @@ impl Notifications {
     /// Drops everything queued so far, gaps included: the caller is about to dump the kernel's
     /// state, which includes those changes.
     pub fn discard(&mut self) {
+        self.resume_routes();
         self.drain();
         self.pending.clear();
         self.broken = None;

@@ -40,6 +40,9 @@ pub struct ApplyReport {
     /// Whether this reconcile read the kernel with full dumps (the first one, or after the
     /// notification stream could not be trusted) instead of its cached, notified state.
     pub full_dump: bool,
+    /// Whether the apply wrote so many routes that it read them back with a dump instead of
+    /// their notifications ([`watch::dump_after`]).
+    pub dumped_after: bool,
     /// Where a reconcile's time went (left at zero by a pod's attach).
     pub phases: Phases,
 }
@@ -84,6 +87,7 @@ impl ApplyReport {
             sample: ops.iter().take(SAMPLE_OPS).map(|o| o.to_string()).collect(),
             skipped,
             full_dump,
+            dumped_after: false,
             phases: Phases::default(),
         }
     }
@@ -139,12 +143,16 @@ pub struct ReconcilerOptions {
     /// Receive buffer of the notification socket, in bytes: changes made between two drains
     /// beyond what it holds make the next reconcile dump everything again.
     pub notification_buffer: usize,
+    /// Route writes from which an apply that writes more routes than the namespace holds
+    /// reads them back with a dump instead of their notifications ([`watch::dump_after`]).
+    pub bulk_routes: usize,
 }
 
 impl Default for ReconcilerOptions {
     fn default() -> Self {
         Self {
             notification_buffer: watch::NOTIFICATION_BUFFER,
+            bulk_routes: watch::BULK_ROUTES,
         }
     }
 }
@@ -187,7 +195,11 @@ impl Reconciler {
         Ok(Self {
             worker: netns::Worker::start(
                 target,
-                watch::open(options.notification_buffer, Arc::clone(&on_drift)),
+                watch::open(
+                    options.notification_buffer,
+                    options.bulk_routes,
+                    Arc::clone(&on_drift),
+                ),
                 watch::Session::idle,
                 watch::IDLE_DRAIN,
             )?,
@@ -445,6 +457,7 @@ fn converge(
         .map(|d| d.base.sysctls.keys().cloned().collect())
         .unwrap_or_default();
     let started = Instant::now();
+    let bulk_routes = session.bulk_routes;
     let outcome = session
         .with_observed(Some(&keys), move |nl, observed, full_dump| {
             let observe = started.elapsed();
@@ -454,6 +467,8 @@ fn converge(
             let report = ApplyReport::of(&d.ops, d.skipped, full_dump);
             let deleted: Vec<watch::Deleted> =
                 d.ops.iter().filter_map(watch::Deleted::by).collect();
+            let dumped_after =
+                watch::dump_after(&d.ops, observed, bulk_routes) && nl.pause_route_notifications();
             let (writes, failures) = apply::apply(nl, observed, d.ops, apply::Batching::Phases);
             let phases = Phases {
                 observe,
@@ -474,6 +489,7 @@ fn converge(
             let applied = desired.map(|d| watch::Applied::of(d, observed));
             let report = ApplyReport {
                 writes,
+                dumped_after,
                 phases,
                 ..report
             };

@@ -32,6 +32,7 @@ pub use drift::{Applied, Drift, DriftHandler, DriftSink};
 use super::nl::{Nl, NlError};
 use super::observe::{self, ObserveError};
 use super::observed::ObservedNode;
+use super::op::Op;
 use crate::plan::DesiredNode;
 use cache::Cache;
 
@@ -43,11 +44,32 @@ pub const NOTIFICATION_BUFFER: usize = 8 << 20;
 /// does not overrun the socket between two reconciles.
 pub const IDLE_DRAIN: Duration = Duration::from_secs(1);
 
+/// Route writes from which an apply may read its routes back with a dump instead of its own
+/// notifications ([`dump_after`]), by default.
+pub const BULK_ROUTES: usize = 10_000;
+
+/// Whether an apply of `ops` onto `observed` reads the routes back with a dump after it
+/// instead of following its own route notifications: when it writes at least `bulk` routes,
+/// and more than the namespace holds. Each written route's notification costs the kernel a
+/// message to queue and the reconciler one to receive and decode, about twice what a dump
+/// costs per route (measured on a first apply of 195,000 routes: 0.68 s receiving and
+/// 0.41 s decoding, against 0.45-0.55 s for dumping them all), so a dump is the cheaper
+/// read-back once the writes outnumber the routes there.
+pub fn dump_after(ops: &[Op], observed: &ObservedNode, bulk: usize) -> bool {
+    let writes = ops
+        .iter()
+        .filter(|o| matches!(o, Op::PutRoute { .. } | Op::DelRoute { .. }))
+        .count();
+    writes >= bulk && writes > observed.routes.len() + observed.host_routes.len()
+}
+
 /// One namespace's rtnetlink connection and what the reconciler knows of the namespace.
 pub struct Session {
     pub nl: Nl,
     cache: Option<Cache>,
     rx_buf: usize,
+    /// Route writes from which an apply dumps its routes instead ([`dump_after`]).
+    pub bulk_routes: usize,
     applied: Applied,
     /// Notifications were taken in (or the kernel dumped) by a job that does not diff the
     /// whole plan (an attach, a snapshot, a DEL): the next idle checks for drift.
@@ -67,12 +89,14 @@ impl std::fmt::Debug for Session {
 
 impl Session {
     /// A session over `nl`; the notification socket gets `rx_buf` bytes of receive buffer,
-    /// drift is reported to `on_drift`.
-    pub fn new(nl: Nl, rx_buf: usize, on_drift: DriftSink) -> Self {
+    /// applies of `bulk_routes` routes or more may dump them ([`dump_after`]), drift is
+    /// reported to `on_drift`.
+    pub fn new(nl: Nl, rx_buf: usize, bulk_routes: usize, on_drift: DriftSink) -> Self {
         Self {
             nl,
             cache: None,
             rx_buf,
+            bulk_routes,
             applied: Applied::default(),
             unchecked: false,
             on_drift,
@@ -148,8 +172,9 @@ impl Session {
         applied: bool,
         plan: Option<Option<DesiredNode>>,
     ) {
+        let redumped = self.redump_if_paused(applied);
         let Some(cache) = &mut self.cache else { return };
-        let mut notified = false;
+        let mut notified = redumped;
         let why = if applied {
             match self.nl.notifications().map(|n| n.take()) {
                 Some(Ok(t)) => {
@@ -163,6 +188,8 @@ impl Session {
             Some("an apply failed".into())
         };
         match why {
+            // A dump shows what was deleted as gone, and nothing else as gone.
+            None if redumped => {}
             None => {
                 for d in deleted {
                     cache.forget(d);
@@ -184,6 +211,36 @@ impl Session {
                 }
             }
             None => self.unchecked |= notified,
+        }
+    }
+
+    /// After an apply that left the route groups ([`dump_after`]): joins them again and, if
+    /// the apply succeeded, dumps the namespace into a new cache; returns whether it did.
+    /// Otherwise (or if the dump fails) the cache is dropped and the next reconcile dumps.
+    fn redump_if_paused(&mut self, applied: bool) -> bool {
+        let Some(n) = self.nl.notifications() else {
+            return false;
+        };
+        if !n.routes_paused() {
+            return false;
+        }
+        // Joined again before the dump, so no change falls between the two.
+        n.discard();
+        self.cache = None;
+        if !applied {
+            return false;
+        }
+        match observe::dump(&mut self.nl) {
+            Ok((node, host)) => {
+                let mut cache = Cache::new(node, host);
+                cache.fresh = false; // read by this reconcile, not the next
+                self.cache = Some(cache);
+                true
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "dataplane: dumping the routes after a bulk apply failed; the next reconcile dumps");
+                false
+            }
         }
     }
 
@@ -257,7 +314,11 @@ impl Session {
 /// Opens a session's socket, for [`super::netns::Worker::start`].
 pub fn open(
     rx_buf: usize,
+    bulk_routes: usize,
     on_drift: DriftSink,
 ) -> impl FnOnce() -> Result<Session, NlError> + Send + 'static {
-    move || Ok(Session::new(Nl::open()?, rx_buf, on_drift))
+    move || Ok(Session::new(Nl::open()?, rx_buf, bulk_routes, on_drift))
 }
+
+#[cfg(test)]
+mod tests;
