@@ -1,6 +1,7 @@
 //! `cargo bench --bench plan`: plan() on synthetic clusters, printed as a table.
 //!
-//! Scenarios (single core; the planner is single-threaded):
+//! Scenarios (the planner is single-threaded but for sorting a large node's routes, on two
+//! threads):
 //! - 100 nodes x 10 Networks x 30 pods per node (dual-stack, every Network self-routed, plus
 //!   cross-Network pairs and Service grants);
 //! - 5,000 nodes x 50 Networks (IPv4, every Network self-routed). The planned node has pods in

@@ -60,12 +60,7 @@ impl RouteBuilder {
     pub(super) fn finish(mut self) -> BuiltRoutes {
         // Sort by key, then precedence descending (always first among equals), and keep the
         // first of each key, plus the first always-installed one after a local-pods winner.
-        self.routes.sort_unstable_by(|a, b| {
-            (a.0.cmp(&b.0))
-                .then(b.1.cmp(&a.1))
-                .then(a.2.cmp(&b.2))
-                .then(a.3.cmp(&b.3))
-        });
+        sort_on_two_threads(&mut self.routes);
         let mut winner: Option<(RouteKey, Reach)> = None;
         self.routes.retain(|(k, _, reach, _)| {
             let keep = match winner {
@@ -100,6 +95,47 @@ impl RouteBuilder {
             local_pods: RouteTable(local_pods),
         }
     }
+}
+
+/// A builder's routes from [`RouteBuilder::finish`], sorted.
+type Built = (RouteKey, u8, Reach, Nexthop);
+
+/// Below this many routes one thread sorts them all.
+const PARALLEL_SORT: usize = 1 << 16;
+
+/// Sorts `routes` by key, precedence descending, reach and next hop. A large set is split by
+/// table first, in place, at a table from a sample of them, and the two parts are sorted on
+/// two threads: sorting a node's 300,000 routes was most of its plan.
+fn sort_on_two_threads(routes: &mut [Built]) {
+    fn order(a: &Built, b: &Built) -> std::cmp::Ordering {
+        (a.0.cmp(&b.0))
+            .then(b.1.cmp(&a.1))
+            .then(a.2.cmp(&b.2))
+            .then(a.3.cmp(&b.3))
+    }
+    if routes.len() < PARALLEL_SORT {
+        return routes.sort_unstable_by(order);
+    }
+    let mut sample: Vec<u32> = routes
+        .iter()
+        .step_by(routes.len() / 1024)
+        .map(|r| r.0.table)
+        .collect();
+    sample.sort_unstable();
+    let pivot = sample[sample.len() / 2];
+    // The tables below the pivot first, then the rest: two runs of whole tables.
+    let mut below = 0;
+    for i in 0..routes.len() {
+        if routes[i].0.table < pivot {
+            routes.swap(i, below);
+            below += 1;
+        }
+    }
+    let (low, high) = routes.split_at_mut(below);
+    std::thread::scope(|s| {
+        s.spawn(|| low.sort_unstable_by(order));
+        high.sort_unstable_by(order);
+    });
 }
 
 /// A node's routes, sorted by key, one per key. A sorted vector rather than a map: it is built

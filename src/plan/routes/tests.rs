@@ -176,3 +176,31 @@ fn route_key() -> impl proptest::strategy::Strategy<Value = RouteKey> {
         metric,
     })
 }
+
+/// Past [`PARALLEL_SORT`] the routes are sorted on two threads, split by table: the result is
+/// still one sorted table whose every key holds its best route.
+#[test]
+fn a_large_builder_sorted_on_two_threads_is_one_sorted_table_of_the_best_routes() {
+    let mut rb = RouteBuilder::default();
+    let mut best: std::collections::HashMap<RouteKey, u8> = Default::default();
+    // Tables in descending order and destinations repeating, at several precedences.
+    for i in 0..(PARALLEL_SORT as u32 + 5000) {
+        let table = 1_000_050 - (i % 37);
+        let dst =
+            IpNet::V4(ipnet::Ipv4Net::new((0x0a00_0000 + (i % 4093) * 256).into(), 24).unwrap());
+        let prec = (i % 3) as u8;
+        rb.add(table, dst, prec, dev(&format!("d{prec}")));
+        let b = best.entry(RouteKey::new(table, dst)).or_default();
+        *b = (*b).max(prec);
+    }
+    let t = rb.finish().always;
+    let keys: Vec<RouteKey> = t.iter().map(|(k, _)| *k).collect();
+    assert!(
+        keys.windows(2).all(|w| w[0] < w[1]),
+        "sorted, one route per key"
+    );
+    assert_eq!(keys.len(), best.len());
+    for (k, nh) in t.iter() {
+        assert_eq!(nh, &dev(&format!("d{}", best[k])), "{k:?}");
+    }
+}
