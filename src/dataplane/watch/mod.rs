@@ -7,7 +7,9 @@
 //! state, in order. It takes in what was queued before each reconcile
 //! ([`Session::with_observed`]), after the apply ([`Session::settle`]: the writes' own
 //! notifications, which the request socket drains between batch chunks so a large apply
-//! cannot overrun it), and while idle ([`Session::idle`]). Everything the cache knows comes
+//! cannot overrun it), and while idle ([`Session::idle`]). An apply that writes more routes
+//! than the namespace holds (a node's first, [`dump_after`]) leaves the route groups instead,
+//! and its settle joins them again and dumps. Everything the cache knows comes
 //! from the kernel's own messages, so what it holds for a route Lace wrote is what the kernel
 //! made of it (flags, metrics), exactly as a dump would show it. The cache is thrown away and
 //! the kernel dumped again whenever the stream cannot be trusted to be complete: the
