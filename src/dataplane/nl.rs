@@ -5,8 +5,9 @@
 //! the last message of a buffer asks for an ACK (`NLM_F_ACK`); the kernel answers the others
 //! only when they fail, before the last one's ACK. So a batch of N routes costs about N/300
 //! system calls instead of the 2N of `ip -batch` (one send, one ACK read per line), and the
-//! kernel builds and queues an answer per failure, not per request. The socket lives on the namespace's worker thread
-//! ([`super::netns`]), which is why it can be blocking: nothing else runs there.
+//! kernel builds and queues an answer per failure, not per request. The socket lives on the
+//! namespace's worker thread ([`super::netns`]), which is why it can be blocking: nothing else
+//! runs there.
 //!
 //! Next to it, optionally, a second socket subscribed to rtnetlink's multicast groups
 //! ([`Notifications`]): the kernel's change notifications, which keep the reconciler's cache
@@ -28,7 +29,8 @@ use netlink_packet_route::RouteNetlinkMessage;
 use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
 
 /// Bytes of requests sent per `send`: the answers of one chunk (36 bytes each with capped
-/// ACKs, should every request fail) must fit the socket's receive buffer, which the kernel caps at `rmem_max`.
+/// ACKs, should every request fail) must fit the socket's receive buffer, which the kernel
+/// caps at `rmem_max`.
 const CHUNK_BYTES: usize = 32 * 1024;
 /// Requests of a batch past which a second thread encodes its chunks ([`Nl::batch`]), and
 /// how many chunks it may encode ahead.
@@ -506,8 +508,8 @@ impl<T: Transport> Nl<T> {
         }
     }
 
-    /// Sends `requests` (message and `NLM_F_*` flags besides REQUEST and ACK) in chunks and returns
-    /// the kernel's answer to each, in order. The kernel handles every message even when an
+    /// Sends `requests` (message and `NLM_F_*` flags besides REQUEST and ACK) in chunks and
+    /// returns the kernel's answer to each, in order. The kernel handles every message even when an
     /// earlier one failed; the caller decides what a failure means. Requests refused with
     /// `ENOMEM` are sent again after a pause, up to [`ENOMEM_RESENDS`] times: seg6 routes take
     /// their per-CPU cache from the kernel's atomic per-CPU pool, which a fast writer empties

@@ -9,9 +9,9 @@
 //! notifications, which the request socket drains between batch chunks so a large apply
 //! cannot overrun it), and while idle ([`Session::idle`]). An apply that writes more routes
 //! than the namespace holds (a node's first, [`dump_after`]) leaves the route groups instead,
-//! and its settle joins them again and dumps. Everything the cache knows comes
-//! from the kernel's own messages, so what it holds for a route Lace wrote is what the kernel
-//! made of it (flags, metrics), exactly as a dump would show it. The cache is thrown away and
+//! and its settle joins them again and dumps. Everything the cache knows comes from the
+//! kernel's own messages, so what it holds for a route Lace wrote is what the kernel made of
+//! it (flags, metrics), exactly as a dump would show it. The cache is thrown away and
 //! the kernel dumped again whenever the stream cannot be trusted to be complete: the
 //! notification socket overran (`ENOBUFS`), a message did not decode or was not one the
 //! groups carry, a link was renamed (routes name their devices) or re-appeared under another
