@@ -149,11 +149,8 @@ impl Session {
                     ),
                     _ => tracing::debug!("dataplane: reading the kernel with full dumps"),
                 }
-                if let Some(n) = self.nl.notifications() {
-                    n.discard();
-                }
-                let (node, host) = observe::dump(&mut self.nl)?;
-                self.cache.insert(Cache::new(node, host))
+                let dumped = self.dump()?;
+                self.cache.insert(dumped)
             }
         };
         if let Some(sysctls) = sysctls {
@@ -226,15 +223,13 @@ impl Session {
         if !n.routes_paused() {
             return false;
         }
-        // Joined again before the dump, so no change falls between the two.
-        n.discard();
         self.cache = None;
         if !applied {
+            n.discard(); // joins them again
             return false;
         }
-        match observe::dump(&mut self.nl) {
-            Ok((node, host)) => {
-                let mut cache = Cache::new(node, host);
+        match self.dump() {
+            Ok(mut cache) => {
                 cache.fresh = false; // read by this reconcile, not the next
                 self.cache = Some(cache);
                 true
@@ -244,6 +239,17 @@ impl Session {
                 false
             }
         }
+    }
+
+    /// A new cache from full dumps. What was notified before is dropped (the dump shows it),
+    /// and the route groups are joined again if a bulk apply left them, before the dump, so
+    /// no change falls between the two.
+    fn dump(&mut self) -> Result<Cache, ObserveError> {
+        if let Some(n) = self.nl.notifications() {
+            n.discard();
+        }
+        let (node, host) = observe::dump(&mut self.nl)?;
+        Ok(Cache::new(node, host))
     }
 
     /// After an attach: the pods of `pods` are part of what Lace applied.
