@@ -312,6 +312,8 @@ fn ms(d: Duration) -> String {
 }
 
 fn main() {
+    // As `lace-agent run` does first (each child process starts here too).
+    lace::sys::malloc::use_one_arena().unwrap();
     let args: Vec<String> = std::env::args().collect();
     let s = size(&args);
     if args.iter().any(|a| a == "--serve-fake") {

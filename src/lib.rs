@@ -4,7 +4,7 @@
 //! The seam is **state → plan → diff → apply**: [`state`] holds the cluster state without
 //! Kubernetes types, the planner turns it into one node's desired kernel state, and only the
 //! reconciler talks to the kernel.
-// `unsafe` is denied workspace-wide; only the bpf(2) wrapper (`probe::bpf`) may allow it.
+// `unsafe` is denied workspace-wide; only `sys` (raw calls behind safe functions) may allow it.
 #![deny(unsafe_code)]
 
 #[cfg(feature = "agent")]
@@ -33,6 +33,8 @@ pub mod routing;
 pub mod selector;
 pub mod sid;
 pub mod state;
+#[cfg(feature = "agent")]
+pub mod sys;
 #[cfg(feature = "serve")]
 pub mod telemetry;
 pub mod validate;

@@ -230,6 +230,11 @@ fn probe_underlay(
 }
 
 fn run(args: RunArgs) -> Result<()> {
+    // First, before any thread allocates (see `lace::sys::malloc`).
+    match lace::sys::malloc::use_one_arena() {
+        Ok(arenas) => tracing::info!(?arenas, "malloc arenas"),
+        Err(e) => tracing::warn!("{e}"),
+    }
     let source: std::sync::Arc<dyn lace::agent::StateSource> = match args.manifests {
         Some(dir) => std::sync::Arc::new(lace::agent::standalone::DirectorySource::new(dir)),
         None => {

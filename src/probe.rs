@@ -23,7 +23,6 @@
 //! All functions here are blocking (a few syscalls; [`wait_for_cgroup`] sleeps): call them from
 //! a blocking thread in async code.
 
-pub mod bpf;
 pub mod insn;
 
 use std::ffi::CString;
@@ -37,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::statfs::{statfs, FsType, BPF_FS_MAGIC, CGROUP2_SUPER_MAGIC};
 
-use bpf::{BpfError, LinkInfo, ProgInfo};
+use crate::sys::bpf::{self, BpfError, LinkInfo, ProgInfo};
 use insn::{Insn, Reg};
 
 // One definition for the program, the fwmark rule and the nft allowance (the planner is pure,

@@ -871,6 +871,8 @@ fn main() {
         return;
     }
     require_root_and_vrf();
+    // As `lace-agent run` does first, so that the reconciler runs on the agent's malloc set-up.
+    lace::sys::malloc::use_one_arena().expect("limiting malloc to one arena");
     // Empty: the nft part only.
     let sizes: Vec<u32> = match std::env::var("LACE_BENCH_ROUTES") {
         Ok(v) => v

@@ -19,7 +19,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use lace::probe::{self, bpf, Outcome, ProbeConfig, ProbeError, PROBE_MARK, PROBE_MARK_MASK};
+use lace::probe::{self, Outcome, ProbeConfig, ProbeError, PROBE_MARK, PROBE_MARK_MASK};
+use lace::sys::bpf;
 
 /// Panics (never skips) unless the test can do what it claims to test.
 fn require_environment() {

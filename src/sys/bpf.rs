@@ -1,5 +1,4 @@
-//! The bpf(2) syscall, wrapped in safe functions for the probe allowance: the only module
-//! of the library that uses `unsafe`.
+//! The bpf(2) syscall, wrapped in safe functions for the probe allowance (`crate::probe`).
 //!
 //! Each wrapper fills the part of `union bpf_attr` that its command reads (a `#[repr(C)]`
 //! struct with the uapi field order) and passes that struct's size: the kernel zero-fills the
@@ -8,7 +7,6 @@
 //!
 //! Layouts and numbers are from `include/uapi/linux/bpf.h`; the unit tests below pin the sizes
 //! that the kernel's field offsets imply.
-#![allow(unsafe_code)]
 
 use std::ffi::CStr;
 use std::fmt;

@@ -1,0 +1,8 @@
+//! The library's only `unsafe` code: the raw calls that no safe crate wraps, each behind safe
+//! functions whose module keeps the invariants the call needs.
+//! - [`bpf`]: the bpf(2) syscall, for the kubelet probe allowance (`crate::probe`);
+//! - [`malloc`]: glibc's `mallopt`, so that the agent keeps its heap in one malloc arena.
+#![allow(unsafe_code)]
+
+pub mod bpf;
+pub mod malloc;
