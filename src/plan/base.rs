@@ -6,7 +6,7 @@
 //! can be added in any order: a route that reaches something beats an unreachable fallback
 //! for the same prefix.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
@@ -21,8 +21,8 @@ use super::underlay::{
 };
 use super::{
     disable_ipv6_key, host_net, vrf_name, vrf_table, Family, NetInfo, Networks, Nexthop, NodeBase,
-    PlanError, PodNetwork, Rule, RuleAction, Vrf, FIB_SYNC_MEM, FIB_SYNC_MEM_BYTES, INGRESS_MARK,
-    INGRESS_MARK_MASK, MAIN_TABLE, PROBE_MARK, PROBE_MARK_MASK, PROBE_TABLE,
+    PlanError, PodNetwork, Rule, RuleAction, Underpath, Vrf, FIB_SYNC_MEM, FIB_SYNC_MEM_BYTES,
+    INGRESS_MARK, INGRESS_MARK_MASK, MAIN_TABLE, PROBE_MARK, PROBE_MARK_MASK, PROBE_TABLE,
     RULE_PRIORITY_INGRESS_REPLY, RULE_PRIORITY_L3MDEV, RULE_PRIORITY_LOCATORS, RULE_PRIORITY_PROBE,
 };
 use crate::alloc::node_blocks;
@@ -407,19 +407,21 @@ fn block_routes(
     nets: &Networks<'_>,
     reach: &BTreeSet<(&str, &str)>,
 ) {
-    let mut srcs_by_dst: HashMap<&str, Vec<&NetInfo<'_>>> = HashMap::new();
+    // Each source Network's table with the Networks it reaches, in table order: the builder
+    // then gets each table's routes in one run, and sorts only within it.
+    let mut dsts_by_table: BTreeMap<u32, (&NetInfo<'_>, Vec<&NetInfo<'_>>)> = BTreeMap::new();
     for &(src, dst) in reach {
-        if let Some(info) = nets.get(src) {
-            srcs_by_dst.entry(dst).or_default().push(info);
+        if let (Some(src), Some(dst)) = (nets.get(src), nets.get(dst)) {
+            dsts_by_table
+                .entry(src.table)
+                .or_insert_with(|| (src, Vec::new()))
+                .1
+                .push(dst);
         }
     }
-    // Deterministic order of the reachable destination Networks (the routes are sorted at
-    // the end anyway; this keeps the work itself in a stable order).
-    let mut dsts: Vec<(&NetInfo<'_>, &Vec<&NetInfo<'_>>)> = srcs_by_dst
-        .iter()
-        .filter_map(|(dst, srcs)| Some((nets.get(dst)?, srcs)))
-        .collect();
-    dsts.sort_by_key(|(d, _)| d.name);
+    // The nodes by index, as their blocks lie in each subnet, each with its locator's route.
+    let mut nodes: Vec<(&NodeAllocationSpec, Option<(Nexthop, Underpath)>)> =
+        Vec::with_capacity(state.node_allocations.len());
     for (other, alloc) in &state.node_allocations {
         let to_locator = match peers.get(other) {
             None => None,
@@ -436,40 +438,26 @@ fn block_routes(
                 nh.clone(),
             );
         }
-        for &(dst_info, srcs) in &dsts {
-            let blocks = node_blocks(alloc.index, dst_info.spec_subnets);
-            if blocks.is_empty() {
-                continue;
-            }
-            for src in srcs {
-                match &to_locator {
-                    None => {
-                        if src.name == dst_info.name {
-                            continue; // local pods of the same Network: their own host routes
-                        }
-                        for b in &blocks {
-                            rb.add_for_local_pods(
-                                src.table,
-                                *b,
-                                PREC_REACH,
-                                Nexthop::Dev(dst_info.vrf.clone()),
-                            );
-                        }
-                    }
-                    Some((_, underlay)) => {
-                        let segs = sid(alloc.locator, dst_info.function);
-                        for b in &blocks {
-                            rb.add_for_local_pods(
-                                src.table,
-                                *b,
-                                PREC_REACH,
-                                Nexthop::Seg6Encap {
-                                    segs,
-                                    underlay: *underlay,
-                                },
-                            );
-                        }
-                    }
+        nodes.push((alloc, to_locator));
+    }
+    nodes.sort_by_key(|(alloc, _)| alloc.index);
+    for (src, dsts) in dsts_by_table.values_mut() {
+        // Networks with disjoint subnets then add their blocks in address order, already
+        // sorted (the order only saves work; the builder sorts each table's run).
+        dsts.sort_by(|a, b| a.subnets.cmp(&b.subnets).then(a.name.cmp(b.name)));
+        for dst in dsts.iter() {
+            for (alloc, to_locator) in &nodes {
+                let nh = match to_locator {
+                    // Local pods of the same Network: their own host routes.
+                    None if src.name == dst.name => continue,
+                    None => Nexthop::Dev(dst.vrf.clone()),
+                    Some((_, underlay)) => Nexthop::Seg6Encap {
+                        segs: sid(alloc.locator, dst.function),
+                        underlay: *underlay,
+                    },
+                };
+                for b in node_blocks(alloc.index, dst.spec_subnets) {
+                    rb.add_for_local_pods(src.table, b, PREC_REACH, nh.clone());
                 }
             }
         }

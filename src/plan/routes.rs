@@ -18,23 +18,26 @@ use super::{Nexthop, RouteKey, Underpath};
 /// Routes collected with a precedence; the highest precedence wins per key.
 #[derive(Default)]
 pub(super) struct RouteBuilder {
-    routes: Vec<(RouteKey, u8, Reach, Nexthop)>,
+    /// The routes installed always.
+    always: Vec<Built>,
+    /// The routes for local pods, in runs of one table each: a run is sorted when the next
+    /// table's begins, so that a caller adding each table's routes at once, in table order,
+    /// leaves them sorted without one large sort (at 5,000 nodes x 50 Networks, 190,000 routes
+    /// whose sort was most of the plan).
+    local_pods: Vec<Built>,
+    /// Where the run being added begins.
+    run: usize,
 }
 
-/// When a route is installed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub(super) enum Reach {
-    Always,
-    /// While its table's Network has a pod on this node.
-    LocalPods,
-}
+/// A route with its precedence.
+type Built = (RouteKey, u8, Nexthop);
 
 /// What [`RouteBuilder::finish`] yields.
 pub(super) struct BuiltRoutes {
-    /// The routes installed always. Under a key whose winner is a [`Reach::LocalPods`] route,
-    /// the best of the others, if any: what holds while the Network has no pod here.
+    /// The routes installed always. Under a key whose winner is a route for local pods, the
+    /// best of the others, if any: what holds while the Network has no pod here.
     pub always: RouteTable,
-    /// The winning [`Reach::LocalPods`] routes.
+    /// The routes for local pods that win their key.
     pub local_pods: RouteTable,
 }
 
@@ -47,72 +50,71 @@ pub(super) const PREC_INGRESS: u8 = 3; // remote NodePort backends through the i
 impl RouteBuilder {
     /// A route installed always.
     pub(super) fn add(&mut self, table: u32, dst: IpNet, prec: u8, nh: Nexthop) {
-        self.routes
-            .push((RouteKey::new(table, dst), prec, Reach::Always, nh));
+        self.always.push((RouteKey::new(table, dst), prec, nh));
     }
 
-    /// A route in VRF table `table` that only its Network's pods on this node use.
+    /// A route in VRF table `table` that only its Network's pods on this node use. Adding
+    /// each table's routes together, in table order, saves the sort of them all.
     pub(super) fn add_for_local_pods(&mut self, table: u32, dst: IpNet, prec: u8, nh: Nexthop) {
-        self.routes
-            .push((RouteKey::new(table, dst), prec, Reach::LocalPods, nh));
+        if self
+            .local_pods
+            .get(self.run)
+            .is_some_and(|first| first.0.table != table)
+        {
+            self.end_run();
+        }
+        self.local_pods.push((RouteKey::new(table, dst), prec, nh));
     }
 
+    fn end_run(&mut self) {
+        self.local_pods[self.run..].sort_unstable_by(order);
+        self.run = self.local_pods.len();
+    }
+
+    /// Per key: the best route installed always (the highest precedence, then the least next
+    /// hop), and the best route for local pods if its precedence is higher still.
     pub(super) fn finish(mut self) -> BuiltRoutes {
-        // Sort by key, then precedence descending (always first among equals), and keep the
-        // first of each key, plus the first always-installed one after a local-pods winner.
-        sort_on_two_threads(&mut self.routes);
-        let mut winner: Option<(RouteKey, Reach)> = None;
-        self.routes.retain(|(k, _, reach, _)| {
-            let keep = match winner {
-                Some((w, r)) if w == *k => r == Reach::LocalPods && *reach == Reach::Always,
-                _ => true,
-            };
-            if winner.is_none_or(|(w, _)| w != *k) {
-                winner = Some((*k, *reach));
-            } else if keep {
-                winner = Some((*k, Reach::Always)); // one fallback per key
+        self.end_run();
+        if !self.local_pods.is_sorted_by(|a, b| order(a, b).is_le()) {
+            sort_on_two_threads(&mut self.local_pods); // tables added in several runs
+        }
+        sort_on_two_threads(&mut self.always);
+        // The first of each key is its best.
+        self.always.dedup_by(|later, first| later.0 == first.0);
+        self.local_pods.dedup_by(|later, first| later.0 == first.0);
+        let always = self.always;
+        let mut a = 0;
+        self.local_pods.retain(|(key, prec, _)| {
+            while always.get(a).is_some_and(|r| r.0 < *key) {
+                a += 1;
             }
-            keep
+            always.get(a).is_none_or(|r| r.0 != *key || r.1 < *prec)
         });
-        // The always-installed routes are copied out (at scale they are the few: locators,
-        // SIDs, defaults); the others are collected in place (the element shrinks, the buffer
-        // is reused), so the routes are never held twice.
-        let always: Vec<(RouteKey, Nexthop)> = self
-            .routes
-            .iter()
-            .filter(|r| r.2 == Reach::Always)
-            .map(|(k, _, _, nh)| (*k, nh.clone()))
-            .collect();
-        self.routes.retain(|r| r.2 == Reach::LocalPods);
-        let mut local_pods: Vec<(RouteKey, Nexthop)> = self
-            .routes
-            .into_iter()
-            .map(|(k, _, _, nh)| (k, nh))
-            .collect();
+        // Collected in place (the element shrinks, the buffer is reused), so the routes are
+        // never held twice.
+        let drop_precedence = |routes: Vec<Built>| -> Vec<(RouteKey, Nexthop)> {
+            routes.into_iter().map(|(k, _, nh)| (k, nh)).collect()
+        };
+        let mut local_pods = drop_precedence(self.local_pods);
         local_pods.shrink_to_fit();
         BuiltRoutes {
-            always: RouteTable(always),
+            always: RouteTable(drop_precedence(always)),
             local_pods: RouteTable(local_pods),
         }
     }
 }
 
-/// A builder's routes from [`RouteBuilder::finish`], sorted.
-type Built = (RouteKey, u8, Reach, Nexthop);
+/// By key, then precedence descending, then next hop.
+fn order(a: &Built, b: &Built) -> std::cmp::Ordering {
+    (a.0.cmp(&b.0)).then(b.1.cmp(&a.1)).then(a.2.cmp(&b.2))
+}
 
 /// Below this many routes one thread sorts them all.
 const PARALLEL_SORT: usize = 1 << 16;
 
-/// Sorts `routes` by key, precedence descending, reach and next hop. A large set is split by
-/// table first, in place, at a table from a sample of them, and the two parts are sorted on
-/// two threads: sorting a node's 300,000 routes was most of its plan.
+/// Sorts `routes` by [`order`]. A large set is split by table first, in place, at a table
+/// from a sample of them, and the two parts are sorted on two threads.
 fn sort_on_two_threads(routes: &mut [Built]) {
-    fn order(a: &Built, b: &Built) -> std::cmp::Ordering {
-        (a.0.cmp(&b.0))
-            .then(b.1.cmp(&a.1))
-            .then(a.2.cmp(&b.2))
-            .then(a.3.cmp(&b.3))
-    }
     if routes.len() < PARALLEL_SORT {
         return routes.sort_unstable_by(order);
     }

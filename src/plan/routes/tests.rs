@@ -204,3 +204,118 @@ fn a_large_builder_sorted_on_two_threads_is_one_sorted_table_of_the_best_routes(
         assert_eq!(nh, &dev(&format!("d{}", best[k])), "{k:?}");
     }
 }
+
+/// One added route: table, destination, precedence, next hop, for local pods or always.
+type Added = (u32, IpNet, u8, Nexthop, bool);
+
+/// The always-installed routes and the routes for local pods, each sorted by key.
+type Yield = (Vec<(RouteKey, Nexthop)>, Vec<(RouteKey, Nexthop)>);
+
+/// What the builder must yield for `added`, computed per key from its definition: the best
+/// always-installed route (highest precedence, then least next hop) stays always; the best
+/// route for local pods wins for local pods if its precedence is above every always one.
+fn expected(added: &[Added]) -> Yield {
+    use std::collections::BTreeMap;
+    let best = |local: bool| -> BTreeMap<RouteKey, (u8, Nexthop)> {
+        let mut best: BTreeMap<RouteKey, (u8, Nexthop)> = BTreeMap::new();
+        for (table, dst, prec, nh, _) in added.iter().filter(|a| a.4 == local) {
+            let e = best
+                .entry(RouteKey::new(*table, *dst))
+                .or_insert((*prec, nh.clone()));
+            if *prec > e.0 || (*prec == e.0 && *nh < e.1) {
+                *e = (*prec, nh.clone());
+            }
+        }
+        best
+    };
+    let (always, local) = (best(false), best(true));
+    let local_wins = local
+        .iter()
+        .filter(|(k, (p, _))| always.get(k).is_none_or(|(a, _)| a < p))
+        .map(|(k, (_, nh))| (*k, nh.clone()))
+        .collect();
+    let always = always.into_iter().map(|(k, (_, nh))| (k, nh)).collect();
+    (always, local_wins)
+}
+
+fn built(added: &[Added]) -> Yield {
+    let mut rb = RouteBuilder::default();
+    for (table, dst, prec, nh, local) in added {
+        match local {
+            true => rb.add_for_local_pods(*table, *dst, *prec, nh.clone()),
+            false => rb.add(*table, *dst, *prec, nh.clone()),
+        }
+    }
+    let b = rb.finish();
+    let all = |t: &RouteTable| t.iter().map(|(k, nh)| (*k, nh.clone())).collect();
+    (all(&b.always), all(&b.local_pods))
+}
+
+proptest::proptest! {
+    /// In any order of adding (tables in runs or interleaved, repeated, out of order), the
+    /// builder yields the best routes per key, sorted.
+    #[test]
+    fn the_builder_yields_the_best_routes_in_any_order_of_adding(
+        added in proptest::collection::vec(added(), 0..200),
+    ) {
+        proptest::prop_assert_eq!(built(&added), expected(&added));
+    }
+}
+
+fn added() -> impl proptest::strategy::Strategy<Value = Added> {
+    use proptest::prelude::*;
+    let dst = (0u32..6, prop::sample::select(vec![24u8, 25])).prop_map(|(i, p)| {
+        IpNet::V4(ipnet::Ipv4Net::new((0x0a00_0000 + i * 256).into(), p).unwrap())
+    });
+    let nh = prop::sample::select(vec!["a", "b", "c"]).prop_map(dev);
+    (0u32..4, dst, 0u8..4, nh, any::<bool>())
+}
+
+/// Routes for local pods past [`PARALLEL_SORT`], their tables added in many short runs and out
+/// of order: the runs do not make a sorted whole, so the builder sorts them all.
+#[test]
+fn routes_for_local_pods_added_out_of_table_order_are_sorted_all_at_once() {
+    let mut added: Vec<Added> = Vec::new();
+    for i in 0..(PARALLEL_SORT as u32 + 5000) {
+        let table = 1_000_050 - (i % 37);
+        let dst =
+            IpNet::V4(ipnet::Ipv4Net::new((0x0a00_0000 + (i % 4093) * 256).into(), 24).unwrap());
+        let prec = (i % 3) as u8;
+        added.push((table, dst, prec, dev(&format!("d{prec}")), i % 5 != 0));
+    }
+    let (always, local) = built(&added);
+    for t in [&always, &local] {
+        assert!(t.windows(2).all(|w| w[0].0 < w[1].0), "sorted, one per key");
+    }
+    assert_eq!((always, local), expected(&added));
+}
+
+/// Each table's routes for local pods added in one run, in table order (as the plan adds the
+/// blocks): the same routes as when added in any other order.
+#[test]
+fn routes_for_local_pods_added_table_by_table_yield_the_same_routes() {
+    let mut added: Vec<Added> = Vec::new();
+    for table in [3, 5, 9] {
+        for i in (0..2000u32).rev() {
+            let dst = IpNet::V4(ipnet::Ipv4Net::new((0x0a00_0000 + i * 64).into(), 26).unwrap());
+            added.push((table, dst, PREC_REACH, dev(&format!("n{}", i % 7)), true));
+        }
+    }
+    added.push((
+        5,
+        "10.0.0.64/26".parse().unwrap(),
+        PREC_INGRESS,
+        dev("over"),
+        false,
+    ));
+    let mut shuffled = added.clone();
+    shuffled.reverse();
+    let (always, local) = built(&added);
+    assert_eq!(
+        local.len(),
+        3 * 2000 - 1,
+        "one route lost its key to a higher precedence"
+    );
+    assert_eq!((always.clone(), local.clone()), built(&shuffled));
+    assert_eq!((always, local), expected(&added));
+}
