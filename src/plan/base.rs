@@ -441,6 +441,14 @@ fn block_routes(
         nodes.push((alloc, to_locator));
     }
     nodes.sort_by_key(|(alloc, _)| alloc.index);
+    // At most a block per subnet per node: room for them at once rather than by doubling.
+    rb.reserve_for_local_pods(
+        dsts_by_table
+            .values()
+            .flat_map(|(_, dsts)| dsts)
+            .map(|dst| dst.spec_subnets.len() * nodes.len())
+            .sum(),
+    );
     for (src, dsts) in dsts_by_table.values_mut() {
         // Networks with disjoint subnets then add their blocks in address order, already
         // sorted (the order only saves work; the builder sorts each table's run).

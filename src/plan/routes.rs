@@ -66,6 +66,11 @@ impl RouteBuilder {
         self.local_pods.push((RouteKey::new(table, dst), prec, nh));
     }
 
+    /// Room for `n` more routes for local pods.
+    pub(super) fn reserve_for_local_pods(&mut self, n: usize) {
+        self.local_pods.reserve_exact(n);
+    }
+
     fn end_run(&mut self) {
         self.local_pods[self.run..].sort_unstable_by(order);
         self.run = self.local_pods.len();
