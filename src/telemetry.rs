@@ -101,6 +101,8 @@ pub fn init_logging() {
                 .unwrap_or_else(|_| EnvFilter::new("info,kube_client::client::builder=off")),
         )
         .with_writer(std::io::stderr)
+        // Colours only on a terminal: `kubectl logs` and log collectors get plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 }
 

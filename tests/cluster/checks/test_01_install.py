@@ -47,6 +47,20 @@ def test_plugin_chart_turns_nodes_ready(cluster):
     print(f"\nagent pods started -> every node Ready (NetworkUnavailable=False): {secs:.0f} s")
 
 
+def test_every_agent_keeps_its_heap_in_one_malloc_arena(cluster):
+    # The image's libc is glibc, whose default is an arena per thread: the agent limits it to
+    # one before its first thread (lace::sys::malloc) and logs what it did.
+    agents = cluster.pods(SYSTEM_NS, AGENT_LABELS)
+    assert agents, "expected the agent's pods after the install"
+    for p in agents:
+        name = p["metadata"]["name"]
+        log = cluster.logs(SYSTEM_NS, name)
+        said = [l for l in log.splitlines() if "malloc arenas" in l]
+        assert said and "arenas=One" in said[0], (
+            f"{name}: expected the log line 'malloc arenas arenas=One', saw "
+            f"{said[:1] or log.splitlines()[:5]}")
+
+
 def test_without_networks_pods_get_no_address_and_describe_says_why(cluster):
     # No Network exists yet: a pod's sandbox fails at CNI ADD with Lace's message, which the
     # kubelet records as an Event that `kubectl describe` shows.
