@@ -458,10 +458,24 @@ fn converge(
         .unwrap_or_default();
     let started = Instant::now();
     let bulk_routes = session.bulk_routes;
+    // Rendered while the kernel is read (a restart's dumps wait on the kernel), not after.
+    let rendering = desired.as_ref().map(|d| {
+        let render = d.render_nft_later();
+        std::thread::spawn(move || diff::nft::Rendered::of(render()))
+    });
     let outcome = session
         .with_observed(Some(&keys), move |nl, observed, full_dump| {
             let observe = started.elapsed();
-            let d = diff::diff(desired.as_ref(), observed, known.as_ref())?;
+            let rendered = rendering.map(|r| {
+                r.join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            });
+            let d = match (&desired, &rendered) {
+                (Some(desired), Some(nft)) => {
+                    diff::diff_rendered(desired, nft, observed, known.as_ref())?
+                }
+                _ => diff::diff(desired.as_ref(), observed, known.as_ref())?,
+            };
             let diffed = started.elapsed();
             let nft_tag = diff::nft::tag_after(&d.ops, &observed.nft);
             let report = ApplyReport::of(&d.ops, d.skipped, full_dump);

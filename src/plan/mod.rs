@@ -631,6 +631,14 @@ impl DesiredNode {
         self.nft().render()
     }
 
+    /// [`DesiredNode::render_nft`] to run elsewhere (another thread): holds the ruleset, not
+    /// the plan.
+    pub fn render_nft_later(&self) -> impl FnOnce() -> String + Send + 'static {
+        let base = Arc::clone(&self.base);
+        let host_ports = self.host_port_nft.clone();
+        move || host_ports.as_deref().unwrap_or(&base.nft).render()
+    }
+
     /// A human-readable rendering of everything but the nft ruleset, in `ip`-like syntax
     /// (shaping in `tc`'s).
     pub fn render(&self) -> String {

@@ -92,7 +92,24 @@ pub fn diff(
     observed: &ObservedNode,
     known_nft: Option<&KnownRuleset>,
 ) -> Result<Diff, DiffError> {
-    diff_in(desired, observed, known_nft, Scope::All)
+    let rendered = desired.map(|d| nft::Rendered::of(d.render_nft()));
+    diff_in(desired, observed, known_nft, Scope::All(rendered.as_ref()))
+}
+
+/// [`diff`] of a plan whose nft ruleset was rendered already: `rendered_nft` is `desired`'s
+/// [`DesiredNode::render_nft`] (a reconcile renders it while it observes the kernel).
+pub fn diff_rendered(
+    desired: &DesiredNode,
+    rendered_nft: &nft::Rendered,
+    observed: &ObservedNode,
+    known_nft: Option<&KnownRuleset>,
+) -> Result<Diff, DiffError> {
+    diff_in(
+        Some(desired),
+        observed,
+        known_nft,
+        Scope::All(Some(rendered_nft)),
+    )
 }
 
 /// The operations a reconcile would issue for what rtnetlink notifies (links, addresses,
@@ -187,8 +204,9 @@ pub fn attach(
 
 /// Which parts of the plan a diff covers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Scope {
-    All,
+enum Scope<'a> {
+    /// Everything, with the plan's nft ruleset rendered (`None`: no plan).
+    All(Option<&'a nft::Rendered>),
     /// What rtnetlink notifications show: see [`drift`].
     Notified,
 }
@@ -197,7 +215,7 @@ fn diff_in(
     desired: Option<&DesiredNode>,
     observed: &ObservedNode,
     known_nft: Option<&KnownRuleset>,
-    scope: Scope,
+    scope: Scope<'_>,
 ) -> Result<Diff, DiffError> {
     let mut out = Diff::default();
     let empty_vrfs = BTreeMap::new();
@@ -244,7 +262,13 @@ fn diff_in(
         return Ok(out);
     };
     let base = &d.base;
-    pod_link_ops(d, vrfs, observed, scope == Scope::All, &mut out.ops);
+    pod_link_ops(
+        d,
+        vrfs,
+        observed,
+        matches!(scope, Scope::All(_)),
+        &mut out.ops,
+    );
     link_local_ops(base, observed, &mut out.ops)?;
     let mut shaping = Vec::new();
     shaping::ops(&d.shaping, observed, &observed.tc, true, &mut shaping);
@@ -261,9 +285,13 @@ fn diff_in(
     out.ops.extend(shaping);
 
     // --- nft, sysctls, tunsrc: read afresh by every reconcile, never notified -------------
-    if scope == Scope::All {
+    if let Scope::All(rendered) = scope {
+        let rendered = match rendered {
+            Some(r) => std::borrow::Cow::Borrowed(r),
+            None => std::borrow::Cow::Owned(nft::Rendered::of(d.render_nft())),
+        };
         out.ops
-            .extend(nft::op(d.nft(), &d.render_nft(), &observed.nft, known_nft)?);
+            .extend(nft::op(d.nft(), &rendered, &observed.nft, known_nft)?);
         for (key, value) in &base.sysctls {
             let of_fresh = sysctl_device(key).is_some_and(|l| fresh.contains(l));
             let have = observed.sysctls.get(key).and_then(|v| v.as_deref());
