@@ -18,8 +18,8 @@ use netlink_packet_route::route::{
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 
 use super::observed::{
-    HostRoute, LinkTc, NftState, ObservedLink, ObservedNode, ObservedRule, ObservedTbf, Redirect,
-    RootQdisc,
+    HostRoute, KernelRoutes, LinkTc, NftState, ObservedLink, ObservedNode, ObservedRule,
+    ObservedTbf, Redirect, RootQdisc,
 };
 use super::op::Op;
 use crate::api::{
@@ -147,7 +147,7 @@ pub fn bare_host() -> ObservedNode {
         .map(|(n, i)| (n.to_string(), link(i)))
         .collect(),
         addrs: vec![(IpAddr::V6(ul(1)), 2)],
-        routes: BTreeMap::new(),
+        routes: KernelRoutes::default(),
         host_routes: vec![
             HostRoute {
                 dst: "0.0.0.0/0".parse().unwrap(),

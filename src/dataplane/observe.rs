@@ -25,8 +25,8 @@ use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 
 use super::nl::{Nl, NlError};
 use super::observed::{
-    HostRoute, KernelNexthop, LinkTc, NftState, ObservedLink, ObservedNode, ObservedRule, Redirect,
-    SitLink, ROUTE_PROTOCOL,
+    HostRoute, KernelNexthop, KernelRoutes, LinkTc, NftState, ObservedLink, ObservedNode,
+    ObservedRule, Redirect, SitLink, ROUTE_PROTOCOL,
 };
 use super::rawnl::RawNlError;
 use super::tc::{self, Qdisc};
@@ -74,21 +74,12 @@ pub fn dump(nl: &mut Nl) -> Result<(ObservedNode, HostRoutes), ObserveError> {
     let links = dump_links(nl)?;
     let addrs = dump_addrs(nl)?;
     let names: BTreeMap<u32, String> = links.iter().map(|(n, l)| (l.index, n.clone())).collect();
-    let (v4, mut host) = dump_routes(nl, AddressFamily::Inet, &names)?;
-    // The map of the IPv4 routes (all but a few thousand) is built while the IPv6 routes and
-    // the rules are read: at 200,000 routes building it takes as long as those dumps.
-    let (routes, rules) = std::thread::scope(|s| {
-        let built = s.spawn(move || BTreeMap::from_iter(v4));
-        let rest =
-            dump_routes(nl, AddressFamily::Inet6, &names).and_then(|v6| Ok((v6, dump_rules(nl)?)));
-        let mut routes = built
-            .join()
-            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-        let ((v6, host_v6), rules) = rest?;
-        routes.extend(v6);
-        host.extend(host_v6);
-        Ok::<_, ObserveError>((routes, rules))
-    })?;
+    let (mut routes, mut host) = dump_routes(nl, AddressFamily::Inet, &names)?;
+    let (v6, host_v6) = dump_routes(nl, AddressFamily::Inet6, &names)?;
+    routes.extend(v6);
+    host.extend(host_v6);
+    let routes = KernelRoutes::from_dump(routes);
+    let rules = dump_rules(nl)?;
     let host = HostRoutes::from_iter(host);
     let node = ObservedNode {
         links,

@@ -10,7 +10,10 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::IpNet;
 
-use crate::plan::{self, RouteKey};
+use crate::plan;
+
+mod routes;
+pub use routes::KernelRoutes;
 
 /// Lace's rtnetlink route protocol id (`proto 76`, ASCII `L`). Not in iproute2's `rt_protos`
 /// (which lists 0-4, 8-18, 42, 99, 186-192) nor used by the common CNIs (Calico uses 80).
@@ -180,7 +183,7 @@ pub struct ObservedNode {
     /// Local addresses (both families) and the index of the link holding each.
     pub addrs: Vec<(IpAddr, u32)>,
     /// Lace's routes.
-    pub routes: BTreeMap<RouteKey, KernelNexthop>,
+    pub routes: KernelRoutes,
     /// The host's own unicast routes of the main table.
     pub host_routes: Vec<HostRoute>,
     /// Rules in Lace's priority band.

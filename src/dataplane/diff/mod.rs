@@ -163,7 +163,7 @@ pub fn attach(
     // one merge walk beside the kernel's, as the diff's, the encap routes compared unbuilt.
     let reach = || pods.base.pod_reach.in_tables(&pods.served_tables);
     let mut have = (reach().next())
-        .map(|(first, _)| observed.routes.range(*first..))
+        .map(|(first, _)| observed.routes.range_from(first))
         .into_iter()
         .flatten()
         .peekable();

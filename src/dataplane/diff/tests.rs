@@ -6,7 +6,7 @@ mod underlay;
 use super::*;
 use crate::api::Subnet;
 use crate::dataplane::fixtures::{bare_host, desired, model, state, ul, EGRESS, UPLINK};
-use crate::dataplane::observed::ObservedRule;
+use crate::dataplane::observed::{KernelRoutes, ObservedRule};
 use crate::plan::{plan, Family};
 use crate::state::{ClusterState, ObjectKey, PodAttachment};
 
@@ -198,7 +198,7 @@ fn routes_at_an_older_metric_are_put_at_the_planned_one_before_they_go() {
     let d = desired(true);
     let mut o = converged(&d);
     let vrf_v4 = |k: &RouteKey| k.dst.addr().is_ipv4() && k.table != crate::plan::MAIN_TABLE;
-    let older: BTreeMap<RouteKey, KernelNexthop> = std::mem::take(&mut o.routes)
+    let older: KernelRoutes = std::mem::take(&mut o.routes)
         .into_iter()
         .map(|(k, nh)| match vrf_v4(&k) {
             true => (RouteKey { metric: 0, ..k }, nh),

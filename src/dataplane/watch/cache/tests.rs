@@ -17,7 +17,7 @@ use netlink_packet_route::AddressFamily;
 
 use super::*;
 use crate::dataplane::fixtures::{addr_msg, msg};
-use crate::dataplane::observed::HostRoute;
+use crate::dataplane::observed::{HostRoute, KernelRoutes};
 use crate::plan::MAIN_TABLE;
 
 const VRF_TABLE: u32 = 1_000_001;
@@ -152,7 +152,7 @@ fn replayed_notifications_build_what_lace_wrote() {
     let c = node();
     assert_eq!(
         c.node.routes,
-        routes().into_iter().collect::<BTreeMap<_, _>>(),
+        routes().into_iter().collect::<KernelRoutes>(),
         "every route Lace writes reads back as the same next hop"
     );
     assert_eq!(c.node.links["lv-a"].vrf_table, Some(VRF_TABLE));

@@ -1,0 +1,152 @@
+//! `KernelRoutes` against a `BTreeMap` holding the same routes: after any dump and any
+//! sequence of replaces, additions, removals and retains, both hold the same routes, look up
+//! and walk alike, and the merge of the map into the list loses nothing.
+
+use std::collections::BTreeMap;
+
+use proptest::prelude::*;
+
+use super::*;
+
+fn key(i: u32) -> RouteKey {
+    // Few tables and destinations, both families: keys repeat across a test's steps.
+    let table = 1000 + i % 3;
+    let dst = match i % 2 {
+        0 => format!("10.{}.0.0/24", i % 64),
+        _ => format!("fd00:{:x}::/64", i % 64),
+    };
+    RouteKey::new(table, dst.parse().unwrap())
+}
+
+fn dev(name: u32) -> KernelNexthop {
+    KernelNexthop::Dev(format!("lp-{name}"))
+}
+
+#[derive(Clone, Debug)]
+enum Step {
+    Insert(u32, u32),
+    Remove(u32),
+    /// Keeps the routes whose device's number is not a multiple of this.
+    RetainNotMultipleOf(u32),
+    /// Renames every device to its number plus this.
+    Rename(u32),
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        4 => (0..200u32, 0..1000u32).prop_map(|(k, d)| Step::Insert(k, d)),
+        3 => (0..200u32).prop_map(Step::Remove),
+        1 => (2..7u32).prop_map(Step::RetainNotMultipleOf),
+        1 => (1..5u32).prop_map(Step::Rename),
+    ]
+}
+
+fn number(nh: &KernelNexthop) -> u32 {
+    nh.dev()
+        .and_then(|d| d.strip_prefix("lp-")?.parse().ok())
+        .unwrap()
+}
+
+fn apply(step: &Step, routes: &mut KernelRoutes, model: &mut BTreeMap<RouteKey, KernelNexthop>) {
+    match *step {
+        Step::Insert(k, d) => {
+            routes.insert(key(k), dev(d));
+            model.insert(key(k), dev(d));
+        }
+        Step::Remove(k) => {
+            let had = routes.remove(&key(k));
+            assert_eq!(had, model.remove(&key(k)).is_some(), "{step:?}");
+        }
+        Step::RetainNotMultipleOf(m) => {
+            routes.retain(|_, nh| !number(nh).is_multiple_of(m));
+            model.retain(|_, nh| !number(nh).is_multiple_of(m));
+        }
+        Step::Rename(by) => {
+            for nh in routes.values_mut() {
+                *nh = dev(number(nh) + by);
+            }
+            for nh in model.values_mut() {
+                *nh = dev(number(nh) + by);
+            }
+        }
+    }
+}
+
+fn assert_same(routes: &KernelRoutes, model: &BTreeMap<RouteKey, KernelNexthop>) {
+    assert_eq!(routes.len(), model.len());
+    assert_eq!(routes.is_empty(), model.is_empty());
+    assert!(routes.iter().eq(model.iter()), "{routes:?} vs {model:?}");
+    for i in 0..200 {
+        let k = key(i);
+        assert_eq!(routes.get(&k), model.get(&k), "get {k:?}");
+        assert!(
+            routes.range_from(&k).eq(model.range(k..)),
+            "range from {k:?}"
+        );
+    }
+    let rebuilt: KernelRoutes = model.clone().into_iter().collect();
+    assert_eq!(*routes, rebuilt, "equal to the same routes dumped at once");
+    assert!(routes.clone().into_iter().eq(model.clone()));
+}
+
+proptest! {
+    #[test]
+    fn kernel_routes_hold_what_a_map_holds_after_any_dump_and_changes(
+        dumped in proptest::collection::vec((0..200u32, 0..1000u32), 0..120),
+        steps in proptest::collection::vec(step(), 0..60),
+    ) {
+        let dump: Vec<(RouteKey, KernelNexthop)> =
+            dumped.iter().map(|&(k, d)| (key(k), dev(d))).collect();
+        // A map's collect keeps the later of two routes with one key, as a dump's must.
+        let mut model: BTreeMap<RouteKey, KernelNexthop> = dump.iter().cloned().collect();
+        let mut routes = KernelRoutes::from_dump(dump);
+        assert_same(&routes, &model);
+        for s in &steps {
+            apply(s, &mut routes, &mut model);
+            assert_same(&routes, &model);
+        }
+    }
+}
+
+#[test]
+fn many_additions_and_removals_merge_the_map_into_the_list_and_lose_nothing() {
+    let keys = |n: u32| {
+        (0..n).map(|i| {
+            RouteKey::new(
+                1000 + i % 7,
+                format!("10.{}.{}.0/24", i / 256, i % 256).parse().unwrap(),
+            )
+        })
+    };
+    let mut model: BTreeMap<RouteKey, KernelNexthop> = BTreeMap::new();
+    let dump: Vec<_> = keys(3000).step_by(3).map(|k| (k, dev(1))).collect();
+    model.extend(dump.iter().cloned());
+    let mut routes = KernelRoutes::from_dump(dump);
+    for (i, k) in keys(3000).enumerate() {
+        match i % 4 {
+            3 => {
+                assert_eq!(routes.remove(&k), model.remove(&k).is_some());
+            }
+            _ => {
+                routes.insert(k, dev(i as u32));
+                model.insert(k, dev(i as u32));
+            }
+        }
+    }
+    assert!(
+        routes.changed.len() < MERGE_MIN,
+        "{} changes were merged into the list as they came",
+        routes.changed.len()
+    );
+    assert!(routes.iter().eq(model.iter()));
+    assert_eq!(routes.len(), model.len());
+}
+
+#[test]
+fn a_replace_of_a_dumped_route_is_written_in_place() {
+    let mut routes = KernelRoutes::from_dump(vec![(key(0), dev(1)), (key(1), dev(2))]);
+    routes.insert(key(0), dev(3));
+    assert!(routes.changed.is_empty());
+    assert_eq!(routes.get(&key(0)), Some(&dev(3)));
+    assert_eq!(routes[&key(1)], dev(2));
+}
