@@ -400,7 +400,7 @@ fn bench_fresh_node(state: &ClusterState, me: &str, first_pod: &PodAttachment) {
     let applied = t.elapsed();
     let with_pod = planner.plan(std::slice::from_ref(first_pod)).unwrap();
     let reach = (with_pod.base.pod_reach)
-        .in_tables(&with_pod.served_tables)
+        .in_tables(&with_pod.served_tables, lace::plan::Tables::ALL)
         .count();
     let t = Instant::now();
     let attach = rec.attach(with_pod.clone()).unwrap();

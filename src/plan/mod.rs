@@ -328,6 +328,64 @@ impl PartialOrd for RouteKey {
     }
 }
 
+/// Table ids from one on, up to another or to the last: what a walk of a plan's or the
+/// kernel's routes covers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tables {
+    from: u32,
+    /// The first table past the range; `None`: none.
+    to: Option<u32>,
+}
+
+impl Tables {
+    /// Every table.
+    pub const ALL: Self = Self { from: 0, to: None };
+
+    /// The tables before `table`.
+    pub fn below(table: u32) -> Self {
+        Self {
+            from: 0,
+            to: Some(table),
+        }
+    }
+
+    /// `table` and the tables after it.
+    pub fn from(table: u32) -> Self {
+        Self {
+            from: table,
+            to: None,
+        }
+    }
+
+    /// As bounds of table ids (start never past end).
+    pub fn ids(self) -> (std::ops::Bound<u32>, std::ops::Bound<u32>) {
+        use std::ops::Bound::{Excluded, Included, Unbounded};
+        (Included(self.from), self.to.map_or(Unbounded, Excluded))
+    }
+
+    /// As bounds of route keys: from the first key of the first table to the first key of the
+    /// table past the range.
+    pub fn keys(self) -> (std::ops::Bound<RouteKey>, std::ops::Bound<RouteKey>) {
+        use std::ops::Bound::{Excluded, Included, Unbounded};
+        (
+            Included(RouteKey::first_of(self.from)),
+            self.to
+                .map_or(Unbounded, |t| Excluded(RouteKey::first_of(t))),
+        )
+    }
+}
+
+impl RouteKey {
+    /// The smallest key of table `table` (`0.0.0.0/0` at metric 0).
+    pub fn first_of(table: u32) -> Self {
+        Self {
+            table,
+            dst: IpNet::V4(Ipv4Net::default()),
+            metric: 0,
+        }
+    }
+}
+
 /// The kernel's metric for an IPv6 route added without one (`IP6_RT_PRIO_USER`).
 pub const IPV6_METRIC: u32 = 1024;
 
@@ -616,9 +674,14 @@ impl DesiredNode {
     /// routes of the served tables over them, the pods' routes over both (under one key there
     /// are none of the latter by construction: pod routes are host routes of local pods).
     pub fn routes(&self) -> impl Iterator<Item = (&RouteKey, &Nexthop)> {
-        let reach = self.base.pod_reach.in_tables(&self.served_tables);
-        let base = merge_preferring(self.base.routes.iter(), reach);
-        merge_preferring(base, self.pod_routes.iter())
+        self.routes_of_tables(Tables::ALL)
+    }
+
+    /// [`DesiredNode::routes`] of the tables in `tables`.
+    pub fn routes_of_tables(&self, tables: Tables) -> impl Iterator<Item = (&RouteKey, &Nexthop)> {
+        let reach = self.base.pod_reach.in_tables(&self.served_tables, tables);
+        let base = merge_preferring(self.base.routes.of_tables(tables), reach);
+        merge_preferring(base, self.pod_routes.range(tables.keys()))
     }
 
     /// The nftables ruleset: the base's, with the local pods' hostPorts.

@@ -13,7 +13,7 @@ use std::collections::BTreeSet;
 use ipnet::IpNet;
 
 use super::underlay::PeerPath;
-use super::{Nexthop, RouteKey, Underpath};
+use super::{Nexthop, RouteKey, Tables, Underpath};
 
 /// Routes collected with a precedence; the highest precedence wins per key.
 #[derive(Default)]
@@ -166,13 +166,27 @@ impl RouteTable {
         self.0.iter().map(|(k, nh)| (k, nh))
     }
 
-    /// The routes of the tables in `tables`, sorted by key (each table's run is found by
-    /// binary search, so the others cost nothing).
+    /// The routes of the tables in `tables`, sorted by key (found by binary search).
+    pub fn of_tables(&self, tables: Tables) -> impl Iterator<Item = (&RouteKey, &Nexthop)> {
+        let (start, end) = tables.ids();
+        let at = |table: std::ops::Bound<u32>| match table {
+            std::ops::Bound::Included(t) | std::ops::Bound::Excluded(t) => {
+                self.0.partition_point(|(k, _)| k.table < t)
+            }
+            std::ops::Bound::Unbounded => self.0.len(),
+        };
+        let (first, last) = (at(start), at(end));
+        self.0[first..last].iter().map(|(k, nh)| (k, nh))
+    }
+
+    /// The routes of the tables in `tables` that are in `range` too, sorted by key (each
+    /// table's run is found by binary search, so the others cost nothing).
     pub fn in_tables<'a>(
         &'a self,
         tables: &'a BTreeSet<u32>,
+        range: Tables,
     ) -> impl Iterator<Item = (&'a RouteKey, &'a Nexthop)> + 'a {
-        tables.iter().flat_map(move |&t| {
+        tables.range(range.ids()).flat_map(move |&t| {
             let start = self.0.partition_point(|(k, _)| k.table < t);
             let end = start + self.0[start..].partition_point(|(k, _)| k.table == t);
             self.0[start..end].iter().map(|(k, nh)| (k, nh))

@@ -33,7 +33,7 @@ use crate::plan::underlay::{
 };
 use crate::plan::{
     disable_ipv6_key, sysctl_device, DesiredNode, Nexthop, NodeBase, RouteKey, Rule, RuleAction,
-    Underpath, Vrf, FIB_SYNC_MEM, POD_GATEWAY_V6_PREFIX, PROBE_TABLE,
+    Tables, Underpath, Vrf, FIB_SYNC_MEM, POD_GATEWAY_V6_PREFIX, PROBE_TABLE,
 };
 
 /// Why no operations could be computed.
@@ -161,7 +161,11 @@ pub fn attach(
     // links a reconcile made (the SRv6-over-IPv4 device, the other VRFs): before there is
     // one, they are left to it. Every ADD of such a Network walks them (thousands at scale):
     // one merge walk beside the kernel's, as the diff's, the encap routes compared unbuilt.
-    let reach = || pods.base.pod_reach.in_tables(&pods.served_tables);
+    let reach = || {
+        pods.base
+            .pod_reach
+            .in_tables(&pods.served_tables, Tables::ALL)
+    };
     let mut have = (reach().next())
         .map(|(first, _)| observed.routes.range_from(first))
         .into_iter()
@@ -321,40 +325,16 @@ fn diff_in(
     }
 
     // --- Routes -----------------------------------------------------------------------------
-    let uplink = uplink(base, observed);
-    // Both sides are sorted by key: one merge walk, no set of the wanted keys and no lookups
-    // (at 300,000 routes those were most of an unchanged re-apply's diff).
-    let mut have = observed.routes.iter().peekable();
-    let del = |key: &RouteKey, nh: &KernelNexthop| Op::DelRoute {
-        key: *key,
-        nh: nh.clone(),
+    let routes = RouteWalk {
+        base,
+        vrfs,
+        observed,
+        uplink: uplink(base, observed),
+        fresh: &fresh,
     };
-    for (key, nh) in d.routes() {
-        while let Some((k, old)) = have.next_if(|(k, _)| *k < key) {
-            out.ops.push(del(k, old));
-        }
-        let current = have.next_if(|(k, _)| *k == key).map(|(_, old)| old);
-        if unchanged_encap(nh, current, uplink, &fresh) {
-            continue;
-        }
-        let Some(resolved) = resolve(key, nh, base, vrfs, observed, uplink, &mut out)? else {
-            // Not installable now: whatever the kernel holds under that key goes.
-            if let Some(old) = current {
-                out.ops.push(del(key, old));
-            }
-            continue;
-        };
-        let via_fresh = resolved.dev().is_some_and(|d| fresh.contains(d));
-        if via_fresh || current != Some(&resolved) {
-            out.ops.push(Op::PutRoute {
-                key: *key,
-                nh: resolved,
-            });
-        }
-    }
-    for (key, old) in have {
-        out.ops.push(del(key, old));
-    }
+    let route_ops = routes.ops_of_all(d, PARALLEL_WALK)?;
+    out.ops.extend(route_ops.ops);
+    out.skipped.extend(route_ops.skipped);
     if scope == Scope::Notified {
         // The fou ports are read by each reconcile, never notified.
         out.ops
@@ -363,6 +343,93 @@ fn diff_in(
     // Stable: within a phase, the order above.
     out.ops.sort_by_key(Op::phase);
     Ok(out)
+}
+
+/// Kernel routes from which a diff walks its tables in two halves on two threads.
+const PARALLEL_WALK: usize = 50_000;
+
+/// What the route part of a diff resolves planned routes against.
+struct RouteWalk<'a> {
+    base: &'a NodeBase,
+    vrfs: &'a BTreeMap<String, Vrf>,
+    observed: &'a ObservedNode,
+    uplink: Option<&'a str>,
+    /// Links the diff creates or re-creates: routes through them are written again.
+    fresh: &'a BTreeSet<&'a str>,
+}
+
+impl RouteWalk<'_> {
+    /// The route operations for every table; from `parallel_from` kernel routes on, in two
+    /// halves at once (the kernel's routes are read by then; what an agent restart waits on
+    /// after that is mostly this walk).
+    fn ops_of_all(&self, d: &DesiredNode, parallel_from: usize) -> Result<Diff, DiffError> {
+        let Some(middle) = self.observed.routes.middle_table() else {
+            return self.ops(d, Tables::ALL);
+        };
+        if self.observed.routes.len() < parallel_from {
+            return self.ops(d, Tables::ALL);
+        }
+        let (first, second) = std::thread::scope(|s| {
+            let second = s.spawn(|| self.ops(d, Tables::from(middle)));
+            let first = self.ops(d, Tables::below(middle));
+            let second = second
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            (first, second)
+        });
+        let (mut first, second) = (first?, second?);
+        first.ops.extend(second.ops);
+        first.skipped.extend(second.skipped);
+        Ok(first)
+    }
+
+    /// The route operations for the tables in `tables`: both sides are sorted by key, so one
+    /// merge walk, no set of the wanted keys and no lookups (at 300,000 routes those were
+    /// most of an unchanged re-apply's diff).
+    fn ops(&self, d: &DesiredNode, tables: Tables) -> Result<Diff, DiffError> {
+        let mut out = Diff::default();
+        let mut have = self.observed.routes.of_tables(tables).peekable();
+        let del = |key: &RouteKey, nh: &KernelNexthop| Op::DelRoute {
+            key: *key,
+            nh: nh.clone(),
+        };
+        for (key, nh) in d.routes_of_tables(tables) {
+            while let Some((k, old)) = have.next_if(|(k, _)| *k < key) {
+                out.ops.push(del(k, old));
+            }
+            let current = have.next_if(|(k, _)| *k == key).map(|(_, old)| old);
+            if unchanged_encap(nh, current, self.uplink, self.fresh) {
+                continue;
+            }
+            let resolved = resolve(
+                key,
+                nh,
+                self.base,
+                self.vrfs,
+                self.observed,
+                self.uplink,
+                &mut out,
+            )?;
+            let Some(resolved) = resolved else {
+                // Not installable now: whatever the kernel holds under that key goes.
+                if let Some(old) = current {
+                    out.ops.push(del(key, old));
+                }
+                continue;
+            };
+            let via_fresh = resolved.dev().is_some_and(|d| self.fresh.contains(d));
+            if via_fresh || current != Some(&resolved) {
+                out.ops.push(Op::PutRoute {
+                    key: *key,
+                    nh: resolved,
+                });
+            }
+        }
+        for (key, old) in have {
+            out.ops.push(del(key, old));
+        }
+        Ok(out)
+    }
 }
 
 /// Whether sysctl `key`, read as `have` (`None`: absent or unreadable), already holds the

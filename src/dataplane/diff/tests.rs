@@ -499,7 +499,7 @@ fn attach_writes_the_pod_s_part_of_the_plan_and_the_reconcile_nothing_more() {
     assert!(pod
         .base
         .pod_reach
-        .in_tables(&pod.served_tables)
+        .in_tables(&pod.served_tables, crate::plan::Tables::ALL)
         .next()
         .is_none());
     assert_eq!(puts, pod.pod_routes.keys().copied().collect());
@@ -746,4 +746,48 @@ fn a_remote_blocks_route_is_rewritten_when_its_segment_or_device_differs() {
             "{edited:?}"
         );
     }
+}
+
+#[test]
+fn route_ops_of_a_node_cut_at_any_table_are_the_whole_walks() {
+    let d = desired(true);
+    let mut o = converged(&d);
+    // Something to do in every table: a route missing, one changed, one unplanned.
+    let keys: Vec<RouteKey> = o.routes.keys().copied().collect();
+    for (i, k) in keys.iter().enumerate() {
+        match i % 3 {
+            0 => {
+                o.routes.remove(k);
+            }
+            1 => o.routes.insert(*k, KernelNexthop::Dev("edited".into())),
+            _ => {}
+        }
+    }
+    for k in &keys {
+        let extra = RouteKey::new(k.table, "198.51.100.0/24".parse().unwrap());
+        o.routes.insert(extra, KernelNexthop::Unreachable);
+    }
+    let fresh = BTreeSet::new();
+    let walk = RouteWalk {
+        base: &d.base,
+        vrfs: &d.base.vrfs,
+        observed: &o,
+        uplink: uplink(&d.base, &o),
+        fresh: &fresh,
+    };
+    let whole = walk.ops(&d, Tables::ALL).unwrap();
+    assert!(whole.ops.len() > 10, "{:?}", whole.ops);
+    let mut cuts: Vec<u32> = keys.iter().map(|k| k.table).collect();
+    cuts.extend([0, u32::MAX]);
+    for cut in cuts {
+        let mut halves = walk.ops(&d, Tables::below(cut)).unwrap();
+        let second = walk.ops(&d, Tables::from(cut)).unwrap();
+        halves.ops.extend(second.ops);
+        halves.skipped.extend(second.skipped);
+        assert_eq!(halves.ops, whole.ops, "cut at table {cut}");
+        assert_eq!(halves.skipped, whole.skipped, "cut at table {cut}");
+    }
+    let on_two_threads = walk.ops_of_all(&d, 0).unwrap();
+    assert_eq!(on_two_threads.ops, whole.ops);
+    assert_eq!(on_two_threads.skipped, whole.skipped);
 }

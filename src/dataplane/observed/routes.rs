@@ -11,9 +11,10 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::iter::Peekable;
+use std::ops::Bound;
 
 use super::KernelNexthop;
-use crate::plan::RouteKey;
+use crate::plan::{RouteKey, Tables};
 
 /// Changes the map holds before it is merged into the list whatever the list's size: below
 /// it, a merge costs more than the lookups it saves.
@@ -138,13 +139,34 @@ impl KernelRoutes {
 
     /// The routes in key order.
     pub fn iter(&self) -> Iter<'_> {
-        Iter::new(&self.dumped, self.changed.range(..))
+        self.of_tables(Tables::ALL)
     }
 
     /// The routes from `first` on, in key order.
     pub fn range_from(&self, first: &RouteKey) -> Iter<'_> {
         let start = self.dumped.partition_point(|(k, _)| k < first);
         Iter::new(&self.dumped[start..], self.changed.range(first..))
+    }
+
+    /// The routes of the tables in `tables`, in key order.
+    pub fn of_tables(&self, tables: Tables) -> Iter<'_> {
+        let (start, end) = tables.ids();
+        let at = |table: Bound<u32>| match table {
+            Bound::Included(t) | Bound::Excluded(t) => {
+                self.dumped.partition_point(|(k, _)| k.table < t)
+            }
+            Bound::Unbounded => self.dumped.len(),
+        };
+        Iter::new(
+            &self.dumped[at(start)..at(end)],
+            self.changed.range(tables.keys()),
+        )
+    }
+
+    /// The table of the route in the middle of the dump, if any: where to cut the routes in
+    /// two halves about as large.
+    pub fn middle_table(&self) -> Option<u32> {
+        self.dumped.get(self.dumped.len() / 2).map(|(k, _)| k.table)
     }
 
     pub fn keys(&self) -> impl Iterator<Item = &RouteKey> {

@@ -109,11 +109,49 @@ fn in_tables_walks_only_the_runs_of_those_tables() {
     .collect();
     let walk = |tables: &[u32]| -> Vec<String> {
         let tables: BTreeSet<u32> = tables.iter().copied().collect();
-        t.in_tables(&tables).map(|(_, nh)| nh.to_string()).collect()
+        t.in_tables(&tables, crate::plan::Tables::ALL)
+            .map(|(_, nh)| nh.to_string())
+            .collect()
     };
     assert_eq!(walk(&[2, 5]), ["dev b", "dev c", "dev e"]);
     assert_eq!(walk(&[0, 4, 6]), Vec::<String>::new());
     assert_eq!(walk(&[1, 2, 3, 5]).len(), 5);
+    let all: BTreeSet<u32> = [1, 2, 3, 5].into();
+    let part = |tables: Tables| -> Vec<String> {
+        t.in_tables(&all, tables)
+            .map(|(_, nh)| nh.to_string())
+            .collect()
+    };
+    assert_eq!(part(Tables::below(3)), ["dev a", "dev b", "dev c"]);
+    assert_eq!(part(Tables::from(3)), ["dev d", "dev e"]);
+}
+
+#[test]
+fn a_walk_cut_at_any_table_yields_every_route_once_in_order() {
+    let t: RouteTable = [
+        (key(1, "10.0.0.0/8"), dev("a")),
+        (key(2, "0.0.0.0/0"), dev("b")),
+        (key(2, "fd00::/64"), dev("c")),
+        (key(3, "10.0.0.0/8"), dev("d")),
+        (key(u32::MAX, "10.0.0.0/8"), dev("e")),
+    ]
+    .into_iter()
+    .collect();
+    let names = |routes: &mut dyn Iterator<Item = (&RouteKey, &Nexthop)>| -> Vec<String> {
+        routes.map(|(_, nh)| nh.to_string()).collect()
+    };
+    let every = names(&mut t.iter());
+    assert_eq!(names(&mut t.of_tables(Tables::ALL)), every);
+    for cut in [0, 1, 2, 3, 4, u32::MAX] {
+        let mut halves = names(&mut t.of_tables(Tables::below(cut)));
+        let second = names(&mut t.of_tables(Tables::from(cut)));
+        assert!(
+            t.of_tables(Tables::from(cut)).all(|(k, _)| k.table >= cut),
+            "cut at {cut}"
+        );
+        halves.extend(second);
+        assert_eq!(halves, every, "cut at {cut}");
+    }
 }
 
 #[test]

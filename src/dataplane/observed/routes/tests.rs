@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use proptest::prelude::*;
 
 use super::*;
+use crate::plan::Tables;
 
 fn key(i: u32) -> RouteKey {
     // Few tables and destinations, both families: keys repeat across a test's steps.
@@ -84,6 +85,20 @@ fn assert_same(routes: &KernelRoutes, model: &BTreeMap<RouteKey, KernelNexthop>)
             "range from {k:?}"
         );
     }
+    for cut in [0, 1000, 1001, 1002, 1003] {
+        let first = RouteKey::first_of(cut);
+        assert!(
+            routes
+                .of_tables(Tables::below(cut))
+                .eq(model.range(..first)),
+            "below table {cut}"
+        );
+        assert!(
+            routes.of_tables(Tables::from(cut)).eq(model.range(first..)),
+            "from table {cut}"
+        );
+    }
+    assert!(routes.of_tables(Tables::ALL).eq(model.iter()));
     let rebuilt: KernelRoutes = model.clone().into_iter().collect();
     assert_eq!(*routes, rebuilt, "equal to the same routes dumped at once");
     assert!(routes.clone().into_iter().eq(model.clone()));
