@@ -13,7 +13,8 @@ use netlink_packet_route::address::{
     AddressAttribute, AddressFlags, AddressHeaderFlags, AddressMessage,
 };
 use netlink_packet_route::link::{
-    InfoData, InfoIpTunnel, InfoKind, InfoVrf, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
+    InfoData, InfoIpTunnel, InfoKind, InfoVrf, LinkAttribute, LinkExtentMask, LinkFlags, LinkInfo,
+    LinkMessage,
 };
 use netlink_packet_route::route::{
     RouteAddress, RouteAttribute, RouteFlags, RouteHeader, RouteLwEnCapType, RouteLwTunnelEncap,
@@ -254,11 +255,14 @@ pub fn tc(
 }
 
 fn dump_links(nl: &mut Nl) -> Result<BTreeMap<String, ObservedLink>, NlError> {
+    let mut request = LinkMessage::default();
+    // Nothing Lace reads is in a link's counters, which the kernel sums over every CPU for
+    // each link it dumps.
+    request
+        .attributes
+        .push(LinkAttribute::ExtMask(vec![LinkExtentMask::SkipStats]));
     Ok(nl
-        .dump(
-            "links",
-            RouteNetlinkMessage::GetLink(LinkMessage::default()),
-        )?
+        .dump("links", RouteNetlinkMessage::GetLink(request))?
         .iter()
         .filter_map(|m| match m {
             RouteNetlinkMessage::NewLink(l) => parse_link(l),

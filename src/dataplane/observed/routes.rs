@@ -37,9 +37,14 @@ impl KernelRoutes {
         // Stable, so that of equal keys the later stays later: nearly sorted input is a few
         // runs merged.
         routes.sort_by_key(|a| a.0);
-        routes.reverse();
-        routes.dedup_by(|later, first| later.0 == first.0);
-        routes.reverse();
+        // Of equal keys, the later's route takes the kept one's place.
+        routes.dedup_by(|later, kept| {
+            let equal = later.0 == kept.0;
+            if equal {
+                std::mem::swap(later, kept);
+            }
+            equal
+        });
         Self {
             len: routes.len(),
             dumped: routes,
