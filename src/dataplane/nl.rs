@@ -247,17 +247,25 @@ fn read_dump<'a, T: Transport, A>(
 /// times that on hardware.
 const DUMP_SPIN: std::time::Duration = std::time::Duration::from_millis(1);
 
-/// The next datagram [`read_dump`] sends on `full`, `None` once it is gone. Waits yielding the
-/// CPU for up to [`DUMP_SPIN`] before sleeping: a sleeping receiver has to be woken by the
-/// reader (a futex wake per datagram), which delays the next `recv` that has the kernel fill
-/// the datagram after, and the kernel's filling is what a long dump waits on.
-fn next_datagram<T>(full: &mpsc::Receiver<T>) -> Option<T> {
+/// Datagrams of a dump after which the decoding thread waits for the next without sleeping:
+/// a long dump (routes), not the few datagrams of links or addresses, whose waits are short
+/// and whose CPU other threads of the agent can use.
+const DUMP_SPIN_AFTER: usize = 8;
+
+/// The next datagram [`read_dump`] sends on `full`, `None` once it is gone. Once `decoded`
+/// datagrams reach [`DUMP_SPIN_AFTER`], waits yielding the CPU for up to [`DUMP_SPIN`]
+/// before sleeping: a sleeping receiver has to be woken by the reader (a futex wake per
+/// datagram), which delays the next `recv` that has the kernel fill the datagram after, and
+/// the kernel's filling is what a long dump waits on.
+fn next_datagram<T>(full: &mpsc::Receiver<T>, decoded: usize) -> Option<T> {
     let waiting = std::time::Instant::now();
     loop {
         match full.try_recv() {
             Ok(datagram) => return Some(datagram),
             Err(mpsc::TryRecvError::Disconnected) => return None,
-            Err(mpsc::TryRecvError::Empty) if waiting.elapsed() < DUMP_SPIN => {
+            Err(mpsc::TryRecvError::Empty)
+                if decoded >= DUMP_SPIN_AFTER && waiting.elapsed() < DUMP_SPIN =>
+            {
                 std::thread::yield_now()
             }
             Err(mpsc::TryRecvError::Empty) => return full.recv().ok(),
@@ -518,7 +526,9 @@ impl<T: Transport> Nl<T> {
                     // The reader stops at the dump's end or when `full` is dropped (an error
                     // here), whichever comes first.
                     let mut ended = false;
-                    while let Some(received) = next_datagram(&full) {
+                    let mut decoded = 1;
+                    while let Some(received) = next_datagram(&full, decoded) {
+                        decoded += 1;
                         let (number, buf, n) = received?;
                         if fold.datagram(number, &buf[..n], add)? {
                             ended = true;
