@@ -172,12 +172,39 @@ pub fn observe_host(
     node: &mut ObservedNode,
     sysctls: &BTreeSet<String>,
 ) -> Result<(), ObserveError> {
-    node.sysctls = sysctls
-        .iter()
-        .map(|k| (k.clone(), host::read_sysctl(k)))
-        .collect();
-    node.tunsrc = seg6::tunsrc_get().map_err(ObserveError::Tunsrc)?;
-    node.nft = nft::observe().map_err(ObserveError::Nft)?;
+    observe_host_with(nl, node, read_host(sysctls)?)
+}
+
+/// What [`observe_host`] reads outside rtnetlink, so another thread can read it while the
+/// kernel's routes are dumped.
+#[derive(Debug)]
+pub struct HostReads {
+    sysctls: BTreeMap<String, Option<String>>,
+    tunsrc: Option<Ipv6Addr>,
+    nft: NftState,
+}
+
+/// The sysctls (`sysctls` are the keys), `ip sr tunsrc` and the nft table's tag.
+pub fn read_host(sysctls: &BTreeSet<String>) -> Result<HostReads, ObserveError> {
+    Ok(HostReads {
+        sysctls: sysctls
+            .iter()
+            .map(|k| (k.clone(), host::read_sysctl(k)))
+            .collect(),
+        tunsrc: seg6::tunsrc_get().map_err(ObserveError::Tunsrc)?,
+        nft: nft::observe().map_err(ObserveError::Nft)?,
+    })
+}
+
+/// [`observe_host`] with what [`read_host`] read already.
+pub fn observe_host_with(
+    nl: &mut Nl,
+    node: &mut ObservedNode,
+    reads: HostReads,
+) -> Result<(), ObserveError> {
+    node.sysctls = reads.sysctls;
+    node.tunsrc = reads.tunsrc;
+    node.nft = reads.nft;
     let has_tunnel = node.tunnels().next().is_some();
     node.fou = match has_tunnel {
         true => Some(fou::list().map_err(ObserveError::Fou)?),

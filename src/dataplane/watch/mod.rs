@@ -139,6 +139,7 @@ impl Session {
         }
         // A reconcile diffs everything it observes; any other job leaves that to idle.
         self.unchecked = sysctls.is_none() && (self.unchecked || stale.is_some());
+        let mut host = None;
         let cache = match (stale, self.cache.take()) {
             (None, Some(cache)) => self.cache.insert(cache),
             (why, had) => {
@@ -149,12 +150,23 @@ impl Session {
                     ),
                     _ => tracing::debug!("dataplane: reading the kernel with full dumps"),
                 }
-                let dumped = self.dump()?;
+                // What rtnetlink does not hold is read meanwhile: the dumps wait on the kernel.
+                let dumped = std::thread::scope(|s| {
+                    let reading = sysctls.map(|keys| s.spawn(|| observe::read_host(keys)));
+                    let dumped = self.dump();
+                    host = reading.map(|r| {
+                        r.join()
+                            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+                    });
+                    dumped
+                })?;
                 self.cache.insert(dumped)
             }
         };
-        if let Some(sysctls) = sysctls {
-            observe::observe_host(&mut self.nl, &mut cache.node, sysctls)?;
+        match (sysctls, host) {
+            (_, Some(host)) => observe::observe_host_with(&mut self.nl, &mut cache.node, host?)?,
+            (Some(sysctls), None) => observe::observe_host(&mut self.nl, &mut cache.node, sysctls)?,
+            (None, None) => {}
         }
         let full = std::mem::replace(&mut cache.fresh, false);
         Ok(f(&mut self.nl, &cache.node, full))
