@@ -79,7 +79,7 @@ pub fn dump(nl: &mut Nl) -> Result<(ObservedNode, HostRoutes), ObserveError> {
     let (v6, host_v6) = dump_routes(nl, AddressFamily::Inet6, &names)?;
     routes.extend(v6);
     host.extend(host_v6);
-    let routes = KernelRoutes::from_dump(routes);
+    let routes = KernelRoutes::from_dump(by_table(routes));
     let rules = dump_rules(nl)?;
     let host = HostRoutes::from_iter(host);
     let node = ObservedNode {
@@ -97,27 +97,24 @@ pub fn dump(nl: &mut Nl) -> Result<(ObservedNode, HostRoutes), ObserveError> {
     Ok((node, host))
 }
 
-/// Lace's routes and the host's main-table routes of `family`, in the kernel's order (each
-/// table in address order: a map's sort of them only confirms runs). `names` resolves link
-/// indices.
+/// A run of Lace's routes of one table, in the kernel's order.
+type TableRun = (u32, Vec<(RouteKey, KernelNexthop)>);
+
+/// Lace's routes of `family` as runs of one table each, in the kernel's order (each table in
+/// address order, the tables in the order of the kernel's hash of their ids), and the host's
+/// main-table routes. `names` resolves link indices.
 #[allow(clippy::type_complexity)]
 fn dump_routes(
     nl: &mut Nl,
     family: AddressFamily,
     names: &BTreeMap<u32, String>,
-) -> Result<
-    (
-        Vec<(RouteKey, KernelNexthop)>,
-        Vec<(HostRouteId, HostRoute)>,
-    ),
-    ObserveError,
-> {
+) -> Result<(Vec<TableRun>, Vec<(HostRouteId, HostRoute)>), ObserveError> {
     let mut req = RouteMessage::default();
     req.header.address_family = family;
     let runs = nl.dump_fold_split(
         "routes",
         RouteNetlinkMessage::GetRoute(req),
-        || (Vec::new(), Vec::new()),
+        || (Vec::<TableRun>::new(), Vec::new()),
         |(lace, host), kind, payload| {
             if kind != libc::RTM_NEWROUTE {
                 return Ok(());
@@ -125,22 +122,36 @@ fn dump_routes(
             let r = RouteFields::parse(payload)
                 .map_err(|e| NlError::Decode(format!("a dumped route: {e}")))?;
             match classify_route(&r, names) {
-                Route::Lace(key, nh) => lace.push((key, nh)),
+                Route::Lace(key, nh) => match lace.last_mut() {
+                    Some((table, run)) if *table == key.table => run.push((key, nh)),
+                    _ => lace.push((key.table, vec![(key, nh)])),
+                },
                 Route::Host(id, h) => host.push((id, h)),
                 Route::Foreign(_) | Route::Other => {}
             }
             Ok(())
         },
     )?;
-    // The first run is the list (one run unless the reader thread decoded some datagrams):
-    // no copy of 200,000 routes.
-    let mut runs = runs.into_iter();
-    let (mut lace, mut host) = runs.next().unwrap_or_default();
+    let (mut lace, mut host) = (Vec::new(), Vec::new());
     for (more_lace, more_host) in runs {
         lace.extend(more_lace);
         host.extend(more_host);
     }
     Ok((lace, host))
+}
+
+/// The routes of `runs` (of both families, IPv4 first) as one list, the tables in order:
+/// nearly sorted by key (within a table, the kernel puts longer prefixes of one address
+/// first), so that the sort of [`KernelRoutes::from_dump`] finds few runs, none long out of
+/// place.
+fn by_table(mut runs: Vec<TableRun>) -> Vec<(RouteKey, KernelNexthop)> {
+    // Stable: a table's IPv4 routes stay before its IPv6 ones, as in key order.
+    runs.sort_by_key(|(table, _)| *table);
+    let mut routes = Vec::with_capacity(runs.iter().map(|(_, r)| r.len()).sum());
+    for (_, run) in runs {
+        routes.extend(run);
+    }
+    routes
 }
 
 /// The rules of both families in Lace's band.
