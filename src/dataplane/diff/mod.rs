@@ -289,13 +289,10 @@ fn diff_in(
     out.ops.extend(shaping);
 
     // --- nft, sysctls, tunsrc: read afresh by every reconcile, never notified -------------
-    if let Scope::All(rendered) = scope {
-        let rendered = match rendered {
-            Some(r) => std::borrow::Cow::Borrowed(r),
-            None => std::borrow::Cow::Owned(nft::Rendered::of(d.render_nft())),
-        };
+    // A plan's diff of everything comes with its ruleset rendered (`diff`, `diff_rendered`).
+    if let Scope::All(Some(rendered)) = scope {
         out.ops
-            .extend(nft::op(d.nft(), &rendered, &observed.nft, known_nft)?);
+            .extend(nft::op(d.nft(), rendered, &observed.nft, known_nft)?);
         for (key, value) in &base.sysctls {
             let of_fresh = sysctl_device(key).is_some_and(|l| fresh.contains(l));
             let have = observed.sysctls.get(key).and_then(|v| v.as_deref());
