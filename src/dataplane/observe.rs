@@ -75,12 +75,21 @@ pub fn dump(nl: &mut Nl) -> Result<(ObservedNode, HostRoutes), ObserveError> {
     let links = dump_links(nl)?;
     let addrs = dump_addrs(nl)?;
     let names: BTreeMap<u32, String> = links.iter().map(|(n, l)| (l.index, n.clone())).collect();
-    let (mut routes, mut host) = dump_routes(nl, AddressFamily::Inet, &names)?;
-    let (v6, host_v6) = dump_routes(nl, AddressFamily::Inet6, &names)?;
-    routes.extend(v6);
+    let (v4, mut host) = dump_routes(nl, AddressFamily::Inet, &names)?;
+    // The IPv4 routes, most of a large node's, are put in order while the kernel is read on.
+    let (v4, v6, rules) = std::thread::scope(|s| {
+        let v4 = s.spawn(|| KernelRoutes::from_table_runs(v4));
+        let v6 = dump_routes(nl, AddressFamily::Inet6, &names);
+        let rules = dump_rules(nl);
+        let v4 = v4
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        (v4, v6, rules)
+    });
+    let (v6, host_v6) = v6?;
     host.extend(host_v6);
-    let routes = KernelRoutes::from_dump(by_table(routes));
-    let rules = dump_rules(nl)?;
+    let routes = v4.join(KernelRoutes::from_table_runs(v6));
+    let rules = rules?;
     let host = HostRoutes::from_iter(host);
     let node = ObservedNode {
         links,
@@ -138,20 +147,6 @@ fn dump_routes(
         host.extend(more_host);
     }
     Ok((lace, host))
-}
-
-/// The routes of `runs` (of both families, IPv4 first) as one list, the tables in order:
-/// nearly sorted by key (within a table, the kernel puts longer prefixes of one address
-/// first), so that the sort of [`KernelRoutes::from_dump`] finds few runs, none long out of
-/// place.
-fn by_table(mut runs: Vec<TableRun>) -> Vec<(RouteKey, KernelNexthop)> {
-    // Stable: a table's IPv4 routes stay before its IPv6 ones, as in key order.
-    runs.sort_by_key(|(table, _)| *table);
-    let mut routes = Vec::with_capacity(runs.iter().map(|(_, r)| r.len()).sum());
-    for (_, run) in runs {
-        routes.extend(run);
-    }
-    routes
 }
 
 /// The rules of both families in Lace's band.

@@ -12,7 +12,7 @@ use netlink_packet_route::route::{
     RouteSeg6IpTunnel, Seg6Header, Seg6Mode,
 };
 
-use super::{by_table, classify_route, Route, RouteFields};
+use super::{classify_route, Route, RouteFields};
 use crate::dataplane::msg;
 use crate::dataplane::observed::{HostRoute, KernelNexthop};
 use crate::plan::{RouteKey, MAIN_TABLE};
@@ -254,29 +254,4 @@ fn attributes_of_the_kernels_lengths_are_read_from_bytes_and_others_left_to_the_
         edited.resize(edited.len() + (4 - len % 4) % 4, 0);
         assert!(RouteFields::parse(&edited).is_err(), "attribute {kind}");
     }
-}
-
-#[test]
-fn runs_of_tables_are_laid_out_by_table_each_tables_ipv4_routes_first() {
-    let route = |table: u32, dst: &str| {
-        (
-            RouteKey::new(table, dst.parse().unwrap()),
-            KernelNexthop::Unreachable,
-        )
-    };
-    // As the kernel dumps them: tables in the order of its hash, one family after the other,
-    // a table split across two runs.
-    let runs = vec![
-        (7, vec![route(7, "10.0.0.0/24")]),
-        (3, vec![route(3, "10.0.0.0/24"), route(3, "10.0.1.0/24")]),
-        (3, vec![route(3, "10.0.2.0/24")]),
-        (7, vec![route(7, "fd00::/64")]),
-        (3, vec![route(3, "fd00::/64")]),
-    ];
-    let laid_out = by_table(runs);
-    let keys: Vec<RouteKey> = laid_out.iter().map(|(k, _)| *k).collect();
-    let mut sorted = keys.clone();
-    sorted.sort();
-    assert_eq!(keys, sorted, "already in key order");
-    assert_eq!(keys.len(), 6);
 }

@@ -1,12 +1,12 @@
-//! Lace's routes as the kernel holds them, by key ([`KernelRoutes`]): the list a dump read,
-//! sorted, and a small map of what changed since. A dump's 200,000 routes arrive in the
-//! kernel's order, which is nearly the key order: made a list by one sort that finds a
-//! handful of runs, where a tree built from them took longer than the rest of a restart's
-//! reading after the kernel's dump (measured in the test VM at 5,000 nodes x 50 Networks:
-//! 45-67 ms of 0.43 s). The kernel's notifications then replace, add and remove single
-//! routes: a replace is written into the list in place, an addition or removal goes to the
-//! map, and the two are merged into one list again once the map holds half as many routes as
-//! the list.
+//! Lace's routes as the kernel holds them, by key ([`KernelRoutes`]): the lists a dump read,
+//! one per table, sorted, and a small map of what changed since. A dump's 200,000 routes
+//! arrive as runs of one table each, a table's nearly in key order: each becomes its table's
+//! list by a sort that finds a handful of runs, where a tree built from them took longer than
+//! the rest of a restart's reading after the kernel's dump (measured in the test VM at 5,000
+//! nodes x 50 Networks: 45-67 ms of 0.43 s), and one list of them all cost a copy as long
+//! as the sort. The kernel's notifications then replace, add and remove single routes: a
+//! replace is written into the lists in place, an addition or removal goes to the map, and
+//! the two are merged into lists again once the map holds half as many routes as the lists.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -23,31 +23,93 @@ const MERGE_MIN: usize = 1024;
 /// Lace's routes by key, as a map: one next hop per key, walked in key order.
 #[derive(Clone, Default)]
 pub struct KernelRoutes {
-    /// Sorted by key, one route per key: what a dump read, with replaces written in place.
-    /// A key that `changed` holds is decided there.
-    dumped: Vec<(RouteKey, KernelNexthop)>,
+    /// What a dump read, with replaces written in place: one list per table, the tables in
+    /// order and none empty, each sorted by key with one route per key. A key that `changed`
+    /// holds is decided there.
+    dumped: Vec<TableRoutes>,
     /// Routes added since the dump (`Some`) and routes of the dump removed since (`None`).
     changed: BTreeMap<RouteKey, Option<KernelNexthop>>,
     len: usize,
 }
 
+/// One table's routes.
+pub type TableRoutes = Vec<(RouteKey, KernelNexthop)>;
+
 impl KernelRoutes {
     /// The routes of a dump, in any order; of two with one key, the later is kept.
-    pub fn from_dump(mut routes: Vec<(RouteKey, KernelNexthop)>) -> Self {
-        // Stable, so that of equal keys the later stays later: nearly sorted input is a few
-        // runs merged.
-        routes.sort_by_key(|a| a.0);
-        // Of equal keys, the later's route takes the kept one's place.
-        routes.dedup_by(|later, kept| {
-            let equal = later.0 == kept.0;
-            if equal {
-                std::mem::swap(later, kept);
+    pub fn from_dump(routes: Vec<(RouteKey, KernelNexthop)>) -> Self {
+        let mut runs: Vec<(u32, TableRoutes)> = Vec::new();
+        for route in routes {
+            match runs.last_mut() {
+                Some((table, run)) if *table == route.0.table => run.push(route),
+                _ => runs.push((route.0.table, vec![route])),
             }
-            equal
-        });
+        }
+        Self::from_table_runs(runs)
+    }
+
+    /// The routes of a dump as the kernel sends them: runs of one table each (`(table,
+    /// routes)`), the tables in any order (the kernel's is that of its hash of their ids, one
+    /// family after the other), a table's routes nearly in key order. Of two routes with one
+    /// key, the later is kept. The runs become the tables' lists: a dump's 200,000 routes are
+    /// neither copied into one list nor sorted as one (in the test VM that copy alone, into
+    /// memory faulted in page by page, took 23-27 ms).
+    pub fn from_table_runs(mut runs: Vec<(u32, TableRoutes)>) -> Self {
+        // Stable: a table's runs stay in the order they came, for the later route to win.
+        runs.sort_by_key(|(table, _)| *table);
+        let mut dumped: Vec<TableRoutes> = Vec::with_capacity(runs.len());
+        let mut last = None;
+        for (table, mut run) in runs {
+            match dumped.last_mut() {
+                Some(routes) if last == Some(table) => routes.append(&mut run),
+                _ if run.is_empty() => {}
+                _ => {
+                    dumped.push(run);
+                    last = Some(table);
+                }
+            }
+        }
+        for routes in &mut dumped {
+            if !routes.is_sorted_by(|a, b| a.0 < b.0) {
+                sort_table(routes);
+            }
+        }
         Self {
-            len: routes.len(),
-            dumped: routes,
+            len: dumped.iter().map(Vec::len).sum(),
+            dumped,
+            changed: BTreeMap::new(),
+        }
+    }
+
+    /// The routes of two dumps together; of two routes with one key, `other`'s is kept. Two
+    /// dumps of different keys (the two families' routes) are joined table by table, with
+    /// nothing sorted again.
+    pub fn join(self, other: Self) -> Self {
+        if !(self.changed.is_empty() && other.changed.is_empty()) {
+            let mut routes = self.into_vec();
+            routes.extend(other.into_vec());
+            return Self::from_dump(routes);
+        }
+        let mut dumped = Vec::with_capacity(self.dumped.len() + other.dumped.len());
+        let mut others = other.dumped.into_iter().peekable();
+        for mut routes in self.dumped {
+            let table = routes[0].0.table;
+            while let Some(theirs) = others.next_if(|t| t[0].0.table < table) {
+                dumped.push(theirs);
+            }
+            if let Some(mut theirs) = others.next_if(|t| t[0].0.table == table) {
+                let in_order = routes.last().map(|r| r.0) < Some(theirs[0].0);
+                routes.append(&mut theirs);
+                if !in_order {
+                    sort_table(&mut routes);
+                }
+            }
+            dumped.push(routes);
+        }
+        dumped.extend(others);
+        Self {
+            len: dumped.iter().map(Vec::len).sum(),
+            dumped,
             changed: BTreeMap::new(),
         }
     }
@@ -60,15 +122,24 @@ impl KernelRoutes {
         self.len == 0
     }
 
-    /// Where `key` is in the list, if there.
-    fn position(&self, key: &RouteKey) -> Option<usize> {
-        self.dumped.binary_search_by(|(k, _)| k.cmp(key)).ok()
+    /// The list of table `table`, if the dump has one.
+    fn table(&self, table: u32) -> Option<usize> {
+        self.dumped
+            .binary_search_by_key(&table, |routes| routes[0].0.table)
+            .ok()
+    }
+
+    /// Where `key` is in the lists (the table's, the route's), if there.
+    fn position(&self, key: &RouteKey) -> Option<(usize, usize)> {
+        let t = self.table(key.table)?;
+        let i = self.dumped[t].binary_search_by(|(k, _)| k.cmp(key)).ok()?;
+        Some((t, i))
     }
 
     pub fn get(&self, key: &RouteKey) -> Option<&KernelNexthop> {
         match self.changed.get(key) {
             Some(changed) => changed.as_ref(),
-            None => self.position(key).map(|i| &self.dumped[i].1),
+            None => self.position(key).map(|(t, i)| &self.dumped[t][i].1),
         }
     }
 
@@ -84,7 +155,7 @@ impl KernelRoutes {
             return;
         }
         match self.position(&key) {
-            Some(i) => self.dumped[i].1 = nh,
+            Some((t, i)) => self.dumped[t][i].1 = nh,
             None => {
                 self.changed.insert(key, Some(nh));
                 self.len += 1;
@@ -118,10 +189,17 @@ impl KernelRoutes {
     /// Keeps the routes for which `keep` returns true.
     pub fn retain(&mut self, mut keep: impl FnMut(&RouteKey, &mut KernelNexthop) -> bool) {
         let changed = &mut self.changed;
-        self.dumped
-            .retain_mut(|(k, nh)| changed.contains_key(k) || keep(k, nh));
+        for routes in &mut self.dumped {
+            routes.retain_mut(|(k, nh)| changed.contains_key(k) || keep(k, nh));
+        }
+        self.dumped.retain(|routes| !routes.is_empty());
         let dumped = &self.dumped;
-        let position = |key: &RouteKey| dumped.binary_search_by(|(k, _)| k.cmp(key)).is_ok();
+        let position = |key: &RouteKey| {
+            let t = dumped.partition_point(|routes| routes[0].0.table < key.table);
+            dumped
+                .get(t)
+                .is_some_and(|routes| routes.binary_search_by(|(k, _)| k.cmp(key)).is_ok())
+        };
         changed.retain(|k, nh| {
             if let Some(route) = nh {
                 if keep(k, route) {
@@ -138,7 +216,7 @@ impl KernelRoutes {
     /// Every route's next hop, to change in place (routes removed since the dump included:
     /// changing them changes nothing).
     pub fn values_mut(&mut self) -> impl Iterator<Item = &mut KernelNexthop> {
-        let dumped = self.dumped.iter_mut().map(|(_, nh)| nh);
+        let dumped = self.dumped.iter_mut().flatten().map(|(_, nh)| nh);
         dumped.chain(self.changed.values_mut().flatten())
     }
 
@@ -149,8 +227,17 @@ impl KernelRoutes {
 
     /// The routes from `first` on, in key order.
     pub fn range_from(&self, first: &RouteKey) -> Iter<'_> {
-        let start = self.dumped.partition_point(|(k, _)| k < first);
-        Iter::new(&self.dumped[start..], self.changed.range(first..))
+        let t = self
+            .dumped
+            .partition_point(|routes| routes[0].0.table < first.table);
+        let (head, tail): (&[(RouteKey, KernelNexthop)], _) = match self.dumped.get(t) {
+            Some(routes) => (
+                &routes[routes.partition_point(|(k, _)| k < first)..],
+                &self.dumped[t + 1..],
+            ),
+            None => (&[], &[]),
+        };
+        Iter::new(head, tail, self.changed.range(first..))
     }
 
     /// The routes of the tables in `tables`, in key order.
@@ -158,11 +245,12 @@ impl KernelRoutes {
         let (start, end) = tables.ids();
         let at = |table: Bound<u32>| match table {
             Bound::Included(t) | Bound::Excluded(t) => {
-                self.dumped.partition_point(|(k, _)| k.table < t)
+                self.dumped.partition_point(|routes| routes[0].0.table < t)
             }
             Bound::Unbounded => self.dumped.len(),
         };
         Iter::new(
+            &[],
             &self.dumped[at(start)..at(end)],
             self.changed.range(tables.keys()),
         )
@@ -171,7 +259,12 @@ impl KernelRoutes {
     /// The table of the route in the middle of the dump, if any: where to cut the routes in
     /// two halves about as large.
     pub fn middle_table(&self) -> Option<u32> {
-        self.dumped.get(self.dumped.len() / 2).map(|(k, _)| k.table)
+        let mut before = 0;
+        let half = self.dumped.iter().map(Vec::len).sum::<usize>() / 2;
+        self.dumped.iter().find_map(|routes| {
+            before += routes.len();
+            (before > half).then_some(routes[0].0.table)
+        })
     }
 
     pub fn keys(&self) -> impl Iterator<Item = &RouteKey> {
@@ -182,23 +275,21 @@ impl KernelRoutes {
         self.iter().map(|(_, nh)| nh)
     }
 
-    /// One list again once the map is half the list's size (and at least [`MERGE_MIN`]):
-    /// the merge, a walk of both, is then paid for by the changes that filled the map.
+    /// One list per table again once the map is half the lists' size (and at least
+    /// [`MERGE_MIN`]): the merge, a walk of both, is then paid for by the changes that filled
+    /// the map.
     fn merge_if_large(&mut self) {
-        if self.changed.len() >= MERGE_MIN.max(self.dumped.len() / 2) {
-            self.dumped = std::mem::take(self).into_vec();
-            self.len = self.dumped.len();
+        let dumped = self.dumped.iter().map(Vec::len).sum::<usize>();
+        if self.changed.len() >= MERGE_MIN.max(dumped / 2) {
+            *self = Self::from_dump(std::mem::take(self).into_vec());
         }
     }
 
-    /// The routes in key order, as a list.
+    /// The routes in key order, as one list.
     fn into_vec(self) -> Vec<(RouteKey, KernelNexthop)> {
-        if self.changed.is_empty() {
-            return self.dumped;
-        }
         let mut merged = Vec::with_capacity(self.len);
         let mut changed = self.changed.into_iter().peekable();
-        for (k, nh) in self.dumped {
+        for (k, nh) in self.dumped.into_iter().flatten() {
             while let Some((c, route)) = changed.next_if(|(c, _)| *c < k) {
                 merged.extend(route.map(|r| (c, r)));
             }
@@ -212,21 +303,46 @@ impl KernelRoutes {
     }
 }
 
-/// [`KernelRoutes`]' routes in key order: the list and the map walked side by side, the
+/// Sorts a table's routes by key, one route per key: of two with one key, the later is
+/// kept. A dump's runs come nearly sorted (the kernel's order within a table is the key order
+/// but for prefixes of one address, longer first), which the stable sort finds as a handful
+/// of runs to merge.
+fn sort_table(routes: &mut TableRoutes) {
+    // Stable, so that of equal keys the later stays later.
+    routes.sort_by_key(|a| a.0);
+    // Of equal keys, the later's route takes the kept one's place.
+    routes.dedup_by(|later, kept| {
+        let equal = later.0 == kept.0;
+        if equal {
+            std::mem::swap(later, kept);
+        }
+        equal
+    });
+}
+
+/// The dump's routes from some key on: the rest of one table's list, then whole tables'.
+type DumpedFrom<'a> = std::iter::Chain<
+    std::slice::Iter<'a, (RouteKey, KernelNexthop)>,
+    std::iter::Flatten<std::slice::Iter<'a, TableRoutes>>,
+>;
+
+/// [`KernelRoutes`]' routes in key order: the lists and the map walked side by side, the
 /// map's entry deciding a key both hold.
 #[derive(Debug)]
 pub struct Iter<'a> {
-    dumped: Peekable<std::slice::Iter<'a, (RouteKey, KernelNexthop)>>,
+    dumped: Peekable<DumpedFrom<'a>>,
     changed: Peekable<std::collections::btree_map::Range<'a, RouteKey, Option<KernelNexthop>>>,
 }
 
 impl<'a> Iter<'a> {
+    /// The routes of `head` (part of one table's list), then of `tables`, with `changed`.
     fn new(
-        dumped: &'a [(RouteKey, KernelNexthop)],
+        head: &'a [(RouteKey, KernelNexthop)],
+        tables: &'a [TableRoutes],
         changed: std::collections::btree_map::Range<'a, RouteKey, Option<KernelNexthop>>,
     ) -> Self {
         Self {
-            dumped: dumped.iter().peekable(),
+            dumped: head.iter().chain(tables.iter().flatten()).peekable(),
             changed: changed.peekable(),
         }
     }
@@ -238,7 +354,7 @@ impl<'a> Iterator for Iter<'a> {
     fn next(&mut self) -> Option<Self::Item> {
         loop {
             let Some(&(changed, route)) = self.changed.peek() else {
-                // Nothing changed from here on: the list as it is.
+                // Nothing changed from here on: the lists as they are.
                 return self.dumped.next().map(|(k, nh)| (k, nh));
             };
             match self.dumped.peek() {

@@ -123,6 +123,55 @@ proptest! {
     }
 }
 
+proptest! {
+    /// As the kernel sends a dump: runs of one table each, the tables in any order, a table's
+    /// routes split across runs (at a datagram the other thread decoded), keys repeated.
+    #[test]
+    fn a_dump_in_runs_of_tables_holds_what_a_map_of_its_routes_in_order_holds(
+        dumped in proptest::collection::vec((0..200u32, 0..1000u32, any::<bool>()), 0..150),
+    ) {
+        let mut runs: Vec<(u32, Vec<(RouteKey, KernelNexthop)>)> = Vec::new();
+        let mut model = BTreeMap::new();
+        for &(k, d, split) in &dumped {
+            let route = (key(k), dev(d));
+            model.insert(route.0, route.1.clone());
+            match runs.last_mut() {
+                Some((table, run)) if *table == route.0.table && !split => run.push(route),
+                _ => runs.push((route.0.table, vec![route])),
+            }
+        }
+        let routes = KernelRoutes::from_table_runs(runs);
+        assert_same(&routes, &model);
+        for tables in routes.dumped.windows(2) {
+            assert!(tables[0][0].0.table < tables[1][0].0.table, "one list per table, in order");
+        }
+    }
+}
+
+proptest! {
+    /// Two dumps (of one family each, or of any keys), joined: `other`'s route wins a key
+    /// both hold, and routes changed since either dump are not lost.
+    #[test]
+    fn two_dumps_joined_hold_what_a_map_of_both_in_order_holds(
+        first in proptest::collection::vec((0..200u32, 0..1000u32), 0..80),
+        second in proptest::collection::vec((0..200u32, 0..1000u32), 0..80),
+        inserted in proptest::option::of((0..200u32, 0..1000u32)),
+    ) {
+        let dump = |routes: &[(u32, u32)]| -> Vec<(RouteKey, KernelNexthop)> {
+            routes.iter().map(|&(k, d)| (key(k), dev(d))).collect()
+        };
+        let mut model: BTreeMap<RouteKey, KernelNexthop> = dump(&first).into_iter().collect();
+        let mut routes = KernelRoutes::from_dump(dump(&first));
+        if let Some((k, d)) = inserted {
+            routes.insert(key(k), dev(d));
+            model.insert(key(k), dev(d));
+        }
+        model.extend(dump(&second));
+        let joined = routes.join(KernelRoutes::from_dump(dump(&second)));
+        assert_same(&joined, &model);
+    }
+}
+
 #[test]
 fn many_additions_and_removals_merge_the_map_into_the_list_and_lose_nothing() {
     let keys = |n: u32| {
