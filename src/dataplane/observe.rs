@@ -26,8 +26,8 @@ use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 
 use super::nl::{Nl, NlError};
 use super::observed::{
-    HostRoute, KernelNexthop, KernelRoutes, LinkTc, NftState, ObservedLink, ObservedNode,
-    ObservedRule, Redirect, SitLink, ROUTE_PROTOCOL,
+    push_to_runs, HostRoute, KernelNexthop, KernelRoutes, LinkTc, NftState, ObservedLink,
+    ObservedNode, ObservedRule, Redirect, SitLink, TableRun, ROUTE_PROTOCOL,
 };
 use super::rawnl::RawNlError;
 use super::tc::{self, Qdisc};
@@ -106,9 +106,6 @@ pub fn dump(nl: &mut Nl) -> Result<(ObservedNode, HostRoutes), ObserveError> {
     Ok((node, host))
 }
 
-/// A run of Lace's routes of one table, in the kernel's order.
-type TableRun = (u32, Vec<(RouteKey, KernelNexthop)>);
-
 /// Lace's routes of `family` as runs of one table each, in the kernel's order (each table in
 /// address order, the tables in the order of the kernel's hash of their ids), and the host's
 /// main-table routes. `names` resolves link indices.
@@ -131,10 +128,7 @@ fn dump_routes(
             let r = RouteFields::parse(payload)
                 .map_err(|e| NlError::Decode(format!("a dumped route: {e}")))?;
             match classify_route(&r, names) {
-                Route::Lace(key, nh) => match lace.last_mut() {
-                    Some((table, run)) if *table == key.table => run.push((key, nh)),
-                    _ => lace.push((key.table, vec![(key, nh)])),
-                },
+                Route::Lace(key, nh) => push_to_runs(lace, (key, nh)),
                 Route::Host(id, h) => host.push((id, h)),
                 Route::Foreign(_) | Route::Other => {}
             }

@@ -35,15 +35,24 @@ pub struct KernelRoutes {
 /// One table's routes.
 pub type TableRoutes = Vec<(RouteKey, KernelNexthop)>;
 
+/// A run of one table's routes, in the order a dump sent them: the table and the routes.
+pub type TableRun = (u32, TableRoutes);
+
+/// Adds `route` to the last of `runs` if it is of that run's table, else starts a run: a
+/// dump's routes as [`KernelRoutes::from_table_runs`] takes them.
+pub fn push_to_runs(runs: &mut Vec<TableRun>, route: (RouteKey, KernelNexthop)) {
+    match runs.last_mut() {
+        Some((table, run)) if *table == route.0.table => run.push(route),
+        _ => runs.push((route.0.table, vec![route])),
+    }
+}
+
 impl KernelRoutes {
     /// The routes of a dump, in any order; of two with one key, the later is kept.
     pub fn from_dump(routes: Vec<(RouteKey, KernelNexthop)>) -> Self {
-        let mut runs: Vec<(u32, TableRoutes)> = Vec::new();
+        let mut runs = Vec::new();
         for route in routes {
-            match runs.last_mut() {
-                Some((table, run)) if *table == route.0.table => run.push(route),
-                _ => runs.push((route.0.table, vec![route])),
-            }
+            push_to_runs(&mut runs, route);
         }
         Self::from_table_runs(runs)
     }
@@ -54,7 +63,7 @@ impl KernelRoutes {
     /// key, the later is kept. The runs become the tables' lists: a dump's 200,000 routes are
     /// neither copied into one list nor sorted as one (in the test VM that copy alone, into
     /// memory faulted in page by page, took 23-27 ms).
-    pub fn from_table_runs(mut runs: Vec<(u32, TableRoutes)>) -> Self {
+    pub fn from_table_runs(mut runs: Vec<TableRun>) -> Self {
         // Stable: a table's runs stay in the order they came, for the later route to win.
         runs.sort_by_key(|(table, _)| *table);
         let mut dumped: Vec<TableRoutes> = Vec::with_capacity(runs.len());
