@@ -13,7 +13,7 @@ use ipnet::IpNet;
 use crate::plan;
 
 mod routes;
-pub use routes::{push_to_runs, KernelRoutes, TableRun};
+pub use routes::{push_to_runs, Iter as KernelRoutesIter, KernelRoutes, TableRun};
 
 /// Lace's rtnetlink route protocol id (`proto 76`, ASCII `L`). Not in iproute2's `rt_protos`
 /// (which lists 0-4, 8-18, 42, 99, 186-192) nor used by the common CNIs (Calico uses 80).

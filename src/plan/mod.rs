@@ -679,9 +679,69 @@ impl DesiredNode {
 
     /// [`DesiredNode::routes`] of the tables in `tables`.
     pub fn routes_of_tables(&self, tables: Tables) -> impl Iterator<Item = (&RouteKey, &Nexthop)> {
-        let reach = self.base.pod_reach.in_tables(&self.served_tables, tables);
-        let base = merge_preferring(self.base.routes.of_tables(tables), reach);
-        merge_preferring(base, self.pod_routes.range(tables.keys()))
+        self.route_runs_of_tables(tables).flat_map(|run| {
+            let (routes, one) = match run {
+                PlannedRun::Routes(routes) => (routes, None),
+                PlannedRun::One(key, nh) => (&[][..], Some((key, nh))),
+            };
+            routes.iter().map(|(k, nh)| (k, nh)).chain(one)
+        })
+    }
+
+    /// [`DesiredNode::routes_of_tables`] in runs: the longest runs of the base's routes and
+    /// of its [`NodeBase::pod_reach`] routes (of the served tables, over the base's) that
+    /// nothing else falls between, and the pods' routes (over both) one by one. Most of a
+    /// large node's routes come in a few runs, for a diff to compare as lists.
+    pub fn route_runs_of_tables(&self, tables: Tables) -> impl Iterator<Item = PlannedRun<'_>> {
+        // By preference: a later list's route replaces an earlier's under one key.
+        let mut lists: Vec<&[(RouteKey, Nexthop)]> =
+            std::iter::once(self.base.routes.slice_of_tables(tables))
+                .chain(
+                    self.base
+                        .pod_reach
+                        .slices_in_tables(&self.served_tables, tables),
+                )
+                .collect();
+        let mut pods = self.pod_routes.range(tables.keys()).peekable();
+        std::iter::from_fn(move || {
+            // The smallest key, the last list's of equal ones.
+            let first = lists
+                .iter()
+                .enumerate()
+                .filter_map(|(i, l)| Some((l.first()?.0, i)))
+                .min_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+            let pod = pods.peek().map(|&(k, _)| *k);
+            let key = match (first, pod) {
+                (Some((key, _)), Some(pod)) => key.min(pod),
+                (Some((key, _)), None) => key,
+                (None, Some(pod)) => pod,
+                (None, None) => return None,
+            };
+            let from = first.filter(|_| pod != Some(key)).map(|(_, i)| i);
+            // The replaced routes under that key go.
+            for (i, l) in lists.iter_mut().enumerate() {
+                if Some(i) != from && l.first().is_some_and(|(k, _)| *k == key) {
+                    *l = &l[1..];
+                }
+            }
+            let Some(from) = from else {
+                let (key, nh) = pods.next()?;
+                return Some(PlannedRun::One(key, nh));
+            };
+            // Up to the next key of another list or a pod.
+            let until = lists
+                .iter()
+                .enumerate()
+                .filter(|&(i, _)| i != from)
+                .filter_map(|(_, l)| Some(l.first()?.0))
+                .chain(pod)
+                .min();
+            let list = &mut lists[from];
+            let len = until.map_or(list.len(), |u| list.partition_point(|(k, _)| *k < u));
+            let (run, rest) = list.split_at(len);
+            *list = rest;
+            Some(PlannedRun::Routes(run))
+        })
     }
 
     /// The nftables ruleset: the base's, with the local pods' hostPorts.
@@ -822,22 +882,12 @@ impl DesiredNode {
     }
 }
 
-/// Two walks sorted by key as one, with `b`'s route where both have a key.
-fn merge_preferring<'a>(
-    a: impl Iterator<Item = (&'a RouteKey, &'a Nexthop)>,
-    b: impl Iterator<Item = (&'a RouteKey, &'a Nexthop)>,
-) -> impl Iterator<Item = (&'a RouteKey, &'a Nexthop)> {
-    let (mut a, mut b) = (a.peekable(), b.peekable());
-    std::iter::from_fn(move || match (a.peek(), b.peek()) {
-        (Some(x), Some(y)) if x.0 < y.0 => a.next(),
-        (Some(x), Some(y)) if x.0 == y.0 => {
-            a.next();
-            b.next()
-        }
-        (_, Some(_)) => b.next(),
-        (Some(_), None) => a.next(),
-        (None, None) => None,
-    })
+/// Planned routes of [`DesiredNode::route_runs_of_tables`]: a run of the base's routes or of
+/// its [`NodeBase::pod_reach`] routes, or a pod's route.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PlannedRun<'a> {
+    Routes(&'a [(RouteKey, Nexthop)]),
+    One(&'a RouteKey, &'a Nexthop),
 }
 
 /// Plans node `node`: the pure entry point. See [`Planner`] for the incremental form. Nothing

@@ -168,6 +168,11 @@ impl RouteTable {
 
     /// The routes of the tables in `tables`, sorted by key (found by binary search).
     pub fn of_tables(&self, tables: Tables) -> impl Iterator<Item = (&RouteKey, &Nexthop)> {
+        self.slice_of_tables(tables).iter().map(|(k, nh)| (k, nh))
+    }
+
+    /// [`RouteTable::of_tables`] as the list it is.
+    pub fn slice_of_tables(&self, tables: Tables) -> &[(RouteKey, Nexthop)] {
         let (start, end) = tables.ids();
         let at = |table: std::ops::Bound<u32>| match table {
             std::ops::Bound::Included(t) | std::ops::Bound::Excluded(t) => {
@@ -175,8 +180,7 @@ impl RouteTable {
             }
             std::ops::Bound::Unbounded => self.0.len(),
         };
-        let (first, last) = (at(start), at(end));
-        self.0[first..last].iter().map(|(k, nh)| (k, nh))
+        &self.0[at(start)..at(end)]
     }
 
     /// The routes of the tables in `tables` that are in `range` too, sorted by key (each
@@ -186,10 +190,20 @@ impl RouteTable {
         tables: &'a BTreeSet<u32>,
         range: Tables,
     ) -> impl Iterator<Item = (&'a RouteKey, &'a Nexthop)> + 'a {
-        tables.range(range.ids()).flat_map(move |&t| {
+        self.slices_in_tables(tables, range)
+            .flat_map(|routes| routes.iter().map(|(k, nh)| (k, nh)))
+    }
+
+    /// [`RouteTable::in_tables`] as one list per table.
+    pub fn slices_in_tables<'a>(
+        &'a self,
+        tables: &'a BTreeSet<u32>,
+        range: Tables,
+    ) -> impl Iterator<Item = &'a [(RouteKey, Nexthop)]> + 'a {
+        tables.range(range.ids()).map(move |&t| {
             let start = self.0.partition_point(|(k, _)| k.table < t);
             let end = start + self.0[start..].partition_point(|(k, _)| k.table == t);
-            self.0[start..end].iter().map(|(k, nh)| (k, nh))
+            &self.0[start..end]
         })
     }
 

@@ -17,6 +17,7 @@ pub(super) mod nft;
 mod shaping;
 pub(super) mod tunnel;
 
+use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv6Addr};
 
@@ -25,15 +26,16 @@ use ipnet::{IpNet, Ipv6Net};
 pub use nft::{KnownRuleset, UntaggableRuleset};
 
 use super::observed::{
-    FouListener, HostRoute, KernelNexthop, LinkTc, NftState, ObservedLink, ObservedNode,
+    FouListener, HostRoute, KernelNexthop, KernelRoutesIter, LinkTc, NftState, ObservedLink,
+    ObservedNode,
 };
 use super::op::Op;
 use crate::plan::underlay::{
     is_link_local_underlay, FOU_IPPROTO, FOU_PORT, IPV4_TUNNEL, LINK_LOCAL_PREFIX,
 };
 use crate::plan::{
-    disable_ipv6_key, sysctl_device, DesiredNode, Nexthop, NodeBase, RouteKey, Rule, RuleAction,
-    Tables, Underpath, Vrf, FIB_SYNC_MEM, POD_GATEWAY_V6_PREFIX, PROBE_TABLE,
+    disable_ipv6_key, sysctl_device, DesiredNode, Nexthop, NodeBase, PlannedRun, RouteKey, Rule,
+    RuleAction, Tables, Underpath, Vrf, FIB_SYNC_MEM, POD_GATEWAY_V6_PREFIX, PROBE_TABLE,
 };
 
 /// Why no operations could be computed.
@@ -382,50 +384,93 @@ impl RouteWalk<'_> {
 
     /// The route operations for the tables in `tables`: both sides are sorted by key, so one
     /// merge walk, no set of the wanted keys and no lookups (at 300,000 routes those were
-    /// most of an unchanged re-apply's diff).
+    /// most of an unchanged re-apply's diff). The plan's runs of routes are compared with the
+    /// kernel's lists as lists first: most routes of a large node are unchanged remote block
+    /// routes, and comparing them so took the walk of an unchanged node at 5,000 nodes x 50
+    /// Networks from 4.2 to 2.8 ms (natively, one thread; route by route through merged
+    /// iterators before).
     fn ops(&self, d: &DesiredNode, tables: Tables) -> Result<Diff, DiffError> {
         let mut out = Diff::default();
-        let mut have = self.observed.routes.of_tables(tables).peekable();
+        let mut have = self.observed.routes.of_tables(tables);
+        let same = |nh: &Nexthop, old: &KernelNexthop| {
+            unchanged_encap(nh, Some(old), self.uplink, self.fresh)
+        };
+        for run in d.route_runs_of_tables(tables) {
+            match run {
+                PlannedRun::Routes(mut routes) => loop {
+                    routes = &routes[have.skip_same(routes, same)..];
+                    let Some(((key, nh), rest)) = routes.split_first() else {
+                        break;
+                    };
+                    self.route_ops(key, nh, &mut have, &mut out)?;
+                    routes = rest;
+                },
+                PlannedRun::One(key, nh) => self.route_ops(key, nh, &mut have, &mut out)?,
+            }
+        }
+        for (key, old) in have {
+            out.ops.push(Op::DelRoute {
+                key: *key,
+                nh: old.clone(),
+            });
+        }
+        Ok(out)
+    }
+
+    /// The operations for planned route `key` via `nh`: those for the kernel's routes before
+    /// it in `have` (deleted), then for it.
+    fn route_ops(
+        &self,
+        key: &RouteKey,
+        nh: &Nexthop,
+        have: &mut KernelRoutesIter<'_>,
+        out: &mut Diff,
+    ) -> Result<(), DiffError> {
         let del = |key: &RouteKey, nh: &KernelNexthop| Op::DelRoute {
             key: *key,
             nh: nh.clone(),
         };
-        for (key, nh) in d.routes_of_tables(tables) {
-            while let Some((k, old)) = have.next_if(|(k, _)| *k < key) {
-                out.ops.push(del(k, old));
-            }
-            let current = have.next_if(|(k, _)| *k == key).map(|(_, old)| old);
-            if unchanged_encap(nh, current, self.uplink, self.fresh) {
-                continue;
-            }
-            let resolved = resolve(
-                key,
-                nh,
-                self.base,
-                self.vrfs,
-                self.observed,
-                self.uplink,
-                &mut out,
-            )?;
-            let Some(resolved) = resolved else {
-                // Not installable now: whatever the kernel holds under that key goes.
-                if let Some(old) = current {
-                    out.ops.push(del(key, old));
-                }
-                continue;
+        let current = loop {
+            let Some((k, old)) = have.peek() else {
+                break None;
             };
-            let via_fresh = resolved.dev().is_some_and(|d| self.fresh.contains(d));
-            if via_fresh || current != Some(&resolved) {
-                out.ops.push(Op::PutRoute {
-                    key: *key,
-                    nh: resolved,
-                });
+            match k.cmp(key) {
+                Ordering::Less => out.ops.push(del(k, old)),
+                Ordering::Equal => {
+                    have.next();
+                    break Some(old);
+                }
+                Ordering::Greater => break None,
             }
+            have.next();
+        };
+        if unchanged_encap(nh, current, self.uplink, self.fresh) {
+            return Ok(());
         }
-        for (key, old) in have {
-            out.ops.push(del(key, old));
+        let resolved = resolve(
+            key,
+            nh,
+            self.base,
+            self.vrfs,
+            self.observed,
+            self.uplink,
+            out,
+        )?;
+        let Some(resolved) = resolved else {
+            // Not installable now: whatever the kernel holds under that key goes.
+            if let Some(old) = current {
+                out.ops.push(del(key, old));
+            }
+            return Ok(());
+        };
+        let via_fresh = resolved.dev().is_some_and(|d| self.fresh.contains(d));
+        if via_fresh || current != Some(&resolved) {
+            out.ops.push(Op::PutRoute {
+                key: *key,
+                nh: resolved,
+            });
         }
-        Ok(out)
+        Ok(())
     }
 }
 

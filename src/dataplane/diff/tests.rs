@@ -1,6 +1,7 @@
 //! The diff's tests: what a plan turns into against a host as observed, and that applying
 //! it (to the fake kernel of [`model`]) converges to nothing left to do.
 
+mod runs;
 mod underlay;
 
 use super::*;

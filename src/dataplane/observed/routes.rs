@@ -329,17 +329,13 @@ fn sort_table(routes: &mut TableRoutes) {
     });
 }
 
-/// The dump's routes from some key on: the rest of one table's list, then whole tables'.
-type DumpedFrom<'a> = std::iter::Chain<
-    std::slice::Iter<'a, (RouteKey, KernelNexthop)>,
-    std::iter::Flatten<std::slice::Iter<'a, TableRoutes>>,
->;
-
 /// [`KernelRoutes`]' routes in key order: the lists and the map walked side by side, the
 /// map's entry deciding a key both hold.
 #[derive(Debug)]
 pub struct Iter<'a> {
-    dumped: Peekable<DumpedFrom<'a>>,
+    /// The rest of the list being walked, then the lists of `tables`.
+    head: &'a [(RouteKey, KernelNexthop)],
+    tables: std::slice::Iter<'a, TableRoutes>,
     changed: Peekable<std::collections::btree_map::Range<'a, RouteKey, Option<KernelNexthop>>>,
 }
 
@@ -351,9 +347,69 @@ impl<'a> Iter<'a> {
         changed: std::collections::btree_map::Range<'a, RouteKey, Option<KernelNexthop>>,
     ) -> Self {
         Self {
-            dumped: head.iter().chain(tables.iter().flatten()).peekable(),
+            head,
+            tables: tables.iter(),
             changed: changed.peekable(),
         }
+    }
+
+    /// The next route of the lists, not taken.
+    fn dumped(&mut self) -> Option<&'a (RouteKey, KernelNexthop)> {
+        while self.head.is_empty() {
+            self.head = self.tables.next()?;
+        }
+        self.head.first()
+    }
+
+    /// The next route, not taken (routes of the lists the map decides are passed over).
+    pub fn peek(&mut self) -> Option<(&'a RouteKey, &'a KernelNexthop)> {
+        loop {
+            let Some(&(changed, route)) = self.changed.peek() else {
+                return self.dumped().map(|(k, nh)| (k, nh));
+            };
+            match self.dumped() {
+                Some(dumped) if dumped.0 < *changed => return Some((&dumped.0, &dumped.1)),
+                // Decided by the map.
+                Some(dumped) if dumped.0 == *changed => self.head = &self.head[1..],
+                _ => {}
+            }
+            match route {
+                Some(nh) => return Some((changed, nh)),
+                None => {
+                    self.changed.next();
+                }
+            }
+        }
+    }
+
+    /// Passes over the longest run of `planned`'s first routes that comes next under the
+    /// same keys, each with a route that `same` accepts for the planned one: returns how many.
+    /// A diff's unchanged routes, compared as two lists.
+    pub fn skip_same<P>(
+        &mut self,
+        planned: &[(RouteKey, P)],
+        same: impl Fn(&P, &KernelNexthop) -> bool,
+    ) -> usize {
+        let mut skipped = 0;
+        while let Some((want, nh)) = planned.get(skipped) {
+            match self.peek() {
+                Some((have, old)) if have == want && same(nh, old) => self.next(),
+                _ => break,
+            };
+            skipped += 1;
+            // The rest of the list the next route is in, as far as the map decides no key.
+            let before = self.changed.peek().map(|&(k, _)| *k);
+            let run = planned[skipped..]
+                .iter()
+                .zip(self.head)
+                .take_while(|((want, nh), (have, old))| {
+                    want == have && before.is_none_or(|b| *have < b) && same(nh, old)
+                })
+                .count();
+            self.head = &self.head[run..];
+            skipped += run;
+        }
+        skipped
     }
 }
 
@@ -361,27 +417,16 @@ impl<'a> Iterator for Iter<'a> {
     type Item = (&'a RouteKey, &'a KernelNexthop);
 
     fn next(&mut self) -> Option<Self::Item> {
-        loop {
-            let Some(&(changed, route)) = self.changed.peek() else {
-                // Nothing changed from here on: the lists as they are.
-                return self.dumped.next().map(|(k, nh)| (k, nh));
-            };
-            match self.dumped.peek() {
-                Some(&dumped) if dumped.0 < *changed => {
-                    self.dumped.next();
-                    return Some((&dumped.0, &dumped.1));
-                }
-                // Decided by the map.
-                Some(&dumped) if dumped.0 == *changed => {
-                    self.dumped.next();
-                }
-                _ => {}
+        let next = self.peek()?;
+        // The map's when its next key is this one (`peek` passed over the list's), else the
+        // list's.
+        match self.changed.peek() {
+            Some(&(changed, _)) if changed == next.0 => {
+                self.changed.next();
             }
-            self.changed.next();
-            if let Some(nh) = route {
-                return Some((changed, nh));
-            }
+            _ => self.head = &self.head[1..],
         }
+        Some(next)
     }
 }
 

@@ -172,6 +172,68 @@ proptest! {
     }
 }
 
+proptest! {
+    /// A diff's walk: from any point of any routes (dumped, then changed), `skip_same` passes
+    /// over exactly the planned routes that a walk route by route finds next under the same
+    /// key with a route `same` accepts, and leaves the walk where that one would. The planned
+    /// routes are the kernel's from that point, a few dropped or given another device, and
+    /// other keys among them: routes removed since the dump as it read them, and any.
+    #[test]
+    fn skip_same_passes_over_what_a_walk_route_by_route_would_match(
+        dumped in proptest::collection::vec((0..200u32, 0..1000u32), 0..120),
+        steps in proptest::collection::vec(step(), 0..30),
+        from in 0..130usize,
+        edits in proptest::collection::vec(prop_oneof![8 => Just(0u8), 1 => Just(1), 1 => Just(2)], 0..130),
+        others in proptest::collection::vec((0..200u32, 0..1000u32), 0..10),
+    ) {
+        let dump: Vec<(RouteKey, KernelNexthop)> =
+            dumped.iter().map(|&(k, d)| (key(k), dev(d))).collect();
+        let mut model: BTreeMap<RouteKey, KernelNexthop> = dump.iter().cloned().collect();
+        let mut routes = KernelRoutes::from_dump(dump);
+        let mut removed = model.clone();
+        for s in &steps {
+            apply(s, &mut routes, &mut model);
+        }
+        removed.retain(|k, _| !model.contains_key(k));
+        let after = model.keys().nth(from.wrapping_sub(1)).copied();
+        let later = |k: &RouteKey| after.is_none_or(|a| *k > a) && (from == 0 || after.is_some());
+        let mut planned: BTreeMap<RouteKey, u32> = others
+            .iter()
+            .map(|&(k, d)| (key(k), d))
+            .filter(|(k, _)| later(k))
+            .collect();
+        // A removed route planned as the dump read it.
+        planned.extend(removed.iter().filter(|(k, _)| later(k)).map(|(k, nh)| (*k, number(nh))));
+        for ((k, nh), edit) in model.iter().skip(from).zip(edits.iter().chain(std::iter::repeat(&0))) {
+            match edit {
+                0 => planned.insert(*k, number(nh)),
+                1 => planned.insert(*k, number(nh) + 1),
+                _ => None,
+            };
+        }
+        let planned: Vec<(RouteKey, u32)> = planned.into_iter().collect();
+        let same = |p: &u32, nh: &KernelNexthop| *p == number(nh);
+        let at = |n: usize| {
+            let mut walk = routes.iter();
+            walk.by_ref().take(n).for_each(drop);
+            walk
+        };
+        let (mut walked, mut skipping) = (at(from), at(from));
+        let mut expected = 0;
+        while let Some((k, p)) = planned.get(expected) {
+            match walked.peek() {
+                Some((have, nh)) if have == k && same(p, nh) => {
+                    walked.next();
+                    expected += 1;
+                }
+                _ => break,
+            }
+        }
+        prop_assert_eq!(skipping.skip_same(&planned, same), expected, "{:?}", planned);
+        prop_assert!(skipping.eq(walked));
+    }
+}
+
 #[test]
 fn many_additions_and_removals_merge_the_map_into_the_list_and_lose_nothing() {
     let keys = |n: u32| {
