@@ -173,10 +173,11 @@ pub fn attach(
         .into_iter()
         .flatten()
         .peekable();
+    let unchanged_via = encap_dev(uplink, &fresh);
     for (key, nh) in reach() {
         while have.next_if(|(k, _)| *k < key).is_some() {}
         let current = have.next_if(|(k, _)| *k == key).map(|(_, old)| old);
-        if unchanged_encap(nh, current, uplink, &fresh) {
+        if unchanged_encap(nh, current, unchanged_via) {
             continue;
         }
         let Ok(Some(resolved)) = resolve(key, nh, &pods.base, &vrfs, observed, uplink, &mut out)
@@ -324,13 +325,7 @@ fn diff_in(
     }
 
     // --- Routes -----------------------------------------------------------------------------
-    let routes = RouteWalk {
-        base,
-        vrfs,
-        observed,
-        uplink: uplink(base, observed),
-        fresh: &fresh,
-    };
+    let routes = RouteWalk::new(base, vrfs, observed, &fresh);
     let route_ops = routes.ops_of_all(d, PARALLEL_WALK)?;
     out.ops.extend(route_ops.ops);
     out.skipped.extend(route_ops.skipped);
@@ -355,9 +350,28 @@ struct RouteWalk<'a> {
     uplink: Option<&'a str>,
     /// Links the diff creates or re-creates: routes through them are written again.
     fresh: &'a BTreeSet<&'a str>,
+    /// See [`encap_dev`].
+    encap_dev: Option<&'a str>,
 }
 
-impl RouteWalk<'_> {
+impl<'a> RouteWalk<'a> {
+    fn new(
+        base: &'a NodeBase,
+        vrfs: &'a BTreeMap<String, Vrf>,
+        observed: &'a ObservedNode,
+        fresh: &'a BTreeSet<&'a str>,
+    ) -> Self {
+        let uplink = uplink(base, observed);
+        Self {
+            base,
+            vrfs,
+            observed,
+            uplink,
+            fresh,
+            encap_dev: encap_dev(uplink, fresh),
+        }
+    }
+
     /// The route operations for every table; from `parallel_from` kernel routes on, in two
     /// halves at once (the kernel's routes are read by then; what an agent restart waits on
     /// after that is mostly this walk).
@@ -392,9 +406,8 @@ impl RouteWalk<'_> {
     fn ops(&self, d: &DesiredNode, tables: Tables) -> Result<Diff, DiffError> {
         let mut out = Diff::default();
         let mut have = self.observed.routes.of_tables(tables);
-        let same = |nh: &Nexthop, old: &KernelNexthop| {
-            unchanged_encap(nh, Some(old), self.uplink, self.fresh)
-        };
+        let same =
+            |nh: &Nexthop, old: &KernelNexthop| unchanged_encap(nh, Some(old), self.encap_dev);
         for run in d.route_runs_of_tables(tables) {
             match run {
                 PlannedRun::Routes(mut routes) => loop {
@@ -444,7 +457,7 @@ impl RouteWalk<'_> {
             }
             have.next();
         };
-        if unchanged_encap(nh, current, self.uplink, self.fresh) {
+        if unchanged_encap(nh, current, self.encap_dev) {
             return Ok(());
         }
         let resolved = resolve(
@@ -637,15 +650,16 @@ fn uplink<'a>(base: &NodeBase, observed: &'a ObservedNode) -> Option<&'a str> {
     observed.link_holding(IpAddr::V6(u)).map(|(name, _)| name)
 }
 
+/// The device through which the kernel's remote block routes over the IPv6 underlay stand
+/// unchanged: the uplink, unless the diff creates or re-creates it (`fresh`).
+fn encap_dev<'a>(uplink: Option<&'a str>, fresh: &BTreeSet<&str>) -> Option<&'a str> {
+    uplink.filter(|u| !fresh.contains(u))
+}
+
 /// Whether the kernel holds remote block route `nh` over the IPv6 underlay as [`resolve`]
-/// would write it, through no device this diff creates (`fresh`): most of a node's routes,
+/// would write it, through `encap_dev` (see [`encap_dev`]): most of a node's routes,
 /// recognised without building their kernel form (which allocates the uplink's name).
-fn unchanged_encap(
-    nh: &Nexthop,
-    current: Option<&KernelNexthop>,
-    uplink: Option<&str>,
-    fresh: &BTreeSet<&str>,
-) -> bool {
+fn unchanged_encap(nh: &Nexthop, current: Option<&KernelNexthop>, encap_dev: Option<&str>) -> bool {
     match (nh, current) {
         (
             Nexthop::Seg6Encap {
@@ -653,7 +667,7 @@ fn unchanged_encap(
                 underlay: Underpath::Ipv6,
             },
             Some(KernelNexthop::Seg6Encap { segs: have, dev }),
-        ) => have == segs && uplink == Some(dev.as_str()) && !fresh.contains(dev.as_str()),
+        ) => have == segs && encap_dev == Some(dev.as_str()),
         _ => false,
     }
 }

@@ -769,13 +769,7 @@ fn route_ops_of_a_node_cut_at_any_table_are_the_whole_walks() {
         o.routes.insert(extra, KernelNexthop::Unreachable);
     }
     let fresh = BTreeSet::new();
-    let walk = RouteWalk {
-        base: &d.base,
-        vrfs: &d.base.vrfs,
-        observed: &o,
-        uplink: uplink(&d.base, &o),
-        fresh: &fresh,
-    };
+    let walk = RouteWalk::new(&d.base, &d.base.vrfs, &o, &fresh);
     let whole = walk.ops(&d, Tables::ALL).unwrap();
     assert!(whole.ops.len() > 10, "{:?}", whole.ops);
     let mut cuts: Vec<u32> = keys.iter().map(|k| k.table).collect();
