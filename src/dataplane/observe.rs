@@ -13,8 +13,8 @@ use netlink_packet_route::address::{
     AddressAttribute, AddressFlags, AddressHeaderFlags, AddressMessage,
 };
 use netlink_packet_route::link::{
-    InfoData, InfoIpTunnel, InfoKind, InfoVrf, LinkAttribute, LinkExtentMask, LinkFlags, LinkInfo,
-    LinkMessage,
+    InfoData, InfoIpTunnel, InfoKind, InfoVrf, LinkAttribute, LinkExtentMask, LinkFlags,
+    LinkHeader, LinkInfo, LinkMessage,
 };
 use netlink_packet_route::route::{
     RouteAddress, RouteAttribute, RouteFlags, RouteHeader, RouteLwEnCapType, RouteLwTunnelEncap,
@@ -288,14 +288,47 @@ fn dump_links(nl: &mut Nl) -> Result<BTreeMap<String, ObservedLink>, NlError> {
     request
         .attributes
         .push(LinkAttribute::ExtMask(vec![LinkExtentMask::SkipStats]));
-    Ok(nl
-        .dump("links", RouteNetlinkMessage::GetLink(request))?
-        .iter()
-        .filter_map(|m| match m {
-            RouteNetlinkMessage::NewLink(l) => parse_link(l),
-            _ => None,
-        })
-        .collect())
+    nl.dump_fold(
+        "links",
+        RouteNetlinkMessage::GetLink(request),
+        BTreeMap::new,
+        |links, kind, payload| {
+            if kind == libc::RTM_NEWLINK {
+                let link = link_message(payload)
+                    .map_err(|e| NlError::Decode(format!("a dumped link: {e}")))?;
+                links.extend(parse_link(&link));
+            }
+            Ok(())
+        },
+    )
+}
+
+/// The attributes of a link that [`parse_link`] reads (`IFLA_*`).
+const IFLA_READ: [u16; 4] = [
+    libc::IFLA_IFNAME,
+    libc::IFLA_MTU,
+    libc::IFLA_MASTER,
+    libc::IFLA_LINKINFO,
+];
+/// The length of `struct ifinfomsg`, the header before a link's attributes.
+const IFINFOMSG_LEN: usize = 16;
+
+/// The link message whose payload (`struct ifinfomsg` and attributes) is `payload`, with only
+/// the attributes [`parse_link`] reads: the others, most of a link's kilobyte (each address
+/// family's configuration), are skipped unparsed. Parsing them took two thirds of a dump of
+/// 82 links (13-20 ms against 5-6 ms for the kernel's part, in the test VM).
+pub fn link_message(payload: &[u8]) -> Result<LinkMessage, DecodeError> {
+    let mut link = LinkMessage::default();
+    link.header = LinkHeader::parse(payload)?;
+    for nla in NlasIterator::new(payload.get(IFINFOMSG_LEN..).unwrap_or_default()) {
+        let nla = nla?;
+        if IFLA_READ.contains(&nla.kind()) {
+            let family = link.header.interface_family;
+            link.attributes
+                .push(LinkAttribute::parse_with_param(&nla, family)?);
+        }
+    }
+    Ok(link)
 }
 
 /// A link's name and what Lace reads of it.

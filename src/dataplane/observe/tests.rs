@@ -2,7 +2,8 @@
 //! message decoded whole: every kind of route Lace writes, the kernel's attribute order, an
 //! attribute Lace does not read, a host route, a foreign one and a cached clone, and seg6
 //! routes in forms Lace never writes (which the fast read of the encapsulation leaves to the
-//! library's parse).
+//! library's parse). Links read from their bytes ([`link_message`]) against the same decoded
+//! whole.
 
 use std::collections::BTreeMap;
 
@@ -12,7 +13,13 @@ use netlink_packet_route::route::{
     RouteSeg6IpTunnel, Seg6Header, Seg6Mode,
 };
 
-use super::{classify_route, Route, RouteFields};
+use netlink_packet_core::Parseable;
+use netlink_packet_route::link::{
+    AfSpecInet6, AfSpecUnspec, Inet6IfaceFlags, InfoData, InfoIpTunnel, InfoKind, InfoVrf,
+    LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
+};
+
+use super::{classify_route, link_message, parse_link, Route, RouteFields};
 use crate::dataplane::msg;
 use crate::dataplane::observed::{HostRoute, KernelNexthop};
 use crate::plan::{RouteKey, MAIN_TABLE};
@@ -254,4 +261,81 @@ fn attributes_of_the_kernels_lengths_are_read_from_bytes_and_others_left_to_the_
         edited.resize(edited.len() + (4 - len % 4) % 4, 0);
         assert!(RouteFields::parse(&edited).is_err(), "attribute {kind}");
     }
+}
+
+/// A link as the kernel dumps it: what Lace reads (name, MTU, master, kind and its data)
+/// among attributes it does not (queue, address, the address families' configuration).
+fn link(index: u32, up: bool, info: Vec<LinkInfo>, master: Option<u32>) -> LinkMessage {
+    let mut m = LinkMessage::default();
+    m.header.index = index;
+    m.header.flags = if up {
+        LinkFlags::Up
+    } else {
+        LinkFlags::empty()
+    };
+    m.attributes
+        .push(LinkAttribute::IfName(format!("link{index}")));
+    m.attributes.push(LinkAttribute::TxQueueLen(1000));
+    m.attributes.push(LinkAttribute::Mtu(1400 + index));
+    m.attributes.extend(master.map(LinkAttribute::Controller));
+    m.attributes
+        .push(LinkAttribute::Address(vec![2, 0, 0, 0, 0, index as u8]));
+    m.attributes
+        .push(LinkAttribute::AfSpecUnspec(vec![AfSpecUnspec::Inet6(
+            vec![AfSpecInet6::Flags(Inet6IfaceFlags::empty())],
+        )]));
+    if !info.is_empty() {
+        m.attributes.push(LinkAttribute::LinkInfo(info));
+    }
+    m.attributes.push(LinkAttribute::Group(0));
+    m
+}
+
+#[test]
+fn a_link_read_from_its_bytes_is_the_link_decoded_whole() {
+    let links = [
+        link(1, true, vec![], None),
+        link(
+            7,
+            false,
+            vec![
+                LinkInfo::Kind(InfoKind::Vrf),
+                LinkInfo::Data(InfoData::Vrf(vec![InfoVrf::TableId(TABLE)])),
+            ],
+            None,
+        ),
+        link(9, true, vec![LinkInfo::Kind(InfoKind::Dummy)], Some(7)),
+        link(
+            11,
+            true,
+            vec![
+                LinkInfo::Kind(InfoKind::SitTun),
+                LinkInfo::Data(InfoData::IpTunnel(vec![
+                    InfoIpTunnel::Local("192.0.2.1".parse().unwrap()),
+                    InfoIpTunnel::Link(2),
+                    InfoIpTunnel::Ttl(64),
+                    InfoIpTunnel::EncapDPort(5555),
+                ])),
+            ],
+            None,
+        ),
+    ];
+    // Kept: name and MTU, the master and the kind where there are.
+    for (m, kept) in links.into_iter().zip([2, 3, 4, 3]) {
+        let mut buf = vec![0; m.buffer_len()];
+        m.emit(&mut buf);
+        let whole = parse_link(&LinkMessage::parse(&buf).unwrap());
+        let read = link_message(&buf).unwrap();
+        assert!(whole.is_some());
+        assert_eq!(parse_link(&read), whole, "link {}", m.header.index);
+        assert_eq!(read.attributes.len(), kept, "link {}", m.header.index);
+        assert!(
+            link_message(&buf[..buf.len() - 3]).is_err(),
+            "a cut attribute"
+        );
+    }
+    assert!(
+        link_message(&[0; 8]).is_err(),
+        "shorter than struct ifinfomsg"
+    );
 }
