@@ -313,10 +313,11 @@ const IFLA_READ: [u16; 4] = [
 /// The length of `struct ifinfomsg`, the header before a link's attributes.
 const IFINFOMSG_LEN: usize = 16;
 
-/// The link message whose payload (`struct ifinfomsg` and attributes) is `payload`, with only
-/// the attributes [`parse_link`] reads: the others, most of a link's kilobyte (each address
-/// family's configuration), are skipped unparsed. Parsing them took two thirds of a dump of
-/// 82 links (13-20 ms against 5-6 ms for the kernel's part, in the test VM).
+/// The link message (dumped or notified) whose payload (`struct ifinfomsg` and attributes) is
+/// `payload`, with only the attributes [`parse_link`] reads: the others, most of a link's
+/// kilobyte (each address family's configuration), are skipped unparsed. Parsing them took
+/// two thirds of a dump of 82 links (13-20 ms against 5-6 ms for the kernel's part, in the
+/// test VM).
 pub fn link_message(payload: &[u8]) -> Result<LinkMessage, DecodeError> {
     let mut link = LinkMessage::default();
     link.header = LinkHeader::parse(payload)?;

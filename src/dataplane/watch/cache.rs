@@ -128,12 +128,17 @@ impl Cache {
             }
             return Ok(());
         }
+        if kind == libc::RTM_NEWLINK {
+            // Like a dump's: only what Lace reads of a link is decoded.
+            let l = observe::link_message(raw.payload())
+                .map_err(|e| format!("a notified link: {e}"))?;
+            return self.new_link(&l, host_changed);
+        }
         let msg = decode_message(raw).map_err(|e| e.to_string())?;
         let NetlinkPayload::InnerMessage(m) = msg.payload else {
             return Err(format!("unexpected netlink message of type {kind}"));
         };
         match m {
-            RouteNetlinkMessage::NewLink(l) => return self.new_link(&l, host_changed),
             RouteNetlinkMessage::DelLink(l) => self.del_link(l.header.index, host_changed),
             RouteNetlinkMessage::NewAddress(a) => {
                 let usable = observe::usable(&a);
