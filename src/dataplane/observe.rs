@@ -71,21 +71,36 @@ pub type HostRoutes = BTreeMap<HostRouteId, HostRoute>;
 
 /// Dumps links, addresses, routes and rules: everything of [`ObservedNode`] but what
 /// [`observe_host`] reads. The host's routes also come by identity, for a cache to update.
+///
+/// The IPv4 routes, most of a large node's, are dumped on `nl` while a thread at the lowest
+/// priority dumps the addresses, the IPv6 routes and the rules on a socket of its own. The
+/// IPv4 dump's decoding thread yields its CPU while it waits for the kernel, and that thread
+/// runs then: at 5,000 x 50 an agent restart's read went from 1.35-1.45 s to 1.07-1.26 s in
+/// the 6.12 test VM (a 6.12 kernel fills the two dumps at once; 6.1 takes the RTNL lock for
+/// each datagram of either).
 pub fn dump(nl: &mut Nl) -> Result<(ObservedNode, HostRoutes), ObserveError> {
     let links = dump_links(nl)?;
-    let addrs = dump_addrs(nl)?;
     let names: BTreeMap<u32, String> = links.iter().map(|(n, l)| (l.index, n.clone())).collect();
-    let (v4, mut host) = dump_routes(nl, AddressFamily::Inet, &names)?;
-    // The IPv4 routes, most of a large node's, are put in order while the kernel is read on.
-    let (v4, v6, rules) = std::thread::scope(|s| {
-        let v4 = s.spawn(|| KernelRoutes::from_table_runs(v4));
-        let v6 = dump_routes(nl, AddressFamily::Inet6, &names);
-        let rules = dump_rules(nl);
-        let v4 = v4
+    // Opened here: a socket belongs to the namespace of the thread that opens it.
+    let mut beside = Nl::open()?;
+    let (v4, addrs, v6, rules) = std::thread::scope(|s| {
+        let names = &names;
+        let beside = s.spawn(move || {
+            // Best effort: at the default priority the same dumps only take longer.
+            let _ = crate::sys::priority::lowest_for_this_thread();
+            let addrs = dump_addrs(&mut beside);
+            let v6 = dump_routes(&mut beside, AddressFamily::Inet6, names);
+            (addrs, v6, dump_rules(&mut beside))
+        });
+        let v4 = dump_routes(nl, AddressFamily::Inet, names)
+            .map(|(runs, host)| (KernelRoutes::from_table_runs(runs), host));
+        let (addrs, v6, rules) = beside
             .join()
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-        (v4, v6, rules)
+        (v4, addrs, v6, rules)
     });
+    let (v4, mut host) = v4?;
+    let addrs = addrs?;
     let (v6, host_v6) = v6?;
     host.extend(host_v6);
     let routes = v4.join(KernelRoutes::from_table_runs(v6));
