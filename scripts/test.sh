@@ -21,7 +21,8 @@
 #   image   scripts/test-image.sh (builds the image with buildah + mmdebstrap, checks inside it);
 #           its release binaries are built in the background from the netns tiers on, at nice
 #           19: under TCG the VMs leave CPU time idle while tests wait, and the build takes only
-#           that (the image tier's own build then waits for cargo's lock and finds it done)
+#           that (the image tier's own build then waits for cargo's lock until it ends: 154 s in
+#           CI of dfca9ba, once the netns VMs ran two executables at a time and left less idle)
 #   cluster tests/cluster/run.sh: a real Kubernetes cluster (control plane on this machine,
 #           three nodes in the VM), Lace installed with helm as the README says, the checks of
 #           tests/cluster/checks. Its components (Kubernetes, etcd, containerd, CoreDNS, from Go
