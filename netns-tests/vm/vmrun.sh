@@ -7,7 +7,7 @@
 # command's output (stdout and stderr, merged) comes back on stdout; the exit status is the
 # command's.
 #
-# usage: vmrun.sh [--kernel K] [-t SECS] [-m MEM] [-c CPUS] [-w DIR]... [--tap IF] [--times F] [--accel A] -- CMD [ARG...]
+# usage: vmrun.sh [--kernel K] [-t SECS] [-m MEM] [-c CPUS] [-w DIR]... [--tap IF] [--accel A] -- CMD [ARG...]
 #   --kernel K  6.1 | 6.12 | a full version string such as 6.12.117+deb12-amd64
 #               (default: $LACE_VM_KERNEL, else 6.1)
 #   -t SECS     hard timeout for the whole VM run (default: $LACE_VM_TIMEOUT, else 600)
@@ -16,7 +16,6 @@
 #   --tap IF    give the VM a NIC (eth0, virtio) on the existing tap device IF of qemu's network
 #               namespace (run vmrun.sh in the namespace that holds IF); without it the VM has
 #               no network at all
-#   --times F   append "SECONDS NAME" to F for each libtest test that finished on the console
 #   --accel A   auto | kvm | tcg (default: $LACE_VM_ACCEL, else auto). auto uses KVM only if a
 #               probe boot under KVM finishes within 10 s; the verdict is cached per kernel in
 #               ${XDG_CACHE_HOME:-~/.cache}/lace-vm/<kernel>/accel (delete it to re-probe). Some
@@ -37,7 +36,7 @@ die() { say "ERROR: $*"; exit 125; }
 usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//' >&2; exit 2; }
 
 KERNEL=${LACE_VM_KERNEL:-6.1} TIMEOUT=${LACE_VM_TIMEOUT:-600} MEM=2G CPUS=2
-ACCEL=${LACE_VM_ACCEL:-auto} RWDIRS=() QUIET_ACCEL=0 TIMES_FILE= NET=()
+ACCEL=${LACE_VM_ACCEL:-auto} RWDIRS=() QUIET_ACCEL=0 NET=()
 while [ $# -gt 0 ]; do
   case $1 in
     --kernel) KERNEL=${2:?--kernel needs a value}; shift 2;;
@@ -46,7 +45,6 @@ while [ $# -gt 0 ]; do
     -c) CPUS=${2:?-c needs a count}; shift 2;;
     -w) [ -d "${2:?-w needs a dir}" ] || die "-w $2: not a directory"; RWDIRS+=("$(realpath "$2")"); shift 2;;
     --accel) ACCEL=${2:?--accel needs auto|kvm|tcg}; shift 2;;
-    --times) TIMES_FILE=${2:?--times needs a file}; shift 2;;
     --tap) [ -e "/sys/class/net/${2:?--tap needs a device}/tun_flags" ] || die "--tap $2: no tap device $2 in this network namespace (ip tuntap add dev $2 mode tap)"
            NET=(-netdev "tap,id=n0,ifname=$2,script=no,downscript=no" -device virtio-net-pci,netdev=n0); shift 2;;
     --quiet-accel) QUIET_ACCEL=1; shift;;   # internal: used by the KVM probe
@@ -229,9 +227,8 @@ LOG="quiet loglevel=2"; [ "${LACE_VM_DEBUG:-}" = 1 ] && LOG="loglevel=7"
 # q35, not microvm: microvm hangs intermittently in timer calibration under TCG.
 RUN_START=$EPOCHREALTIME
 # timebox.py: on timeout it names the test running on the console (and for how long).
-TIMES=(); [ -z "$TIMES_FILE" ] || TIMES=(--times "$TIMES_FILE")
 set +e
-"$HERE/timebox.py" -t "$TIMEOUT" --label "vmrun (kernel $KVER, accel $ACCEL)" "${TIMES[@]}" -- \
+"$HERE/timebox.py" -t "$TIMEOUT" --label "vmrun (kernel $KVER, accel $ACCEL)" -- \
   qemu-system-x86_64 -M "q35,accel=$ACCEL" -cpu "$CPU" -smp "$CPUS" -m "$MEM" \
   -nodefaults -no-user-config -display none -no-reboot -serial stdio -monitor none \
   -kernel "$KIMAGE" -initrd "$INITRD" \
