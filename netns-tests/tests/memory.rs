@@ -231,7 +231,7 @@ fn memory_hand_edits_and_silent_flushes_are_put_back_exactly() {
     let (gone, _) = route_in(
         &rec,
         TABLE_A,
-        |nh| matches!(nh, KernelNexthop::Dev(d) if d == "lp-a"),
+        |nh| matches!(nh, KernelNexthop::Dev(d) if &**d == "lp-a"),
     );
     let (changed, _) = route_in(&rec, TABLE_A, |nh| {
         matches!(nh, KernelNexthop::Seg6Encap { .. })

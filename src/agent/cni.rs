@@ -689,7 +689,7 @@ async fn check(agent: &Arc<Agent>, req: &Request) -> Result<(), CniError> {
     for ip in &rec.ips {
         let key = RouteKey::new(placement.1, IpNet::from(ip.addr()));
         let through_host = node.routes.get(&key).is_some_and(
-            |nh| matches!(nh, crate::dataplane::KernelNexthop::Dev(d) if *d == rec.host_ifname),
+            |nh| matches!(nh, crate::dataplane::KernelNexthop::Dev(d) if **d == *rec.host_ifname),
         );
         if !through_host {
             return Err(fail(format!(

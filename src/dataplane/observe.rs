@@ -26,7 +26,7 @@ use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 
 use super::nl::{Nl, NlError};
 use super::observed::{
-    push_to_runs, HostRoute, KernelNexthop, KernelRoutes, LinkTc, NftState, ObservedLink,
+    push_to_runs, HostRoute, KernelNexthop, KernelRoutes, LinkName, LinkTc, NftState, ObservedLink,
     ObservedNode, ObservedRule, Redirect, SitLink, TableRun, ROUTE_PROTOCOL,
 };
 use super::rawnl::RawNlError;
@@ -132,11 +132,13 @@ fn dump_routes(
 ) -> Result<(Vec<TableRun>, Vec<(HostRouteId, HostRoute)>), ObserveError> {
     let mut req = RouteMessage::default();
     req.header.address_family = family;
+    // Each fold names devices with its own shared names: a count that two threads
+    // raised for every route would bounce between their CPUs.
     let runs = nl.dump_fold_split(
         "routes",
         RouteNetlinkMessage::GetRoute(req),
-        || (Vec::<TableRun>::new(), Vec::new()),
-        |(lace, host), kind, payload| {
+        || (Vec::<TableRun>::new(), Vec::new(), link_names(names)),
+        |(lace, host, names), kind, payload| {
             if kind != libc::RTM_NEWROUTE {
                 return Ok(());
             }
@@ -151,11 +153,16 @@ fn dump_routes(
         },
     )?;
     let (mut lace, mut host) = (Vec::new(), Vec::new());
-    for (more_lace, more_host) in runs {
+    for (more_lace, more_host, _) in runs {
         lace.extend(more_lace);
         host.extend(more_host);
     }
     Ok((lace, host))
+}
+
+/// `names` as [`LinkName`]s, to be shared by the routes through each link.
+fn link_names(names: &BTreeMap<u32, String>) -> BTreeMap<u32, LinkName> {
+    names.iter().map(|(i, n)| (*i, n.as_str().into())).collect()
 }
 
 /// The rules of both families in Lace's band.
@@ -676,7 +683,7 @@ fn seg6_encap_segment(encap: &[u8]) -> Option<Ipv6Addr> {
 
 /// Sorts a dumped or notified route into Lace's routes, the host's main-table routes, or
 /// neither. `names` resolves link indices.
-pub fn classify_route(r: &RouteFields, names: &BTreeMap<u32, String>) -> Route {
+pub fn classify_route(r: &RouteFields, names: &BTreeMap<u32, LinkName>) -> Route {
     // A cached clone (a PMTU exception, a redirect) is not a FIB entry: dumps leave them out.
     if r.header.flags.contains(RouteFlags::Cloned) {
         return Route::Other;
@@ -713,7 +720,11 @@ pub fn classify_route(r: &RouteFields, names: &BTreeMap<u32, String>) -> Route {
         if table == MAIN_TABLE && r.header.kind == RouteType::Unicast {
             return Route::Host(
                 (dst, r.header.tos, priority, oif),
-                HostRoute { dst, gateway, dev },
+                HostRoute {
+                    dst,
+                    gateway,
+                    dev: dev.map(|d| d.to_string()),
+                },
             );
         }
         if lace_table(table) {
@@ -749,7 +760,7 @@ pub fn classify_route(r: &RouteFields, names: &BTreeMap<u32, String>) -> Route {
     Route::Lace(RouteKey { table, dst, metric }, nh)
 }
 
-fn parse_encap(e: &[RouteLwTunnelEncap], dev: String) -> KernelNexthop {
+fn parse_encap(e: &[RouteLwTunnelEncap], dev: LinkName) -> KernelNexthop {
     let mut segs = None;
     let mut action = None;
     let mut vrf_table = None;

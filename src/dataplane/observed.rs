@@ -19,19 +19,23 @@ pub use routes::{push_to_runs, Iter as KernelRoutesIter, KernelRoutes, TableRun}
 /// (which lists 0-4, 8-18, 42, 99, 186-192) nor used by the common CNIs (Calico uses 80).
 pub const ROUTE_PROTOCOL: u8 = 0x4c;
 
+/// A device's name in a [`KernelNexthop`]: shared, since a dump names the same few devices in
+/// each of a large node's hundreds of thousands of routes.
+pub type LinkName = std::sync::Arc<str>;
+
 /// A route's next hop as the kernel holds it: symbolic next hops resolved, devices by name.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum KernelNexthop {
     /// `dev <dev>`.
-    Dev(String),
+    Dev(LinkName),
     /// `dev <dev> src <src>`: the source the host uses towards the destination (probe routes).
-    DevSrc { dev: String, src: IpAddr },
+    DevSrc { dev: LinkName, src: IpAddr },
     /// `via <via> dev <dev>`.
-    Via { via: IpAddr, dev: String },
+    Via { via: IpAddr, dev: LinkName },
     /// `encap seg6 mode encap segs <segs> dev <dev>`.
-    Seg6Encap { segs: Ipv6Addr, dev: String },
+    Seg6Encap { segs: Ipv6Addr, dev: LinkName },
     /// `encap seg6local action End.DT46 vrftable <vrf_table> dev <dev>`.
-    Seg6LocalDt46 { vrf_table: u32, dev: String },
+    Seg6LocalDt46 { vrf_table: u32, dev: LinkName },
     /// `unreachable`.
     Unreachable,
     /// A route of Lace's in a form Lace never writes (someone edited it): replaced or deleted.

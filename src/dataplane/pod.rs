@@ -21,7 +21,7 @@ use super::host;
 use super::msg;
 use super::nl::{Nl, NlError};
 use super::observe::{classify_route, dump_address_messages, Route};
-use super::observed::KernelNexthop;
+use super::observed::{KernelNexthop, LinkName};
 use crate::plan::{disable_ipv6_key, RouteKey, MAIN_TABLE};
 
 /// The pods' IPv4 default gateway: link-local, never in a block, the same in every pod.
@@ -96,13 +96,13 @@ pub fn routes(ifname: &str, ips: &[IpNet]) -> Vec<(RouteKey, KernelNexthop)> {
     if ips.iter().any(|ip| ip.addr().is_ipv4()) {
         out.push((
             main(IpNet::from(IpAddr::V4(GATEWAY_V4))),
-            KernelNexthop::Dev(ifname.to_owned()),
+            KernelNexthop::Dev(ifname.into()),
         ));
         out.push((
             main(IpNet::V4(Default::default())),
             KernelNexthop::Via {
                 via: IpAddr::V4(GATEWAY_V4),
-                dev: ifname.to_owned(),
+                dev: ifname.into(),
             },
         ));
     }
@@ -111,7 +111,7 @@ pub fn routes(ifname: &str, ips: &[IpNet]) -> Vec<(RouteKey, KernelNexthop)> {
             main(IpNet::V6(Default::default())),
             KernelNexthop::Via {
                 via: IpAddr::V6(GATEWAY_V6),
-                dev: ifname.to_owned(),
+                dev: ifname.into(),
             },
         ));
     }
@@ -365,7 +365,7 @@ pub fn inspect(nl: &mut Nl, ifname: &str) -> Result<Option<PodLinkState>, NlErro
     for family in [AddressFamily::Inet, AddressFamily::Inet6] {
         let mut req = RouteMessage::default();
         req.header.address_family = family;
-        let names = [(index, ifname.to_owned())].into_iter().collect();
+        let names = [(index, LinkName::from(ifname))].into_iter().collect();
         for m in nl.dump("routes", RouteNetlinkMessage::GetRoute(req))? {
             let RouteNetlinkMessage::NewRoute(r) = m else {
                 continue;
@@ -382,7 +382,7 @@ pub fn inspect(nl: &mut Nl, ifname: &str) -> Result<Option<PodLinkState>, NlErro
 fn main_route_via(
     r: RouteMessage,
     index: u32,
-    names: &std::collections::BTreeMap<u32, String>,
+    names: &std::collections::BTreeMap<u32, LinkName>,
 ) -> Option<(IpNet, Option<IpAddr>)> {
     let through = r
         .attributes

@@ -205,7 +205,7 @@ mod tests {
         let enslaved = at(&|o| matches!(o, Op::SetMaster { link, .. } if link == "li-a"));
         let routed = at(&|o| {
             matches!(o, Op::PutRoute { nh: KernelNexthop::Seg6Encap { dev, .. }, key }
-                if dev == "li-a" && key.dst == "10.1.2.7/32".parse::<ipnet::IpNet>().unwrap())
+                if &**dev == "li-a" && key.dst == "10.1.2.7/32".parse::<ipnet::IpNet>().unwrap())
         });
         assert!(created < enslaved && enslaved < routed, "{ops:#?}");
         model(&mut o, &ops);

@@ -26,8 +26,8 @@ use ipnet::{IpNet, Ipv6Net};
 pub use nft::{KnownRuleset, UntaggableRuleset};
 
 use super::observed::{
-    FouListener, HostRoute, KernelNexthop, KernelRoutesIter, LinkTc, NftState, ObservedLink,
-    ObservedNode,
+    FouListener, HostRoute, KernelNexthop, KernelRoutesIter, LinkName, LinkTc, NftState,
+    ObservedLink, ObservedNode,
 };
 use super::op::Op;
 use crate::plan::underlay::{
@@ -667,7 +667,7 @@ fn unchanged_encap(nh: &Nexthop, current: Option<&KernelNexthop>, encap_dev: Opt
                 underlay: Underpath::Ipv6,
             },
             Some(KernelNexthop::Seg6Encap { segs: have, dev }),
-        ) => have == segs && encap_dev == Some(dev.as_str()),
+        ) => have == segs && encap_dev == Some(&**dev),
         _ => false,
     }
 }
@@ -684,12 +684,12 @@ fn resolve(
     out: &mut Diff,
 ) -> Result<Option<KernelNexthop>, DiffError> {
     let uplink = || {
-        uplink.map(str::to_string).ok_or(DiffError::NoUplink {
+        uplink.map(LinkName::from).ok_or(DiffError::NoUplink {
             underlay: IpAddr::V6(base.underlay.ipv6.unwrap_or(Ipv6Addr::UNSPECIFIED)),
         })
     };
     let resolved = match nh {
-        Nexthop::Dev(dev) => KernelNexthop::Dev(dev.clone()),
+        Nexthop::Dev(dev) => KernelNexthop::Dev(dev.as_str().into()),
         // The kernel refuses a source the node does not hold (e.g. a Node object whose
         // InternalIP is not configured here): the route then goes without one. A
         // link-local source is added to the link (see `pod_link_ops`).
@@ -697,26 +697,26 @@ fn resolve(
             if link_local(src).is_some() || observed.addrs.iter().any(|(a, _)| a == src) =>
         {
             KernelNexthop::DevSrc {
-                dev: dev.clone(),
+                dev: dev.as_str().into(),
                 src: *src,
             }
         }
-        Nexthop::DevSrc { dev, .. } => KernelNexthop::Dev(dev.clone()),
+        Nexthop::DevSrc { dev, .. } => KernelNexthop::Dev(dev.as_str().into()),
         Nexthop::Seg6Encap { segs, underlay } => KernelNexthop::Seg6Encap {
             segs: *segs,
             dev: match underlay {
                 Underpath::Ipv6 => uplink()?,
-                Underpath::LinkLocal => uplink4(base, observed)?.0.to_string(),
-                Underpath::Fou => IPV4_TUNNEL.to_string(),
+                Underpath::LinkLocal => uplink4(base, observed)?.0.into(),
+                Underpath::Fou => IPV4_TUNNEL.into(),
             },
         },
         Nexthop::Seg6EncapIngress { segs, dev } => KernelNexthop::Seg6Encap {
             segs: *segs,
-            dev: dev.clone(),
+            dev: dev.as_str().into(),
         },
         Nexthop::Seg6LocalDt46 { vrf_table, vrf } => KernelNexthop::Seg6LocalDt46 {
             vrf_table: *vrf_table,
-            dev: vrf.clone(),
+            dev: vrf.as_str().into(),
         },
         Nexthop::Underlay { via } => KernelNexthop::Via {
             via: IpAddr::V6(*via),
@@ -724,11 +724,11 @@ fn resolve(
         },
         Nexthop::LinkLocal { via } => KernelNexthop::Via {
             via: IpAddr::V6(*via),
-            dev: uplink4(base, observed)?.0.to_string(),
+            dev: uplink4(base, observed)?.0.into(),
         },
         Nexthop::Ipv4Tunnel { via } => KernelNexthop::Via {
             via: IpAddr::V6(via.to_ipv6_compatible()),
-            dev: IPV4_TUNNEL.to_string(),
+            dev: IPV4_TUNNEL.into(),
         },
         Nexthop::Unreachable => KernelNexthop::Unreachable,
         Nexthop::Host => {
@@ -741,7 +741,7 @@ fn resolve(
                 ));
                 return Ok(None);
             };
-            let dev = h.dev.clone().unwrap_or_default();
+            let dev = h.dev.as_deref().unwrap_or_default().into();
             match h.gateway {
                 Some(via) => KernelNexthop::Via { via, dev },
                 None => KernelNexthop::Dev(dev),
@@ -749,7 +749,7 @@ fn resolve(
         }
     };
     if let KernelNexthop::Dev(dev) | KernelNexthop::DevSrc { dev, .. } = &resolved {
-        if !observed.links.contains_key(dev) && !vrfs.contains_key(dev) {
+        if !observed.links.contains_key(&**dev) && !vrfs.contains_key(&**dev) {
             out.skipped.push(format!(
                 "route {} table {}: no link {dev}",
                 key.dst, key.table

@@ -72,7 +72,7 @@ fn from_scratch_everything_is_added_in_a_safe_order() {
         match (d.route(k).unwrap(), nh) {
             (Nexthop::Seg6Encap { .. }, KernelNexthop::Seg6Encap { dev, .. })
             | (Nexthop::Underlay { .. }, KernelNexthop::Via { dev, .. }) => {
-                assert_eq!(dev, UPLINK, "{k:?}")
+                assert_eq!(&**dev, UPLINK, "{k:?}")
             }
             _ => {}
         }

@@ -21,17 +21,20 @@ use netlink_packet_route::link::{
 
 use super::{classify_route, link_message, parse_link, Route, RouteFields};
 use crate::dataplane::msg;
-use crate::dataplane::observed::{HostRoute, KernelNexthop};
+use crate::dataplane::observed::{HostRoute, KernelNexthop, LinkName};
 use crate::plan::{RouteKey, MAIN_TABLE};
 
 const TABLE: u32 = 1_000_005;
 
-fn names() -> BTreeMap<u32, String> {
-    [(2, "eth0".to_string()), (7, "lv-a".to_string())].into()
+fn names() -> BTreeMap<u32, LinkName> {
+    [(2, "eth0".into()), (7, "lv-a".into())].into()
 }
 
 fn index(dev: &str) -> Option<u32> {
-    names().into_iter().find(|(_, n)| n == dev).map(|(i, _)| i)
+    names()
+        .into_iter()
+        .find(|(_, n)| **n == *dev)
+        .map(|(i, _)| i)
 }
 
 /// The message's payload as the kernel sends it: `struct rtmsg` and the attributes.

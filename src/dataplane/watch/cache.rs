@@ -39,7 +39,7 @@ use crate::dataplane::nl::{decode_message, NlError};
 use crate::dataplane::observe::{
     self, addr_entries, classify_route, classify_rule, parse_link, HostRoutes, RouteFields,
 };
-use crate::dataplane::observed::{KernelNexthop, ObservedNode};
+use crate::dataplane::observed::{KernelNexthop, LinkName, ObservedNode};
 use crate::dataplane::op::Op;
 use crate::plan::RouteKey;
 
@@ -68,7 +68,7 @@ impl Deleted {
 pub(super) struct Cache {
     pub(super) node: ObservedNode,
     /// Link index → name: notifications name devices by index.
-    names: BTreeMap<u32, String>,
+    names: BTreeMap<u32, LinkName>,
     /// The host's main-table routes by identity; `node.host_routes` lists them.
     host: HostRoutes,
     /// Not handed out yet since the dump that filled it.
@@ -80,7 +80,7 @@ impl Cache {
         let names = node
             .links
             .iter()
-            .map(|(n, l)| (l.index, n.clone()))
+            .map(|(n, l)| (l.index, LinkName::from(n.as_str())))
             .collect();
         Self {
             node,
@@ -219,7 +219,7 @@ impl Cache {
             return Err(format!("link {} notified without a name", l.header.index));
         };
         if let Some(old) = self.names.get(&link.index) {
-            if *old != name {
+            if **old != *name {
                 return Err(format!("link {old} was renamed {name}"));
             }
         }
@@ -234,7 +234,7 @@ impl Cache {
             None => false,
         };
         let down = was_up && !link.up;
-        self.names.insert(link.index, name.clone());
+        self.names.insert(link.index, name.as_str().into());
         self.node.links.insert(name.clone(), link);
         if down {
             self.drop_routes_via(&name, false, host_changed);
@@ -246,7 +246,7 @@ impl Cache {
         let Some(name) = self.names.remove(&index) else {
             return;
         };
-        self.node.links.remove(&name);
+        self.node.links.remove(&*name);
         self.node.addrs.retain(|(_, i)| *i != index);
         self.drop_routes_via(&name, false, host_changed);
     }
@@ -270,7 +270,7 @@ impl Cache {
         for nh in self.node.routes.values_mut() {
             let hit = match nh {
                 KernelNexthop::DevSrc { src, dev: via } if *src == ip => {
-                    ip.is_ipv4() || dev.as_deref() == Some(via.as_str())
+                    ip.is_ipv4() || dev.as_deref() == Some(&**via)
                 }
                 _ => false,
             };

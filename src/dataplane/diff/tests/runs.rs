@@ -86,7 +86,7 @@ proptest! {
         o.routes.retain(|k, _| k.table < 1000 || k.table > 1003);
         for (k, nh) in routes(&kernel) {
             let Nexthop::Dev(dev) = nh else { unreachable!() };
-            o.routes.insert(k, KernelNexthop::Dev(dev));
+            o.routes.insert(k, KernelNexthop::Dev(dev.into()));
         }
         let ops = diff(Some(&d), &o, None).unwrap().ops;
         model(&mut o, &ops);

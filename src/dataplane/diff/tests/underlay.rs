@@ -534,7 +534,7 @@ fn the_link_local_path_holds_the_address_on_the_ipv4_uplink_and_routes_via_the_p
     );
     for (k, nh) in &put {
         if let KernelNexthop::Seg6Encap { dev, .. } = nh {
-            assert_eq!(dev, UPLINK, "{k:?}");
+            assert_eq!(&**dev, UPLINK, "{k:?}");
         }
     }
     // A second apply writes nothing.

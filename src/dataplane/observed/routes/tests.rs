@@ -20,7 +20,7 @@ fn key(i: u32) -> RouteKey {
 }
 
 fn dev(name: u32) -> KernelNexthop {
-    KernelNexthop::Dev(format!("lp-{name}"))
+    KernelNexthop::Dev(format!("lp-{name}").into())
 }
 
 #[derive(Clone, Debug)]
