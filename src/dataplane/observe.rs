@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
-use netlink_packet_core::{DecodeError, NlasIterator, ParseableParametrized};
+use netlink_packet_core::{DecodeError, ParseableParametrized};
 use netlink_packet_route::address::{
     AddressAttribute, AddressFlags, AddressHeaderFlags, AddressMessage,
 };
@@ -24,7 +24,7 @@ use netlink_packet_route::route::{
 use netlink_packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 
-use super::nl::{Nl, NlError};
+use super::nl::{Nl, NlError, RawAttrs};
 use super::observed::{
     push_to_runs, HostRoute, KernelNexthop, KernelRoutes, LinkName, LinkTc, NftState, ObservedLink,
     ObservedNode, ObservedRule, Redirect, SitLink, TableRun, ROUTE_PROTOCOL,
@@ -132,37 +132,58 @@ fn dump_routes(
 ) -> Result<(Vec<TableRun>, Vec<(HostRouteId, HostRoute)>), ObserveError> {
     let mut req = RouteMessage::default();
     req.header.address_family = family;
-    // Each fold names devices with its own shared names: a count that two threads
-    // raised for every route would bounce between their CPUs.
     let runs = nl.dump_fold_split(
         "routes",
         RouteNetlinkMessage::GetRoute(req),
-        || (Vec::<TableRun>::new(), Vec::new(), link_names(names)),
-        |(lace, host, names), kind, payload| {
-            if kind != libc::RTM_NEWROUTE {
-                return Ok(());
-            }
-            let r = RouteFields::parse(payload)
-                .map_err(|e| NlError::Decode(format!("a dumped route: {e}")))?;
-            match classify_route(&r, names) {
-                Route::Lace(key, nh) => push_to_runs(lace, (key, nh)),
-                Route::Host(id, h) => host.push((id, h)),
-                Route::Foreign(_) | Route::Other => {}
-            }
-            Ok(())
-        },
+        || RouteFold::new(names),
+        RouteFold::add,
     )?;
     let (mut lace, mut host) = (Vec::new(), Vec::new());
-    for (more_lace, more_host, _) in runs {
+    for RouteFold {
+        lace: more_lace,
+        host: more_host,
+        ..
+    } in runs
+    {
         lace.extend(more_lace);
         host.extend(more_host);
     }
     Ok((lace, host))
 }
 
-/// `names` as [`LinkName`]s, to be shared by the routes through each link.
-fn link_names(names: &BTreeMap<u32, String>) -> BTreeMap<u32, LinkName> {
-    names.iter().map(|(i, n)| (*i, n.as_str().into())).collect()
+/// What one thread of a route dump decoded: Lace's routes in runs of one table each, and the
+/// host's main-table routes.
+struct RouteFold {
+    lace: Vec<TableRun>,
+    host: Vec<(HostRouteId, HostRoute)>,
+    /// The links' names by index, the fold's own: a count that two threads raised for every
+    /// route would bounce between their CPUs.
+    names: BTreeMap<u32, LinkName>,
+}
+
+impl RouteFold {
+    fn new(names: &BTreeMap<u32, String>) -> Self {
+        Self {
+            lace: Vec::new(),
+            host: Vec::new(),
+            names: names.iter().map(|(i, n)| (*i, n.as_str().into())).collect(),
+        }
+    }
+
+    /// Takes in one dumped message of type `kind` whose payload is `payload`.
+    fn add(&mut self, kind: u16, payload: &[u8]) -> Result<(), NlError> {
+        if kind != libc::RTM_NEWROUTE {
+            return Ok(());
+        }
+        let r = RouteFields::parse(payload)
+            .map_err(|e| NlError::Decode(format!("a dumped route: {e}")))?;
+        match classify_route(&r, &self.names) {
+            Route::Lace(key, nh) => push_to_runs(&mut self.lace, (key, nh)),
+            Route::Host(id, h) => self.host.push((id, h)),
+            Route::Foreign(_) | Route::Other => {}
+        }
+        Ok(())
+    }
 }
 
 /// The rules of both families in Lace's band.
@@ -343,12 +364,12 @@ const IFINFOMSG_LEN: usize = 16;
 pub fn link_message(payload: &[u8]) -> Result<LinkMessage, DecodeError> {
     let mut link = LinkMessage::default();
     link.header = LinkHeader::parse(payload)?;
-    for nla in NlasIterator::new(payload.get(IFINFOMSG_LEN..).unwrap_or_default()) {
-        let nla = nla?;
-        if IFLA_READ.contains(&nla.kind()) {
+    for a in RawAttrs::new(payload.get(IFINFOMSG_LEN..).unwrap_or_default()) {
+        let a = a?;
+        if IFLA_READ.contains(&a.kind) {
             let family = link.header.interface_family;
             link.attributes
-                .push(LinkAttribute::parse_with_param(&nla, family)?);
+                .push(LinkAttribute::parse_with_param(&a.nla(), family)?);
         }
     }
     Ok(link)
@@ -577,25 +598,25 @@ impl RouteFields {
         let mut fields = Self::new(RouteHeader::parse(payload)?);
         let param = |f: &Self| (f.header.address_family, f.header.kind, f.encap_type);
         let mut encap = None;
-        for nla in NlasIterator::new(payload.get(RTMSG_LEN..).unwrap_or_default()) {
-            let nla = nla?;
-            match nla.kind() {
+        for a in RawAttrs::new(payload.get(RTMSG_LEN..).unwrap_or_default()) {
+            let a = a?;
+            match a.kind {
                 // Its parse needs the encapsulation's type, which may come after it.
-                RTA_ENCAP => encap = Some(nla),
+                RTA_ENCAP => encap = Some(a),
                 // Read from the bytes, or else parsed by the library.
-                kind if RTA_READ.contains(&kind) && !fields.read(kind, nla.value()) => {
-                    fields.set(RouteAttribute::parse_with_param(&nla, param(&fields))?)
+                kind if RTA_READ.contains(&kind) && !fields.read(kind, a.value) => {
+                    fields.set(RouteAttribute::parse_with_param(&a.nla(), param(&fields))?)
                 }
                 _ => {}
             }
         }
-        if let Some(nla) = encap {
+        if let Some(a) = encap {
             fields.seg6_encap = match fields.encap_type {
-                RouteLwEnCapType::Seg6 => seg6_encap_segment(nla.value()),
+                RouteLwEnCapType::Seg6 => seg6_encap_segment(a.value),
                 _ => None,
             };
             if fields.seg6_encap.is_none() {
-                fields.set(RouteAttribute::parse_with_param(&nla, param(&fields))?);
+                fields.set(RouteAttribute::parse_with_param(&a.nla(), param(&fields))?);
             }
         }
         Ok(fields)
@@ -666,12 +687,12 @@ fn seg6_encap_segment(encap: &[u8]) -> Option<Ipv6Addr> {
     const LEN: usize = 4 + 8 + 16;
     // hdrlen counts 8-byte units after the first 8: one segment is 2.
     const ONE_SEGMENT_HDRLEN: u8 = 2;
-    let mut nlas = NlasIterator::new(encap);
-    let srh = nlas.next()?.ok()?;
-    if nlas.next().is_some() || srh.kind() != SEG6_IPTUNNEL_SRH {
+    let mut attrs = RawAttrs::new(encap);
+    let srh = attrs.next()?.ok()?;
+    if attrs.next().is_some() || srh.kind != SEG6_IPTUNNEL_SRH {
         return None;
     }
-    let v: &[u8; LEN] = srh.value().try_into().ok()?;
+    let v: &[u8; LEN] = srh.value.try_into().ok()?;
     let [m0, m1, m2, m3, _nexthdr, hdrlen, _type, _segments_left, first_segment, flags, _, _, segment @ ..] =
         *v;
     (u32::from_ne_bytes([m0, m1, m2, m3]) == SEG6_IPTUN_MODE_ENCAP

@@ -518,3 +518,65 @@ fn datagrams_laid_end_to_end_decode_in_order_and_truncation_is_an_error() {
         Err(NlError::Decode(_))
     ));
 }
+
+/// Attributes as (type, value) pairs up to the first error, and whether there was one.
+type Walk = (Vec<(u16, Vec<u8>)>, bool);
+
+/// The [`Walk`] of `RawAttrs`, and that of netlink-packet-core's `NlasIterator`.
+fn walked(raw: &[u8]) -> [Walk; 2] {
+    let mut ours = (Vec::new(), false);
+    for a in RawAttrs::new(raw) {
+        match a {
+            Ok(a) => {
+                assert_eq!(a.nla().kind(), a.kind);
+                assert_eq!(a.nla().value(), a.value);
+                ours.0.push((a.kind, a.value.to_vec()));
+            }
+            Err(_) => ours.1 = true,
+        }
+    }
+    let mut theirs = (Vec::new(), false);
+    for a in netlink_packet_core::NlasIterator::new(raw) {
+        match a {
+            Ok(a) => theirs.0.push((a.kind(), a.value().to_vec())),
+            Err(_) => theirs.1 = true,
+        }
+    }
+    [ours, theirs]
+}
+
+proptest::proptest! {
+    /// Any attributes (any type, flags included, any value, padded or not at the end), cut
+    /// anywhere or with a length field overwritten: `RawAttrs` yields what `NlasIterator`
+    /// does, and stops with an error where it does.
+    #[test]
+    fn raw_attributes_are_what_the_library_walks(
+        attrs in proptest::collection::vec((proptest::prelude::any::<u16>(), proptest::collection::vec(proptest::prelude::any::<u8>(), 0..24)), 0..6),
+        pad_last in proptest::prelude::any::<bool>(),
+        cut in proptest::prelude::any::<proptest::sample::Index>(),
+        overwrite in proptest::option::of((proptest::prelude::any::<proptest::sample::Index>(), proptest::prelude::any::<u16>())),
+    ) {
+        let mut raw = Vec::new();
+        let mut starts = Vec::new();
+        for (i, (kind, value)) in attrs.iter().enumerate() {
+            starts.push(raw.len());
+            raw.extend(u16::try_from(4 + value.len()).unwrap().to_ne_bytes());
+            raw.extend(kind.to_ne_bytes());
+            raw.extend(value);
+            if i + 1 < attrs.len() || pad_last {
+                raw.resize(raw.len().div_ceil(4) * 4, 0);
+            }
+        }
+        let [ours, theirs] = walked(&raw);
+        proptest::prop_assert_eq!(&ours, &theirs);
+        proptest::prop_assert!(!ours.1);
+        proptest::prop_assert_eq!(ours.0.len(), attrs.len());
+        if let Some((at, len)) = overwrite.filter(|_| !starts.is_empty()) {
+            let at = starts[at.index(starts.len())];
+            raw[at..at + 2].copy_from_slice(&len.to_ne_bytes());
+        }
+        let cut = cut.index(raw.len() + 1);
+        let [ours, theirs] = walked(&raw[..cut]);
+        proptest::prop_assert_eq!(ours, theirs);
+    }
+}
