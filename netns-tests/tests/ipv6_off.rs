@@ -326,6 +326,11 @@ impl World {
                 .arg("--cni-bin-source")
                 .arg(binary("lace"))
                 .args(["--metrics-addr", &format!("127.0.0.1:{port}")])
+                // No periodic resync (60 s by default) while the test runs: one that lands
+                // between an edit by hand and the agent's next look would repair the edit
+                // before it is seen as drift, which the test checks (seen on 2026-12-07:
+                // `lu-ipv4: repaired, but not as drift`, the resync 60 s after the start).
+                .args(["--resync-interval", "3600"])
                 .env("LACE_LOG", "info")
                 .stdout(Stdio::null())
                 .stderr(log)
