@@ -8,13 +8,14 @@
 //! tc_tbf_qopt`; the rate above 4 GB/s in `TCA_TBF_RATE64`; the bucket in bytes in
 //! `TCA_TBF_BURST`, so no rate table is needed: the rate's link layer is Ethernet).
 
-use netlink_packet_core::{DefaultNla, Nla, NlaBuffer, NlasIterator};
+use netlink_packet_core::{DefaultNla, Nla};
 use netlink_packet_route::tc::{
     TcAction, TcActionAttribute, TcActionGeneric, TcActionMirrorOption, TcActionOption,
     TcActionType, TcAttribute, TcFilterU32Option, TcHandle, TcMessage, TcMirror,
     TcMirrorActionType, TcOption, TcU32Key, TcU32Selector, TcU32SelectorFlags,
 };
 
+use super::nl::RawAttrs;
 use super::observed::{ObservedTbf, Redirect, RootQdisc};
 use crate::bandwidth::Bucket;
 use crate::plan::shaping::{FILTER_PRIORITY, QDISC_MAJOR};
@@ -204,11 +205,11 @@ fn options(m: &TcMessage) -> Option<Vec<u8>> {
 fn read_tbf(options: &[u8]) -> Option<ObservedTbf> {
     let mut parms = None;
     let mut rate64 = None;
-    for nla in NlasIterator::new(options) {
-        let nla: NlaBuffer<&[u8]> = nla.ok()?;
-        match nla.kind() {
-            TCA_TBF_PARMS => parms = nla.value().get(..TBF_QOPT_LEN).map(<[u8]>::to_vec),
-            TCA_TBF_RATE64 => rate64 = Some(u64::from_ne_bytes(nla.value().try_into().ok()?)),
+    for a in RawAttrs::new(options) {
+        let a = a.ok()?;
+        match a.kind {
+            TCA_TBF_PARMS => parms = a.value.get(..TBF_QOPT_LEN).map(<[u8]>::to_vec),
+            TCA_TBF_RATE64 => rate64 = Some(u64::from_ne_bytes(a.value.try_into().ok()?)),
             _ => {}
         }
     }

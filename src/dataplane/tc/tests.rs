@@ -4,6 +4,8 @@
 use netlink_packet_core::{NetlinkHeader, NetlinkMessage, NetlinkPayload};
 use netlink_packet_route::RouteNetlinkMessage;
 
+use netlink_packet_core::{NlaBuffer, NlasIterator};
+
 use super::*;
 
 /// `m` through its bytes and back, as a dump would hand it over.
