@@ -1,12 +1,14 @@
 //! Lace's routes as the kernel holds them, by key ([`KernelRoutes`]): the lists a dump read,
-//! one per table, sorted, and a small map of what changed since. A dump's 200,000 routes
-//! arrive as runs of one table each, a table's nearly in key order: each becomes its table's
-//! list by a sort that finds a handful of runs, where a tree built from them took longer than
-//! the rest of a restart's reading after the kernel's dump (measured in the test VM at 5,000
-//! nodes x 50 Networks: 45-67 ms of 0.43 s), and one list of them all cost a copy as long
-//! as the sort. The kernel's notifications then replace, add and remove single routes: a
-//! replace is written into the lists in place, an addition or removal goes to the map, and
-//! the two are merged into lists again once the map holds half as many routes as the lists.
+//! sorted, one after the other, and a small map of what changed since. A dump's 200,000
+//! routes arrive as runs of one table each, a table's nearly in key order: the thread that
+//! decodes a run sorts it once the next starts (while the kernel fills the next datagram), by
+//! a sort that finds a handful of runs, and the runs become the lists as they are. A tree
+//! built from them took longer than the rest of a restart's reading after the kernel's dump
+//! (measured in the test VM at 5,000 nodes x 50 Networks: 45-67 ms of 0.43 s), and one list
+//! of them all cost a copy as long as the sort. The kernel's notifications then replace, add
+//! and remove single routes: a replace is written into the lists in place, an addition or
+//! removal goes to the map, and the two are merged into lists again once the map holds half
+//! as many routes as the lists.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -23,9 +25,10 @@ const MERGE_MIN: usize = 1024;
 /// Lace's routes by key, as a map: one next hop per key, walked in key order.
 #[derive(Clone, Default)]
 pub struct KernelRoutes {
-    /// What a dump read, with replaces written in place: one list per table, the tables in
-    /// order and none empty, each sorted by key with one route per key. A key that `changed`
-    /// holds is decided there.
+    /// What a dump read, with replaces written in place: lists of one table's routes each,
+    /// none empty, each sorted by key with one route per key and each after the one before
+    /// (its first key above that one's last). A table's routes are one list, or a few (one
+    /// per family, or where a dump split them). A key that `changed` holds is decided there.
     dumped: Vec<TableRoutes>,
     /// Routes added since the dump (`Some`) and routes of the dump removed since (`None`).
     changed: BTreeMap<RouteKey, Option<KernelNexthop>>,
@@ -35,15 +38,45 @@ pub struct KernelRoutes {
 /// One table's routes.
 pub type TableRoutes = Vec<(RouteKey, KernelNexthop)>;
 
-/// A run of one table's routes, in the order a dump sent them: the table and the routes.
-pub type TableRun = (u32, TableRoutes);
+/// A run of one table's routes, as a dump sent them.
+#[derive(Debug)]
+pub struct TableRun {
+    table: u32,
+    routes: TableRoutes,
+    /// Whether `routes` is sorted by key with one route per key (by [`TableRun::sort`]).
+    sorted: bool,
+}
 
-/// Adds `route` to the last of `runs` if it is of that run's table, else starts a run: a
-/// dump's routes as [`KernelRoutes::from_table_runs`] takes them.
+impl TableRun {
+    fn new(route: (RouteKey, KernelNexthop)) -> Self {
+        Self {
+            table: route.0.table,
+            routes: vec![route],
+            sorted: false,
+        }
+    }
+
+    /// Sorts the run, once.
+    fn sort(&mut self) {
+        if !self.sorted && !self.routes.is_sorted_by(|a, b| a.0 < b.0) {
+            sort_table(&mut self.routes);
+        }
+        self.sorted = true;
+    }
+}
+
+/// Adds `route` to the last of `runs` if it is of that run's table, else sorts that run and
+/// starts one: a dump's routes as [`KernelRoutes::from_table_runs`] takes them, each run but
+/// the last sorted by the thread that decoded it.
 pub fn push_to_runs(runs: &mut Vec<TableRun>, route: (RouteKey, KernelNexthop)) {
     match runs.last_mut() {
-        Some((table, run)) if *table == route.0.table => run.push(route),
-        _ => runs.push((route.0.table, vec![route])),
+        Some(run) if run.table == route.0.table => run.routes.push(route),
+        last => {
+            if let Some(run) = last {
+                run.sort();
+            }
+            runs.push(TableRun::new(route));
+        }
     }
 }
 
@@ -57,65 +90,68 @@ impl KernelRoutes {
         Self::from_table_runs(runs)
     }
 
-    /// The routes of a dump as the kernel sends them: runs of one table each (`(table,
-    /// routes)`), the tables in any order (the kernel's is that of its hash of their ids, one
-    /// family after the other), a table's routes nearly in key order. Of two routes with one
-    /// key, the later is kept. The runs become the tables' lists: a dump's 200,000 routes are
-    /// neither copied into one list nor sorted as one (in the test VM that copy alone, into
-    /// memory faulted in page by page, took 23-27 ms).
+    /// The routes of a dump as the kernel sends them: runs of one table each, the tables in
+    /// any order (the kernel's is that of its hash of their ids, one family after the other),
+    /// a table's routes nearly in key order. Of two routes with one key, the later is kept.
+    /// The runs become the lists as they are, sorted, where a table's follow each other in
+    /// key order (a dump's do, but where a datagram cuts a table between prefixes of one
+    /// address): a dump's 200,000 routes are neither copied into one list nor sorted as one
+    /// (in the test VM that copy alone, into memory faulted in page by page, took 23-27 ms).
     pub fn from_table_runs(mut runs: Vec<TableRun>) -> Self {
         // Stable: a table's runs stay in the order they came, for the later route to win.
-        runs.sort_by_key(|(table, _)| *table);
+        runs.sort_by_key(|run| run.table);
         let mut dumped: Vec<TableRoutes> = Vec::with_capacity(runs.len());
-        let mut last = None;
-        for (table, mut run) in runs {
-            match dumped.last_mut() {
-                Some(routes) if last == Some(table) => routes.append(&mut run),
-                _ if run.is_empty() => {}
-                _ => {
-                    dumped.push(run);
-                    last = Some(table);
-                }
+        let mut runs = runs
+            .into_iter()
+            .filter(|run| !run.routes.is_empty())
+            .peekable();
+        while let Some(first) = runs.next() {
+            let mut table = vec![first];
+            while let Some(run) = runs.next_if(|run| run.table == table[0].table) {
+                table.push(run);
+            }
+            table.iter_mut().for_each(TableRun::sort);
+            if in_key_order(table.iter().map(|run| &run.routes)) {
+                dumped.extend(table.into_iter().map(|run| run.routes));
+            } else {
+                let mut routes: TableRoutes =
+                    table.into_iter().flat_map(|run| run.routes).collect();
+                sort_table(&mut routes);
+                dumped.push(routes);
             }
         }
-        for routes in &mut dumped {
-            if !routes.is_sorted_by(|a, b| a.0 < b.0) {
-                sort_table(routes);
-            }
-        }
-        Self {
-            len: dumped.iter().map(Vec::len).sum(),
-            dumped,
-            changed: BTreeMap::new(),
-        }
+        Self::from_lists(dumped)
     }
 
     /// The routes of two dumps together; of two routes with one key, `other`'s is kept. Two
-    /// dumps of different keys (the two families' routes) are joined table by table, with
-    /// nothing sorted again.
+    /// dumps of different keys (the two families' routes) are joined list by list, with
+    /// nothing copied or sorted again.
     pub fn join(self, other: Self) -> Self {
         if !(self.changed.is_empty() && other.changed.is_empty()) {
             let mut routes = self.into_vec();
             routes.extend(other.into_vec());
             return Self::from_dump(routes);
         }
-        let mut dumped = Vec::with_capacity(self.dumped.len() + other.dumped.len());
+        // Both dumps' lists by first key, each with whether it is `other`'s.
+        let mut lists = Vec::with_capacity(self.dumped.len() + other.dumped.len());
         let mut others = other.dumped.into_iter().peekable();
-        for mut routes in self.dumped {
-            let table = routes[0].0.table;
-            while let Some(theirs) = others.next_if(|t| t[0].0.table < table) {
-                dumped.push(theirs);
+        for routes in self.dumped {
+            while let Some(theirs) = others.next_if(|t| t[0].0 < routes[0].0) {
+                lists.push((true, theirs));
             }
-            if let Some(mut theirs) = others.next_if(|t| t[0].0.table == table) {
-                let in_order = routes.last().map(|r| r.0) < Some(theirs[0].0);
-                routes.append(&mut theirs);
-                if !in_order {
-                    sort_table(&mut routes);
-                }
-            }
-            dumped.push(routes);
+            lists.push((false, routes));
         }
-        dumped.extend(others);
+        lists.extend(others.map(|theirs| (true, theirs)));
+        if in_key_order(lists.iter().map(|(_, routes)| routes)) {
+            return Self::from_lists(lists.into_iter().map(|(_, routes)| routes).collect());
+        }
+        // A key in both: `other`'s routes last, for theirs to be kept.
+        lists.sort_by_key(|(theirs, _)| *theirs);
+        Self::from_dump(lists.into_iter().flat_map(|(_, routes)| routes).collect())
+    }
+
+    /// Of lists as `dumped` holds them.
+    fn from_lists(dumped: Vec<TableRoutes>) -> Self {
         Self {
             len: dumped.iter().map(Vec::len).sum(),
             dumped,
@@ -131,18 +167,9 @@ impl KernelRoutes {
         self.len == 0
     }
 
-    /// The list of table `table`, if the dump has one.
-    fn table(&self, table: u32) -> Option<usize> {
-        self.dumped
-            .binary_search_by_key(&table, |routes| routes[0].0.table)
-            .ok()
-    }
-
-    /// Where `key` is in the lists (the table's, the route's), if there.
+    /// Where `key` is in the lists (the list's, the route's), if there.
     fn position(&self, key: &RouteKey) -> Option<(usize, usize)> {
-        let t = self.table(key.table)?;
-        let i = self.dumped[t].binary_search_by(|(k, _)| k.cmp(key)).ok()?;
-        Some((t, i))
+        position(&self.dumped, key)
     }
 
     pub fn get(&self, key: &RouteKey) -> Option<&KernelNexthop> {
@@ -203,12 +230,6 @@ impl KernelRoutes {
         }
         self.dumped.retain(|routes| !routes.is_empty());
         let dumped = &self.dumped;
-        let position = |key: &RouteKey| {
-            let t = dumped.partition_point(|routes| routes[0].0.table < key.table);
-            dumped
-                .get(t)
-                .is_some_and(|routes| routes.binary_search_by(|(k, _)| k.cmp(key)).is_ok())
-        };
         changed.retain(|k, nh| {
             if let Some(route) = nh {
                 if keep(k, route) {
@@ -217,7 +238,7 @@ impl KernelRoutes {
                 *nh = None;
             }
             // A removal is kept while the list holds the route it removes.
-            position(k)
+            position(dumped, k).is_some()
         });
         self.len = self.iter().count();
     }
@@ -236,9 +257,10 @@ impl KernelRoutes {
 
     /// The routes from `first` on, in key order.
     pub fn range_from(&self, first: &RouteKey) -> Iter<'_> {
+        // The first list that ends at or after `first`.
         let t = self
             .dumped
-            .partition_point(|routes| routes[0].0.table < first.table);
+            .partition_point(|routes| routes[routes.len() - 1].0 < *first);
         let (head, tail): (&[(RouteKey, KernelNexthop)], _) = match self.dumped.get(t) {
             Some(routes) => (
                 &routes[routes.partition_point(|(k, _)| k < first)..],
@@ -284,7 +306,7 @@ impl KernelRoutes {
         self.iter().map(|(_, nh)| nh)
     }
 
-    /// One list per table again once the map is half the lists' size (and at least
+    /// Lists again once the map is half the lists' size (and at least
     /// [`MERGE_MIN`]): the merge, a walk of both, is then paid for by the changes that filled
     /// the map.
     fn merge_if_large(&mut self) {
@@ -310,6 +332,29 @@ impl KernelRoutes {
         merged.extend(changed.filter_map(|(c, route)| route.map(|r| (c, r))));
         merged
     }
+}
+
+/// Where `key` is in `lists` (as [`KernelRoutes`]' `dumped`): the list's index and the
+/// route's, if there.
+fn position(lists: &[TableRoutes], key: &RouteKey) -> Option<(usize, usize)> {
+    // The last list that starts at or before `key`.
+    let t = lists
+        .partition_point(|routes| routes[0].0 <= *key)
+        .checked_sub(1)?;
+    let i = lists[t].binary_search_by(|(k, _)| k.cmp(key)).ok()?;
+    Some((t, i))
+}
+
+/// Whether each of `lists` (each sorted, none empty) starts above where the one before ends.
+fn in_key_order<'a>(lists: impl Iterator<Item = &'a TableRoutes>) -> bool {
+    let mut last: Option<&RouteKey> = None;
+    for routes in lists {
+        if last.is_some_and(|last| *last >= routes[0].0) {
+            return false;
+        }
+        last = Some(&routes[routes.len() - 1].0);
+    }
+    true
 }
 
 /// Sorts a table's routes by key, one route per key: of two with one key, the later is
@@ -340,7 +385,7 @@ pub struct Iter<'a> {
 }
 
 impl<'a> Iter<'a> {
-    /// The routes of `head` (part of one table's list), then of `tables`, with `changed`.
+    /// The routes of `head` (part of one list), then of `tables`' lists, with `changed`.
     fn new(
         head: &'a [(RouteKey, KernelNexthop)],
         tables: &'a [TableRoutes],

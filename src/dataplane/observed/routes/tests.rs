@@ -130,20 +130,69 @@ proptest! {
     fn a_dump_in_runs_of_tables_holds_what_a_map_of_its_routes_in_order_holds(
         dumped in proptest::collection::vec((0..200u32, 0..1000u32, any::<bool>()), 0..150),
     ) {
-        let mut runs: Vec<(u32, Vec<(RouteKey, KernelNexthop)>)> = Vec::new();
+        let mut runs: Vec<TableRun> = Vec::new();
         let mut model = BTreeMap::new();
         for &(k, d, split) in &dumped {
             let route = (key(k), dev(d));
             model.insert(route.0, route.1.clone());
             match runs.last_mut() {
-                Some((table, run)) if *table == route.0.table && !split => run.push(route),
-                _ => runs.push((route.0.table, vec![route])),
+                Some(run) if run.table == route.0.table && !split => run.routes.push(route),
+                _ => runs.push(TableRun::new(route)),
             }
         }
         let routes = KernelRoutes::from_table_runs(runs);
         assert_same(&routes, &model);
-        for tables in routes.dumped.windows(2) {
-            assert!(tables[0][0].0.table < tables[1][0].0.table, "one list per table, in order");
+        assert_lists_in_key_order(&routes);
+    }
+}
+
+fn assert_lists_in_key_order(routes: &KernelRoutes) {
+    for list in &routes.dumped {
+        assert!(
+            list.iter().all(|(k, _)| k.table == list[0].0.table),
+            "one table's routes: {list:?}"
+        );
+    }
+    for lists in routes.dumped.windows(2) {
+        assert!(
+            lists[0].last().unwrap().0 < lists[1][0].0,
+            "each list after the one before: {:?}",
+            routes.dumped
+        );
+    }
+}
+
+proptest! {
+    /// As a node's dump comes: each table's routes in key order, the tables in any order, cut
+    /// into runs anywhere (at datagrams the other thread decoded). Each run stays a list of its
+    /// own, nothing copied, and lookups, walks and any changes after agree with a map.
+    #[test]
+    fn a_dump_in_key_order_keeps_its_runs_as_lists_and_holds_what_a_map_holds(
+        dumped in proptest::collection::btree_map(0..200u32, 0..1000u32, 0..120),
+        rotate in 0..3u32,
+        cuts in proptest::collection::vec(prop_oneof![6 => Just(false), 1 => Just(true)], 120),
+        steps in proptest::collection::vec(step(), 0..40),
+    ) {
+        let mut model: BTreeMap<RouteKey, KernelNexthop> =
+            dumped.iter().map(|(&k, &d)| (key(k), dev(d))).collect();
+        let mut sent: Vec<_> = model.iter().map(|(k, nh)| (*k, nh.clone())).collect();
+        // Stable: each table's routes stay in key order.
+        sent.sort_by_key(|(k, _)| (k.table + rotate) % 3);
+        let mut runs: Vec<TableRun> = Vec::new();
+        for (route, &cut) in sent.into_iter().zip(&cuts) {
+            match runs.last_mut() {
+                Some(run) if run.table == route.0.table && !cut => run.routes.push(route),
+                _ => runs.push(TableRun::new(route)),
+            }
+        }
+        let sent_runs = runs.len();
+        let mut routes = KernelRoutes::from_table_runs(runs);
+        prop_assert_eq!(routes.dumped.len(), sent_runs, "every run kept as a list");
+        assert_lists_in_key_order(&routes);
+        assert_same(&routes, &model);
+        for s in &steps {
+            apply(s, &mut routes, &mut model);
+            assert_same(&routes, &model);
         }
     }
 }
@@ -156,19 +205,28 @@ proptest! {
         first in proptest::collection::vec((0..200u32, 0..1000u32), 0..80),
         second in proptest::collection::vec((0..200u32, 0..1000u32), 0..80),
         inserted in proptest::option::of((0..200u32, 0..1000u32)),
+        by_family in any::<bool>(),
     ) {
-        let dump = |routes: &[(u32, u32)]| -> Vec<(RouteKey, KernelNexthop)> {
-            routes.iter().map(|&(k, d)| (key(k), dev(d))).collect()
+        // `key` gives even numbers IPv4 destinations, odd ones IPv6.
+        let family = |k: u32, odd: u32| if by_family { (k & !1) | odd } else { k };
+        let dump = |routes: &[(u32, u32)], odd| -> Vec<(RouteKey, KernelNexthop)> {
+            routes.iter().map(|&(k, d)| (key(family(k, odd)), dev(d))).collect()
         };
-        let mut model: BTreeMap<RouteKey, KernelNexthop> = dump(&first).into_iter().collect();
-        let mut routes = KernelRoutes::from_dump(dump(&first));
+        let mut model: BTreeMap<RouteKey, KernelNexthop> = dump(&first, 0).into_iter().collect();
+        let mut routes = KernelRoutes::from_dump(dump(&first, 0));
         if let Some((k, d)) = inserted {
             routes.insert(key(k), dev(d));
             model.insert(key(k), dev(d));
         }
-        model.extend(dump(&second));
-        let joined = routes.join(KernelRoutes::from_dump(dump(&second)));
+        model.extend(dump(&second, 1));
+        let (lists, other) = (routes.dumped.len(), KernelRoutes::from_dump(dump(&second, 1)));
+        let other_lists = other.dumped.len();
+        let joined = routes.join(other);
         assert_same(&joined, &model);
+        assert_lists_in_key_order(&joined);
+        if by_family && inserted.is_none() {
+            prop_assert_eq!(joined.dumped.len(), lists + other_lists, "the families' lists kept");
+        }
     }
 }
 
