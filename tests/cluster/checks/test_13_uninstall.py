@@ -34,10 +34,11 @@ def test_uninstall_removes_lace_objects_and_leaves_what_the_readme_lists(cluster
         return not left, left
     cluster.wait("every object of the lace-cni chart deleted (its pods Terminating, without "
                  "finalizers, at most)", deleted, timeout=300)
+    def pods_gone():
+        left = [o["metadata"]["name"] for o in chart_objects("pods")]
+        return not left, left
     try:
-        cluster.wait("the lace-cni chart's pods gone",
-                     lambda: (not chart_objects("pods"), [o["metadata"]["name"] for o in chart_objects("pods")]),
-                     timeout=300)
+        cluster.wait("the lace-cni chart's pods gone", pods_gone, timeout=300)
     except CheckFailed as e:
         # Deleted, without a finalizer, and past their 30 s grace period: only the node's
         # kubelet and runtime can still hold them. On a saturated VM containerd misses its
