@@ -614,6 +614,38 @@ fn routes_iterate_sorted_without_duplicates() {
         .all(|k| k.table == MAIN_TABLE || k.table == PROBE_TABLE || k.table >= vrf_table(0)));
 }
 
+/// A plan's tables are those of its routes, VRFs and rules' lookups, and the tables Lace
+/// always owns: a fresh reconciler reads no other (`observe::dump`).
+#[test]
+fn a_plans_tables_hold_every_route_vrf_and_rule_lookup_of_it() {
+    let d = golden_node1();
+    let tables = d.tables();
+    let mut named: std::collections::BTreeSet<u32> = d.routes().map(|(k, _)| k.table).collect();
+    named.extend(d.base.vrfs.values().map(|v| v.table));
+    named.extend(d.base.rules.iter().filter_map(|r| match r.action {
+        lace::plan::RuleAction::L3mdev => None,
+        lace::plan::RuleAction::Fwmark { table, .. }
+        | lace::plan::RuleAction::ToPrefix { table, .. }
+        | lace::plan::RuleAction::FromHost { table } => Some(table),
+    }));
+    named.extend([MAIN_TABLE, PROBE_TABLE, PROBE_TABLE + 1]);
+    assert_eq!(tables, named);
+    assert!(d.base.vrfs.len() >= 2, "node-1 has VRFs");
+    // The reach routes of a table no local pod is served by are not the plan's.
+    let unserved: Vec<u32> = d
+        .base
+        .pod_reach
+        .iter()
+        .map(|(k, _)| k.table)
+        .filter(|t| !d.served_tables.contains(t))
+        .collect();
+    for t in unserved {
+        let elsewhere = d.base.routes.iter().any(|(k, _)| k.table == t)
+            || d.base.vrfs.values().any(|v| v.table == t);
+        assert_eq!(tables.contains(&t), elsewhere, "table {t}");
+    }
+}
+
 /// The golden cluster with node-3 on IPv4 only: node-1 keeps IPv6 towards node-2 and carries
 /// SRv6 over IPv4 towards node-3; node-3 uses IPv4 towards both, from its locator's address.
 #[test]

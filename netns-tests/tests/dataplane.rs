@@ -1079,6 +1079,44 @@ fn dataplane_three_nodes_policies_srv6_teardown_restart() {
         );
     }
 
+    // --- A fresh reconciler reads its plan's and its VRFs' tables; a resync every table. --
+    // One Lace route by hand in a table of the plan, one in a table nothing names (no VRF,
+    // no rule looks it up): the first is deleted by the restart, the second by the resync.
+    let plan = plans(false, Fabric::Ipv6).swap_remove(0);
+    let planned = plan.base.vrfs.values().next().unwrap().table;
+    let unnamed = lace::plan::VRF_TABLE_BASE + 900;
+    assert!(!plan.tables().contains(&unnamed));
+    for table in [planned, unnamed] {
+        n1.ip(&format!(
+            "route add 198.51.100.0/24 dev lo table {table} proto {ROUTE_PROTOCOL}"
+        ))
+        .unwrap();
+    }
+    let held = |table: u32| {
+        n1.ip(&format!("route show table {table} 198.51.100.0/24"))
+            .unwrap()
+            .contains("198.51.100.0/24")
+    };
+    drop(recs);
+    let recs = reconcilers(&w);
+    let restart = recs[0].reconcile(&plan).unwrap();
+    assert!(restart.full_dump);
+    assert_eq!(restart.writes, 1, "{:?}", restart.sample);
+    assert!(
+        !held(planned),
+        "the plan's table keeps a route Lace does not plan"
+    );
+    assert!(held(unnamed), "a restart read a table nothing names");
+    let resync = recs[0]
+        .reconcile_with(move || Some(plan), true)
+        .unwrap()
+        .unwrap();
+    assert_eq!(resync.writes, 1, "{:?}", resync.sample);
+    assert!(
+        !held(unnamed),
+        "a resync left a Lace route in a table nothing names"
+    );
+
     // --- teardown_all on node 1: Lace's state goes, the host's stays. -------------------
     recs[0].teardown_all().unwrap();
     let links = n1.ip("link show").unwrap();

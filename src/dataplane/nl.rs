@@ -244,6 +244,17 @@ fn recv<T: Transport>(sock: &mut T, buf: &mut [u8]) -> Result<usize, NlError> {
     }
 }
 
+/// Who receives a dump's datagrams after its first.
+#[derive(Clone, Copy)]
+enum Readers {
+    /// This thread, which decodes each before it receives the next.
+    This,
+    /// A second thread ([`read_dump`]), while this one decodes.
+    Second,
+    /// A second thread, which also decodes the datagrams this one is too far behind to take.
+    SecondHelping,
+}
+
 /// Datagrams [`read_dump`] may read ahead of the decoding.
 const DUMP_QUEUE: usize = 4;
 
@@ -454,6 +465,17 @@ impl Nl {
         Ok(Self::with_transport(sock))
     }
 
+    /// [`Nl::open`] with the kernel's strict checking of dump requests
+    /// (`NETLINK_GET_STRICT_CHK`, Linux 4.20), under which a dump can be filtered: an IPv4
+    /// route dump that names a table (`RTA_TABLE`) walks that table alone.
+    pub fn open_strict() -> Result<Self, NlError> {
+        let nl = Self::open()?;
+        nl.sock
+            .set_netlink_get_strict_chk(true)
+            .map_err(NlError::Socket)?;
+        Ok(nl)
+    }
+
     /// Opens the notification socket (in the calling thread's namespace) unless it is open:
     /// from then on the kernel queues every change of links, addresses, routes and rules for
     /// [`Nl::notifications`]. `rx_buf` is its receive buffer, set past `net.core.rmem_max`
@@ -537,7 +559,22 @@ impl<T: Transport> Nl<T> {
         init: impl Fn() -> A + Sync,
         add: impl Fn(&mut A, u16, &[u8]) -> Result<(), NlError> + Sync,
     ) -> Result<A, NlError> {
-        let (fold, _) = self.dump_folds(what, request, &init, &add, false)?;
+        let (fold, _) = self.dump_folds(what, request, &init, &add, Readers::Second)?;
+        Ok(fold.into_acc())
+    }
+
+    /// [`Nl::dump_fold`] read by this thread alone, which decodes each datagram before it
+    /// receives the next: for dumps read two at a time on two sockets
+    /// ([`super::observe::dump`]), where a reader thread beside each would leave two CPUs to
+    /// four busy threads.
+    pub fn dump_fold_here<A: Send>(
+        &mut self,
+        what: &'static str,
+        request: RouteNetlinkMessage,
+        init: impl Fn() -> A + Sync,
+        add: impl Fn(&mut A, u16, &[u8]) -> Result<(), NlError> + Sync,
+    ) -> Result<A, NlError> {
+        let (fold, _) = self.dump_folds(what, request, &init, &add, Readers::This)?;
         Ok(fold.into_acc())
     }
 
@@ -554,18 +591,18 @@ impl<T: Transport> Nl<T> {
         init: impl Fn() -> A + Sync,
         add: impl Fn(&mut A, u16, &[u8]) -> Result<(), NlError> + Sync,
     ) -> Result<Vec<A>, NlError> {
-        let (fold, helped) = self.dump_folds(what, request, &init, &add, true)?;
+        let (fold, helped) = self.dump_folds(what, request, &init, &add, Readers::SecondHelping)?;
         Ok(fold.runs(helped))
     }
 
-    /// One dump: this thread's fold and, when `split`, the reader thread's.
+    /// One dump read by `readers`: this thread's fold and the reader thread's, if it helped.
     fn dump_folds<'a, A: Send>(
         &mut self,
         what: &'static str,
         request: RouteNetlinkMessage,
         init: &'a (dyn Fn() -> A + Sync),
         add: &'a Add<'a, A>,
-        split: bool,
+        readers: Readers,
     ) -> Result<(Fold<'a, A>, Option<Fold<'a, A>>), NlError> {
         for _ in 0..DUMP_ATTEMPTS {
             let mut buf = Vec::new();
@@ -574,9 +611,20 @@ impl<T: Transport> Nl<T> {
             let mut fold = Fold::new(what, seq, init);
             let n = recv(&mut self.sock, &mut self.rx)?;
             let mut helped = None;
-            if !fold.datagram(0, &self.rx[..n], add)? {
+            let mut ended = fold.datagram(0, &self.rx[..n], add)?;
+            if let Readers::This = readers {
+                for number in 1.. {
+                    if ended {
+                        break;
+                    }
+                    let n = recv(&mut self.sock, &mut self.rx)?;
+                    ended = fold.datagram(number, &self.rx[..n], add)?;
+                }
+            }
+            if !ended {
                 let (sock, size) = (&mut self.sock, self.rx.len());
-                let helper = split.then(|| Fold::new(what, seq, init));
+                let helper =
+                    matches!(readers, Readers::SecondHelping).then(|| Fold::new(what, seq, init));
                 helped = std::thread::scope(|s| {
                     let (full_tx, full) = mpsc::sync_channel(DUMP_QUEUE);
                     let (empty, empty_rx) = mpsc::channel();

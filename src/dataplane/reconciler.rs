@@ -237,7 +237,7 @@ impl Reconciler {
     pub fn snapshot(&self) -> Result<ObservedNode, DataplaneError> {
         let target = self.target();
         self.worker
-            .run(|s| s.with_observed(None, |_, observed, _| observed.clone()))?
+            .run(|s| s.with_observed(None, None, |_, observed, _| observed.clone()))?
             .map_err(|source| DataplaneError::Observe { target, source })
     }
 
@@ -250,7 +250,9 @@ impl Reconciler {
         let target = self.target();
         self.worker
             .run(move |s| {
-                let fresh = observe::dump(&mut s.nl).map(|(node, _)| node)?;
+                // The tables the memory's own dump read.
+                let tables = s.cached_tables();
+                let fresh = observe::dump(&mut s.nl, tables.as_ref()).map(|(node, ..)| node)?;
                 Ok(s.cached()
                     .map(|c| memory_drift(c, &fresh))
                     .unwrap_or_default())
@@ -269,7 +271,8 @@ impl Reconciler {
     /// Plans with `plan`, on the reconciler's thread, and makes the namespace hold that plan;
     /// `Ok(None)` when `plan` gives none. Planning there orders the plan after every
     /// [`Reconciler::attach`] that came first, so a pod attached meanwhile is in it. `resync`
-    /// reads the kernel with full dumps instead of the remembered state.
+    /// reads the kernel with full dumps (of every table, not just those the plan and the
+    /// node's VRFs name) instead of the remembered state.
     pub fn reconcile_with(
         &self,
         plan: impl FnOnce() -> Option<DesiredNode> + Send + 'static,
@@ -281,10 +284,13 @@ impl Reconciler {
             let Some(desired) = plan() else {
                 return Ok(None);
             };
+            // A periodic resync reads every table: a Lace route in a table no plan or VRF
+            // names (left there by hand) is found then.
             if resync {
                 session.forget();
             }
-            converge(session, &known_nft, Some(desired), target).map(Some)
+            let tables = (!resync).then(|| desired.tables());
+            converge(session, &known_nft, Some(desired), tables, target).map(Some)
         })?
     }
 
@@ -294,7 +300,7 @@ impl Reconciler {
         let target = self.target();
         let known_nft = Arc::clone(&self.known_nft);
         self.worker
-            .run(move |session| converge(session, &known_nft, None, target))?
+            .run(move |session| converge(session, &known_nft, None, None, target))?
     }
 
     /// Gives the pods of `pods` (a plan whose `pod_routes` are just theirs) what the full
@@ -303,8 +309,9 @@ impl Reconciler {
     pub fn attach(&self, pods: DesiredNode) -> Result<ApplyReport, DataplaneError> {
         let target = self.target();
         self.worker.run(move |session| {
+            let tables = pods.tables();
             let outcome = session
-                .with_observed(None, |nl, observed, full_dump| {
+                .with_observed(None, Some(&tables), |nl, observed, full_dump| {
                     // The shaping of the pods' links, read for shaped pods only.
                     let links: BTreeSet<String> = pods
                         .shaping
@@ -443,12 +450,13 @@ impl Reconciler {
     }
 }
 
-/// One reconcile on the worker: observe (memory or dumps), diff against `desired` (`None`:
-/// tear down), apply, settle the memory.
+/// One reconcile on the worker: observe (memory or dumps; of `tables`, `None`: every
+/// table), diff against `desired` (`None`: tear down), apply, settle the memory.
 fn converge(
     session: &mut watch::Session,
     known_nft: &Mutex<Option<KnownRuleset>>,
     desired: Option<DesiredNode>,
+    tables: Option<BTreeSet<u32>>,
     target: String,
 ) -> Result<ApplyReport, DataplaneError> {
     let mut known = known_nft.lock().unwrap_or_else(PoisonError::into_inner);
@@ -464,51 +472,55 @@ fn converge(
         std::thread::spawn(move || diff::nft::Rendered::of(render()))
     });
     let outcome = session
-        .with_observed(Some(&keys), move |nl, observed, full_dump| {
-            let observe = started.elapsed();
-            let rendered = rendering.map(|r| {
-                r.join()
-                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-            });
-            let d = match (&desired, &rendered) {
-                (Some(desired), Some(nft)) => {
-                    diff::diff_rendered(desired, nft, observed, known.as_ref())?
-                }
-                _ => diff::diff(desired.as_ref(), observed, known.as_ref())?,
-            };
-            let diffed = started.elapsed();
-            let nft_tag = diff::nft::tag_after(&d.ops, &observed.nft);
-            let report = ApplyReport::of(&d.ops, d.skipped, full_dump);
-            let deleted: Vec<watch::Deleted> =
-                d.ops.iter().filter_map(watch::Deleted::by).collect();
-            let dumped_after =
-                watch::dump_after(&d.ops, observed, bulk_routes) && nl.pause_route_notifications();
-            let (writes, failures) = apply::apply(nl, observed, d.ops, apply::Batching::Phases);
-            let phases = Phases {
-                observe,
-                diff: diffed - observe,
-                apply: started.elapsed() - diffed,
-                settle: Duration::ZERO,
-            };
-            // After a failure the table may or may not have changed: forget, and let the next
-            // observation decide.
-            *known = if failures.is_empty() {
-                let desired_nft = desired.as_ref().map(|d| d.nft());
-                KnownRuleset::after(known.take(), desired_nft, nft_tag)
-            } else {
-                None
-            };
-            // What was applied: of pods, only those whose veth was there to be set up (an ADD
-            // in flight sets up the others itself).
-            let applied = desired.map(|d| watch::Applied::of(d, observed));
-            let report = ApplyReport {
-                writes,
-                dumped_after,
-                phases,
-                ..report
-            };
-            Ok((report, deleted, failures, applied))
-        })
+        .with_observed(
+            Some(&keys),
+            tables.as_ref(),
+            move |nl, observed, full_dump| {
+                let observe = started.elapsed();
+                let rendered = rendering.map(|r| {
+                    r.join()
+                        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+                });
+                let d = match (&desired, &rendered) {
+                    (Some(desired), Some(nft)) => {
+                        diff::diff_rendered(desired, nft, observed, known.as_ref())?
+                    }
+                    _ => diff::diff(desired.as_ref(), observed, known.as_ref())?,
+                };
+                let diffed = started.elapsed();
+                let nft_tag = diff::nft::tag_after(&d.ops, &observed.nft);
+                let report = ApplyReport::of(&d.ops, d.skipped, full_dump);
+                let deleted: Vec<watch::Deleted> =
+                    d.ops.iter().filter_map(watch::Deleted::by).collect();
+                let dumped_after = watch::dump_after(&d.ops, observed, bulk_routes)
+                    && nl.pause_route_notifications();
+                let (writes, failures) = apply::apply(nl, observed, d.ops, apply::Batching::Phases);
+                let phases = Phases {
+                    observe,
+                    diff: diffed - observe,
+                    apply: started.elapsed() - diffed,
+                    settle: Duration::ZERO,
+                };
+                // After a failure the table may or may not have changed: forget, and let the next
+                // observation decide.
+                *known = if failures.is_empty() {
+                    let desired_nft = desired.as_ref().map(|d| d.nft());
+                    KnownRuleset::after(known.take(), desired_nft, nft_tag)
+                } else {
+                    None
+                };
+                // What was applied: of pods, only those whose veth was there to be set up (an ADD
+                // in flight sets up the others itself).
+                let applied = desired.map(|d| watch::Applied::of(d, observed));
+                let report = ApplyReport {
+                    writes,
+                    dumped_after,
+                    phases,
+                    ..report
+                };
+                Ok((report, deleted, failures, applied))
+            },
+        )
         .map_err(|source| DataplaneError::Observe {
             target: target.clone(),
             source,

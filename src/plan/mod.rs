@@ -657,6 +657,31 @@ pub struct DesiredNode {
 }
 
 impl DesiredNode {
+    /// Every table the plan has a route, a VRF or a rule's lookup in, and the tables Lace
+    /// always owns (main, [`PROBE_TABLE`], [`HOST_ACCESS_TABLE`]): the tables whose routes
+    /// can carry the plan's traffic.
+    pub fn tables(&self) -> BTreeSet<u32> {
+        let rules = self.base.rules.iter().filter_map(|r| match r.action {
+            RuleAction::L3mdev => None,
+            RuleAction::Fwmark { table, .. }
+            | RuleAction::ToPrefix { table, .. }
+            | RuleAction::FromHost { table } => Some(table),
+        });
+        let served = self
+            .base
+            .pod_reach
+            .tables()
+            .filter(|t| self.served_tables.contains(t));
+        [MAIN_TABLE, PROBE_TABLE, HOST_ACCESS_TABLE]
+            .into_iter()
+            .chain(self.base.routes.tables())
+            .chain(served)
+            .chain(self.pod_routes.keys().map(|k| k.table))
+            .chain(self.base.vrfs.values().map(|v| v.table))
+            .chain(rules)
+            .collect()
+    }
+
     /// The route for `key`, if planned.
     pub fn route(&self, key: &RouteKey) -> Option<&Nexthop> {
         self.pod_routes

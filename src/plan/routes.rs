@@ -207,6 +207,16 @@ impl RouteTable {
         })
     }
 
+    /// The tables that hold routes, ascending (one binary search per table).
+    pub fn tables(&self) -> impl Iterator<Item = u32> + '_ {
+        let mut rest = &self.0[..];
+        std::iter::from_fn(move || {
+            let table = rest.first()?.0.table;
+            rest = &rest[rest.partition_point(|(k, _)| k.table <= table)..];
+            Some(table)
+        })
+    }
+
     pub fn len(&self) -> usize {
         self.0.len()
     }

@@ -342,3 +342,49 @@ fn a_link_read_from_its_bytes_is_the_link_decoded_whole() {
         "shorter than struct ifinfomsg"
     );
 }
+
+/// A dump for a plan reads the plan's tables, every VRF's (one the plan dropped still holds
+/// routes to delete) and the tables Lace always owns, of Lace's tables only.
+#[test]
+fn a_plans_dump_reads_its_tables_every_vrfs_and_laces_own() {
+    use crate::dataplane::observed::ObservedLink;
+    use crate::plan::{HOST_ACCESS_TABLE, PROBE_TABLE};
+    let vrf = |index, table| ObservedLink {
+        index,
+        vrf_table: Some(table),
+        sit: None,
+        dummy: false,
+        master: None,
+        up: true,
+        mtu: 65575,
+    };
+    let links = BTreeMap::from([
+        ("lv-planned".to_string(), vrf(10, TABLE)),
+        ("lv-dropped".to_string(), vrf(11, TABLE + 7)),
+        ("someones-vrf".to_string(), vrf(12, 100)),
+        (
+            "eth0".to_string(),
+            ObservedLink {
+                vrf_table: None,
+                ..vrf(2, 0)
+            },
+        ),
+    ]);
+    let plan = [TABLE, TABLE + 1, MAIN_TABLE, 5].into();
+    assert_eq!(
+        super::ipv4_tables_to_read(&plan, &links),
+        [
+            MAIN_TABLE,
+            TABLE,
+            TABLE + 1,
+            TABLE + 7,
+            PROBE_TABLE,
+            HOST_ACCESS_TABLE
+        ]
+        .into()
+    );
+    assert_eq!(
+        super::ipv4_tables_to_read(&Default::default(), &BTreeMap::new()),
+        [MAIN_TABLE, PROBE_TABLE, HOST_ACCESS_TABLE].into()
+    );
+}

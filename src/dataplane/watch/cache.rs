@@ -26,7 +26,7 @@
 //! forgotten after the addition's notification: that route is then left alone until the
 //! next full dump.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 #[cfg(test)]
@@ -37,7 +37,8 @@ use netlink_packet_route::RouteNetlinkMessage;
 
 use crate::dataplane::nl::{decode_message, NlError};
 use crate::dataplane::observe::{
-    self, addr_entries, classify_route, classify_rule, parse_link, HostRoutes, RouteFields,
+    self, addr_entries, classify_route, classify_rule, lace_table, parse_link, HostRoutes,
+    RouteFields,
 };
 use crate::dataplane::observed::{KernelNexthop, LinkName, ObservedNode};
 use crate::dataplane::op::Op;
@@ -73,10 +74,18 @@ pub(super) struct Cache {
     host: HostRoutes,
     /// Not handed out yet since the dump that filled it.
     pub(super) fresh: bool,
+    /// The IPv4 tables the dump read (`None`: every table; see [`super::observe::dump`]).
+    pub(super) ipv4_tables: Option<BTreeSet<u32>>,
 }
 
 impl Cache {
-    pub(super) fn new(node: ObservedNode, host: HostRoutes) -> Self {
+    /// A cache of what a dump read: `ipv4_tables` are the IPv4 tables it read, `None` for
+    /// every table.
+    pub(super) fn new(
+        node: ObservedNode,
+        host: HostRoutes,
+        ipv4_tables: Option<BTreeSet<u32>>,
+    ) -> Self {
         let names = node
             .links
             .iter()
@@ -87,6 +96,18 @@ impl Cache {
             names,
             host,
             fresh: true,
+            ipv4_tables,
+        }
+    }
+
+    /// Whether the dump read every IPv4 table of `tables` (`None`: every table there is).
+    pub(super) fn covers(&self, tables: Option<&BTreeSet<u32>>) -> bool {
+        match (&self.ipv4_tables, tables) {
+            (None, _) => true,
+            (Some(_), None) => false,
+            (Some(read), Some(tables)) => {
+                tables.iter().all(|t| read.contains(t) || !lace_table(*t))
+            }
         }
     }
 

@@ -77,6 +77,8 @@ pub struct Session {
     /// whole plan (an attach, a snapshot, a DEL): the next idle checks for drift.
     unchecked: bool,
     on_drift: DriftSink,
+    /// The tables of the last job's plan (`None`: every table), which a dump reads.
+    tables: Option<BTreeSet<u32>>,
 }
 
 impl std::fmt::Debug for Session {
@@ -102,6 +104,7 @@ impl Session {
             applied: Applied::default(),
             unchecked: false,
             on_drift,
+            tables: None,
         }
     }
 
@@ -111,16 +114,23 @@ impl Session {
     }
 
     /// Runs `f` with the request socket and the namespace as it is now: the cache brought up
-    /// to date with what the kernel notified, or a full dump when there is no trustworthy
-    /// cache (`f`'s third argument is `true` then). Sysctls (`sysctls` are the keys),
-    /// `ip sr tunsrc`, the nft table and the pods' qdiscs and filters are read each time,
-    /// unless `sysctls` is `None` (a job that needs only what rtnetlink notifies).
+    /// to date with what the kernel notified, or dumps when there is no trustworthy cache
+    /// or its dump did not read every IPv4 table of `tables` (`f`'s third argument is `true`
+    /// then). `tables`: the tables of the plan the job serves (see [`observe::dump`]);
+    /// `None`: every table there is. Sysctls (`sysctls` are the keys), `ip sr tunsrc`, the
+    /// nft table and the pods' qdiscs and filters are read each time, unless `sysctls` is
+    /// `None` (a job that needs only what rtnetlink notifies).
     pub fn with_observed<R>(
         &mut self,
         sysctls: Option<&BTreeSet<String>>,
+        tables: Option<&BTreeSet<u32>>,
         f: impl FnOnce(&mut Nl, &ObservedNode, bool) -> R,
     ) -> Result<R, ObserveError> {
         self.nl.subscribe(self.rx_buf)?;
+        if self.cache.as_ref().is_some_and(|c| !c.covers(tables)) {
+            tracing::debug!("dataplane: the plan has tables the last dump did not read");
+            self.cache = None;
+        }
         let stale = match (&mut self.cache, self.nl.notifications()) {
             (Some(cache), Some(n)) => match n.take() {
                 Ok(t) => {
@@ -131,6 +141,7 @@ impl Session {
             },
             _ => Some(String::new()),
         };
+        self.tables = tables.cloned();
         if sysctls.is_some() && stale.is_none() && self.unchecked {
             // What changed since the last look is drift even though this reconcile repairs
             // it: reported as idle would have, had it looked first, but marked as being
@@ -146,9 +157,9 @@ impl Session {
                 match (why, had) {
                     (Some(why), Some(_)) => tracing::warn!(
                         reason = %why,
-                        "dataplane: the kernel's notifications cannot be trusted; re-reading it with full dumps"
+                        "dataplane: the kernel's notifications cannot be trusted; re-reading it with dumps"
                     ),
-                    _ => tracing::debug!("dataplane: reading the kernel with full dumps"),
+                    _ => tracing::debug!("dataplane: reading the kernel with dumps"),
                 }
                 // What rtnetlink does not hold is read meanwhile: the dumps wait on the kernel.
                 let dumped = std::thread::scope(|s| {
@@ -253,15 +264,15 @@ impl Session {
         }
     }
 
-    /// A new cache from full dumps. What was notified before is dropped (the dump shows it),
-    /// and the route groups are joined again if a bulk apply left them, before the dump, so
-    /// no change falls between the two.
+    /// A new cache from dumps (of the tables of the last job's plan). What was notified
+    /// before is dropped (the dump shows it), and the route groups are joined again if a
+    /// bulk apply left them, before the dump, so no change falls between the two.
     fn dump(&mut self) -> Result<Cache, ObserveError> {
         if let Some(n) = self.nl.notifications() {
             n.discard();
         }
-        let (node, host) = observe::dump(&mut self.nl)?;
-        Ok(Cache::new(node, host))
+        let (node, host, ipv4_tables) = observe::dump(&mut self.nl, self.tables.as_ref())?;
+        Ok(Cache::new(node, host, ipv4_tables))
     }
 
     /// After an attach: the pods of `pods` are part of what Lace applied.
@@ -306,6 +317,11 @@ impl Session {
     /// The cached state, if any (without sysctls, tunsrc or nft read again).
     pub fn cached(&self) -> Option<&ObservedNode> {
         self.cache.as_ref().map(|c| &c.node)
+    }
+
+    /// The IPv4 tables the cache's dump read (`None`: every table, or no cache).
+    pub fn cached_tables(&self) -> Option<BTreeSet<u32>> {
+        self.cache.as_ref().and_then(|c| c.ipv4_tables.clone())
     }
 
     /// Reports drift if the cached kernel state differs from what Lace applied.

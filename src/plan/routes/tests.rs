@@ -188,6 +188,21 @@ proptest::proptest! {
     }
 }
 
+proptest::proptest! {
+    /// `tables` lists the tables of the routes, each once, ascending.
+    #[test]
+    fn tables_are_the_routes_tables_once_each_ascending(
+        keys in proptest::collection::vec(route_key(), 0..40),
+    ) {
+        let t: RouteTable = keys.iter().map(|k| (*k, dev("a"))).collect();
+        let expected: BTreeSet<u32> = keys.iter().map(|k| k.table).collect();
+        proptest::prop_assert_eq!(
+            t.tables().collect::<Vec<_>>(),
+            expected.into_iter().collect::<Vec<_>>()
+        );
+    }
+}
+
 /// Keys drawn from few values, so that ties at each field are common.
 fn route_key() -> impl proptest::strategy::Strategy<Value = RouteKey> {
     use proptest::prelude::*;

@@ -120,7 +120,7 @@ fn routes() -> Vec<(RouteKey, KernelNexthop)> {
 /// The test node as a dump would find it, built by replaying notifications into an
 /// empty cache.
 fn node() -> Cache {
-    let mut c = Cache::new(ObservedNode::default(), HostRoutes::new());
+    let mut c = Cache::new(ObservedNode::default(), HostRoutes::new(), None);
     let mut m: Vec<_> = LINKS
         .iter()
         .map(|(n, i, _)| msg(RouteNetlinkMessage::NewLink(link_msg(n, *i, true))))
@@ -443,4 +443,22 @@ fn forgetting_what_an_apply_deleted() {
     assert!(!c.node.links.contains_key("lv-a"));
     assert!(!has(&c, "2001:db8:100::1:1:0/128"));
     assert!(c.node.link_name(10).is_none());
+}
+
+/// A cache covers the tables its dump read, and of any other table only none of Lace's; a
+/// cache of every table covers all.
+#[test]
+fn a_cache_covers_the_lace_tables_its_dump_read() {
+    let read = [MAIN_TABLE, VRF_TABLE].into();
+    let c = Cache::new(ObservedNode::default(), HostRoutes::new(), Some(read));
+    assert!(c.covers(Some(&[VRF_TABLE].into())));
+    assert!(
+        c.covers(Some(&[MAIN_TABLE, VRF_TABLE, 100].into())),
+        "100 is not Lace's"
+    );
+    assert!(!c.covers(Some(&[VRF_TABLE, VRF_TABLE + 1].into())));
+    assert!(!c.covers(None), "a job that needs every table");
+    let all = Cache::new(ObservedNode::default(), HostRoutes::new(), None);
+    assert!(all.covers(None));
+    assert!(all.covers(Some(&[VRF_TABLE + 1].into())));
 }

@@ -49,6 +49,7 @@ fn applied() -> (Cache, Applied, ObservedNode) {
             ..ObservedNode::default()
         },
         HostRoutes::new(),
+        None,
     );
     c.apply_all(notified(&o)).unwrap();
     assert_eq!(c.node.routes, o.routes, "the memory holds what was applied");
