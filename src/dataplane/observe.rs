@@ -78,11 +78,10 @@ pub type HostRoutes = BTreeMap<HostRouteId, HostRoute>;
 /// `None`: of every table, in one dump (and `None` is returned).
 ///
 /// The IPv4 routes, most of a large node's, are dumped while a thread at the lowest
-/// priority dumps the addresses, the IPv6 routes and the rules on a socket of its own. The
-/// IPv4 dump's decoding thread yields its CPU while it waits for the kernel, and that thread
-/// runs then: at 5,000 x 50 an agent restart's read went from 1.35-1.45 s to 1.07-1.26 s in
-/// the 6.12 test VM (a 6.12 kernel fills the two dumps at once; 6.1 takes the RTNL lock for
-/// each datagram of either).
+/// priority dumps the addresses, the IPv6 routes and the rules on a socket of its own, and
+/// runs when a thread of the IPv4 dumps waits: at 5,000 x 50 an agent restart's read went
+/// from 1.35-1.45 s to 1.07-1.26 s in the 6.12 test VM when it came (a 6.12 kernel fills
+/// dumps at once; 6.1 takes the RTNL lock for each datagram of any).
 #[allow(clippy::type_complexity)]
 pub fn dump(
     nl: &mut Nl,
