@@ -1107,6 +1107,13 @@ fn dataplane_three_nodes_policies_srv6_teardown_restart() {
         "the plan's table keeps a route Lace does not plan"
     );
     assert!(held(unnamed), "a restart read a table nothing names");
+    // A snapshot (CNI CHECK and DEL, the uplink's MTU) takes the memory as that dump left it.
+    let snapshot = recs[0].snapshot().unwrap();
+    assert!(snapshot.routes.keys().any(|k| k.table == planned));
+    assert!(
+        !snapshot.routes.keys().any(|k| k.table == unnamed),
+        "a snapshot dumped every table again"
+    );
     let resync = recs[0]
         .reconcile_with(move || Some(plan), true)
         .unwrap()

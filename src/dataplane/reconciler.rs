@@ -233,11 +233,15 @@ impl Reconciler {
     }
 
     /// What the reconciler's memory holds now (links, addresses, routes, rules), brought up
-    /// to date with the kernel's notifications, or dumped if there is none.
+    /// to date with the kernel's notifications, or dumped if there is none. Its IPv4 routes
+    /// are those of the tables the memory's dump read: at least the VRFs' and Lace's own
+    /// ([`observe::ipv4_tables_to_read`]), which is what a snapshot is read for (links,
+    /// addresses, host routes, a pod's routes in its Network's table).
     pub fn snapshot(&self) -> Result<ObservedNode, DataplaneError> {
         let target = self.target();
+        let any = BTreeSet::new();
         self.worker
-            .run(|s| s.with_observed(None, None, |_, observed, _| observed.clone()))?
+            .run(move |s| s.with_observed(None, Some(&any), |_, observed, _| observed.clone()))?
             .map_err(|source| DataplaneError::Observe { target, source })
     }
 
