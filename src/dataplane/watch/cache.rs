@@ -37,8 +37,7 @@ use netlink_packet_route::RouteNetlinkMessage;
 
 use crate::dataplane::nl::{decode_message, NlError};
 use crate::dataplane::observe::{
-    self, addr_entries, classify_route, classify_rule, lace_table, parse_link, HostRoutes,
-    RouteFields,
+    self, addr_entries, classify_rule, lace_table, parse_link, route_from_bytes, HostRoutes,
 };
 use crate::dataplane::observed::{KernelNexthop, LinkName, ObservedNode};
 use crate::dataplane::op::Op;
@@ -140,9 +139,8 @@ impl Cache {
         let replace = raw.flags() & NLM_F_REPLACE != 0;
         if kind == libc::RTM_NEWROUTE || kind == libc::RTM_DELROUTE {
             // Read from the bytes like a dump's: a first apply's settle takes one per route.
-            let r =
-                RouteFields::parse(raw.payload()).map_err(|e| format!("a notified route: {e}"))?;
-            let route = classify_route(&r, &self.names);
+            let route = route_from_bytes(raw.payload(), &self.names)
+                .map_err(|e| format!("a notified route: {e}"))?;
             match kind == libc::RTM_NEWROUTE {
                 true => self.new_route(route, replace, host_changed),
                 false => self.del_route(route, host_changed),
