@@ -867,6 +867,18 @@ fn dataplane_three_nodes_policies_srv6_teardown_restart() {
     assert!(first > 0);
     let servers = w.servers();
 
+    // The routes to remote blocks, as this kernel dumps them, are each read in one pass to
+    // what the general read makes of them: the one-pass read follows the kernel's layout.
+    let (remote_blocks, in_one_pass) = recs[0].remote_block_routes_read().unwrap();
+    assert!(
+        remote_blocks > 0,
+        "node 1 routes to the other nodes' blocks"
+    );
+    assert_eq!(
+        in_one_pass, remote_blocks,
+        "remote blocks' routes read in one pass, of those the general read found"
+    );
+
     // --- The connectivity matrix: same node and across nodes, per family. ----------------
     matrix_each_family(&w, World::srv6_in, "SRv6");
 

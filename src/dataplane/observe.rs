@@ -230,6 +230,42 @@ fn dump_routes(
     Ok((lace, host))
 }
 
+/// Of the namespace's IPv4 routes that the general read ([`RouteFields::parse`] and
+/// [`classify_route`]) takes for Lace's routes to remote blocks, how many there are, and how
+/// many [`remote_block_route`](route::remote_block_route) reads in one pass, to the same
+/// route. For tests (feature `testing`): the one-pass read follows the kernel's layout of
+/// those routes, which only a real kernel shows.
+#[cfg(feature = "testing")]
+pub fn remote_block_routes_read(nl: &mut Nl) -> Result<(usize, usize), NlError> {
+    use super::observed::KernelNexthop;
+    use route::{remote_block_route, RouteFields};
+    let names: BTreeMap<u32, LinkName> = dump_links(nl)?
+        .into_iter()
+        .map(|(name, l)| (l.index, name.as_str().into()))
+        .collect();
+    let mut req = RouteMessage::default();
+    req.header.address_family = AddressFamily::Inet;
+    let read = |(all, in_one_pass): &mut (usize, usize), kind, payload: &[u8]| {
+        if kind != libc::RTM_NEWROUTE {
+            return Ok(());
+        }
+        let general = RouteFields::parse(payload)
+            .map(|f| classify_route(&f, &names))
+            .map_err(|e| NlError::Decode(format!("a dumped route: {e}")))?;
+        if let Route::Lace(key, nh @ KernelNexthop::Seg6Encap { .. }) = general {
+            *all += 1;
+            *in_one_pass += usize::from(remote_block_route(payload, &names) == Some((key, nh)));
+        }
+        Ok(())
+    };
+    nl.dump_fold(
+        "routes",
+        RouteNetlinkMessage::GetRoute(req),
+        || (0, 0),
+        read,
+    )
+}
+
 /// What one thread of a route dump decoded: Lace's routes in runs of one table each, and the
 /// host's main-table routes.
 struct RouteFold {

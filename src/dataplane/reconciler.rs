@@ -264,6 +264,19 @@ impl Reconciler {
             .map_err(|source| DataplaneError::Observe { target, source })
     }
 
+    /// Of the namespace's routes to remote blocks, how many there are and how many are read
+    /// in one pass ([`observe::remote_block_routes_read`]). For tests (feature `testing`).
+    #[cfg(feature = "testing")]
+    pub fn remote_block_routes_read(&self) -> Result<(usize, usize), DataplaneError> {
+        let target = self.target();
+        self.worker
+            .run(move |s| observe::remote_block_routes_read(&mut s.nl))?
+            .map_err(|e| DataplaneError::Observe {
+                target,
+                source: e.into(),
+            })
+    }
+
     /// Makes the namespace hold exactly `desired` (of what Lace owns).
     pub fn reconcile(&self, desired: &DesiredNode) -> Result<ApplyReport, DataplaneError> {
         let desired = desired.clone();
