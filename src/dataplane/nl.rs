@@ -546,7 +546,7 @@ impl<T: Transport> Nl<T> {
     /// Dumps `request` like [`Nl::dump`], handing each object's message type and payload to
     /// `add` as it is received instead of keeping them all decoded: a node's 300,000 routes
     /// are never all in memory at once, and `add` decodes only what it reads (see
-    /// [`super::observe::RouteFields`]). A retried dump starts again from `init()`; an error of
+    /// [`super::observe::route_from_bytes`]). A retried dump starts again from `init()`; an error of
     /// `add` ends the dump with it.
     ///
     /// A dump longer than one datagram is read on by a second thread ([`read_dump`]) while
@@ -1079,7 +1079,7 @@ impl Taken {
     }
 
     /// The notifications in order, not decoded: the cache reads routes, most of them, from
-    /// their bytes ([`RouteFields::parse`](super::observe::RouteFields::parse)) and decodes
+    /// their bytes ([`route_from_bytes`](super::observe::route_from_bytes)) and decodes
     /// the rest ([`decode_message`]).
     pub fn messages(&self) -> RawMessages<'_> {
         RawMessages::new(&self.0)

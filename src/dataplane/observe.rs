@@ -32,9 +32,9 @@ use crate::plan::shaping::SHAPER_PREFIX;
 use crate::plan::POD_LINK_PREFIX;
 use crate::plan::{
     Family, Rule, RuleAction as PlanRuleAction, HOST_ACCESS_TABLE, MAIN_TABLE, PROBE_TABLE,
-    RULE_PRIORITY_L3MDEV, RULE_PRIORITY_PROBE, VRF_TABLE_BASE,
+    RULE_PRIORITY_L3MDEV, RULE_PRIORITY_PROBE,
 };
-pub use route::{classify_route, route_from_bytes, HostRouteId, Route};
+pub use route::{classify_route, lace_table, route_from_bytes, HostRouteId, Route};
 
 /// What could not be observed.
 #[derive(Debug, thiserror::Error)]
@@ -49,11 +49,6 @@ pub enum ObserveError {
     Fou(#[source] RawNlError),
     #[error("tc qdisc show and tc filter show (the pods' bandwidth): {0}")]
     Tc(#[source] NlError),
-}
-
-/// Whether table id `table` is one Lace owns routes in.
-pub fn lace_table(table: u32) -> bool {
-    table == MAIN_TABLE || (VRF_TABLE_BASE..=HOST_ACCESS_TABLE).contains(&table)
 }
 
 /// Observes everything with full dumps; `sysctls` are the keys to read.
@@ -230,7 +225,7 @@ fn dump_routes(
     Ok((lace, host))
 }
 
-/// Of the namespace's IPv4 routes that the general read ([`RouteFields::parse`] and
+/// Of the namespace's IPv4 routes that the general read ([`route::RouteFields::parse`] and
 /// [`classify_route`]) takes for Lace's routes to remote blocks, how many there are, and how
 /// many [`remote_block_route`](route::remote_block_route) reads in one pass, to the same
 /// route. For tests (feature `testing`): the one-pass read follows the kernel's layout of

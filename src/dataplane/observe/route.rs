@@ -15,10 +15,14 @@ use netlink_packet_route::route::{
 };
 use netlink_packet_route::AddressFamily;
 
-use super::lace_table;
 use crate::dataplane::nl::RawAttrs;
 use crate::dataplane::observed::{HostRoute, KernelNexthop, LinkName, ROUTE_PROTOCOL};
-use crate::plan::{RouteKey, MAIN_TABLE};
+use crate::plan::{RouteKey, HOST_ACCESS_TABLE, MAIN_TABLE, VRF_TABLE_BASE};
+
+/// Whether table id `table` is one Lace owns routes in.
+pub fn lace_table(table: u32) -> bool {
+    table == MAIN_TABLE || (VRF_TABLE_BASE..=HOST_ACCESS_TABLE).contains(&table)
+}
 
 /// A dumped or notified route message whose payload (`struct rtmsg` and attributes) is
 /// `payload`, sorted as [`classify_route`] sorts it. `names` resolves link indices.
