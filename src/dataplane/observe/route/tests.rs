@@ -187,6 +187,12 @@ fn a_truncated_route_message_is_a_decode_error() {
 /// Lace's encap route with its seg6 header changed by `edit` (as someone editing it by hand).
 fn edited_seg6(edit: impl Fn(&mut Seg6Header)) -> RouteMessage {
     let mut m = encap_route();
+    edit_seg6(&mut m, edit);
+    as_the_kernel_sends(m)
+}
+
+/// Applies `edit` to the seg6 header of `m`'s encapsulation.
+fn edit_seg6(m: &mut RouteMessage, edit: impl Fn(&mut Seg6Header)) {
     for a in &mut m.attributes {
         if let RouteAttribute::Encap(e) = a {
             for x in e.iter_mut() {
@@ -196,7 +202,6 @@ fn edited_seg6(edit: impl Fn(&mut Seg6Header)) -> RouteMessage {
             }
         }
     }
-    as_the_kernel_sends(m)
 }
 
 fn is_unknown(r: &Route) -> bool {
@@ -344,19 +349,7 @@ fn every_other_form_of_a_route_is_left_to_the_general_read() {
     let attr = |edit: fn(&mut RouteAttribute)| -> Edit {
         Box::new(move |m| m.attributes.iter_mut().for_each(edit))
     };
-    let seg6 = |edit: fn(&mut Seg6Header)| -> Edit {
-        Box::new(move |m| {
-            for a in &mut m.attributes {
-                if let RouteAttribute::Encap(e) = a {
-                    for x in e.iter_mut() {
-                        if let RouteLwTunnelEncap::Seg6(RouteSeg6IpTunnel::Seg6(h)) = x {
-                            edit(h);
-                        }
-                    }
-                }
-            }
-        })
-    };
+    let seg6 = |edit: fn(&mut Seg6Header)| -> Edit { Box::new(move |m| edit_seg6(m, edit)) };
     let edits: Vec<(&str, Edit)> = vec![
         (
             "a metric of 0: no priority",
