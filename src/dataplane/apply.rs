@@ -42,10 +42,15 @@ pub enum Batching {
 }
 
 /// Applies `ops` (in diff order); returns the number of writes issued and the failures.
+///
+/// The operations are read where they are: a fresh node's first apply at 5,000 nodes x 50
+/// Networks has 195,000 routes' (20 MB), and moving them into a list per phase, then into
+/// the list of those sent, had taken 0.36-0.46 s of the test VM's apply before its first
+/// route went out (fresh memory is faulted in page by page).
 pub fn apply(
     nl: &mut Nl,
     observed: &ObservedNode,
-    ops: Vec<Op>,
+    ops: &[Op],
     batching: Batching,
 ) -> (u64, Vec<OpFailure>) {
     let mut index: HashMap<String, u32> = observed
@@ -58,17 +63,16 @@ pub fn apply(
     // Failures of a pod's shaping (Op::is_shaping), which no later phase depends on.
     let mut shaping_failures = 0usize;
     let mut links_changed = false;
-    let mut ops = ops.into_iter().peekable();
-    while let Some(first) = ops.next() {
+    let mut rest = ops;
+    while let Some(first) = rest.first() {
         let phase = first.phase();
-        let mut group = vec![first];
         let together = |o: &Op| match batching {
             Batching::Phases => o.phase() == phase,
             Batching::Pod => o.phase() == phase || (phase >= 3 && o.phase() >= 3),
         };
-        while let Some(op) = ops.next_if(together) {
-            group.push(op);
-        }
+        let (group, after) =
+            rest.split_at(1 + rest[1..].iter().take_while(|o| together(o)).count());
+        rest = after;
         // Link indices of VRFs created in an earlier phase.
         if links_changed && phase >= 3 {
             links_changed = false;
@@ -95,48 +99,48 @@ pub fn apply(
             }
         }
         // Netlink operations, whose messages the batch builds as it sends them.
-        let mut sent: Vec<Op> = Vec::new();
+        let mut sent: Vec<&Op> = Vec::new();
         for op in group {
             match op {
-                Op::Sysctl { ref key, ref value } => {
+                Op::Sysctl { key, value } => {
                     writes += 1;
                     if let Err(e) = host::write_sysctl(key, value) {
-                        failures.push(fail(&op, e));
+                        failures.push(fail(op, e));
                     }
                 }
                 Op::Tunsrc(a) => {
                     writes += 1;
-                    if let Err(e) = super::seg6::tunsrc_set(a) {
-                        failures.push(fail(&op, e));
+                    if let Err(e) = super::seg6::tunsrc_set(*a) {
+                        failures.push(fail(op, e));
                     }
                 }
-                Op::NftSwap { ref script, .. } | Op::NftUpdate { ref script, .. } => {
+                Op::NftSwap { script, .. } | Op::NftUpdate { script, .. } => {
                     writes += 1;
                     if let Err(e) = nft::apply(script) {
-                        failures.push(fail(&op, e));
+                        failures.push(fail(op, e));
                     }
                 }
                 Op::NftDelete => {
                     writes += 1;
                     if let Err(e) = nft::apply(&nft::delete_script()) {
-                        failures.push(fail(&op, e));
+                        failures.push(fail(op, e));
                     }
                 }
                 Op::AddFou { listener, replace } => {
-                    writes += 1 + u64::from(replace);
+                    writes += 1 + u64::from(*replace);
                     let done = match replace {
                         true => fou::del(listener.port, listener.family),
                         false => Ok(()),
                     }
-                    .and_then(|()| fou::add(listener));
+                    .and_then(|()| fou::add(*listener));
                     if let Err(e) = done {
-                        failures.push(fail(&op, e));
+                        failures.push(fail(op, e));
                     }
                 }
                 Op::DelFou { listener } => {
                     writes += 1;
                     if let Err(e) = fou::del(listener.port, listener.family) {
-                        failures.push(fail(&op, e));
+                        failures.push(fail(op, e));
                     }
                 }
                 _ => sent.push(op),
@@ -144,7 +148,7 @@ pub fn apply(
         }
         if !sent.is_empty() {
             let index = &index;
-            match nl.batch_with(sent.iter().collect(), |op| message(op, index)) {
+            match nl.batch_with(sent.iter().copied(), |op| message(op, index)) {
                 Ok(answers) => {
                     for (op, answer) in sent.iter().zip(answers) {
                         // Every request the kernel answered was a write; one that could not

@@ -708,7 +708,7 @@ impl<T: Transport> Nl<T> {
         &mut self,
         requests: Vec<(RouteNetlinkMessage, u16)>,
     ) -> Result<Vec<Ack>, NlError> {
-        let answers = self.batch_with(requests, Ok::<_, std::convert::Infallible>)?;
+        let answers = self.batch_with(requests.into_iter(), Ok::<_, std::convert::Infallible>)?;
         Ok(answers
             .into_iter()
             .map(|a| a.unwrap_or_else(|never| match never {}))
@@ -724,7 +724,7 @@ impl<T: Transport> Nl<T> {
     /// batch's time.
     pub fn batch_with<R: Send, E: Send>(
         &mut self,
-        requests: Vec<R>,
+        requests: impl ExactSizeIterator<Item = R> + Send,
         build: impl Fn(R) -> Result<(RouteNetlinkMessage, u16), E> + Sync,
     ) -> Result<Vec<Result<Ack, E>>, NlError> {
         let total = requests.len();
@@ -733,7 +733,7 @@ impl<T: Transport> Nl<T> {
         // The chunks take the next `total` sequence numbers; resends come after them.
         let first = self.seq.wrapping_add(1);
         self.seq = self.seq.wrapping_add(total as u32);
-        let mut requests = requests.into_iter().enumerate();
+        let mut requests = requests.enumerate();
         let mut seq = first;
         let build = &build;
         let mut send = |chunk: Chunk<E>| {

@@ -352,7 +352,7 @@ impl Reconciler {
                     })?;
                     let report = ApplyReport::of(&d.ops, d.skipped, full_dump);
                     let (writes, failures) =
-                        apply::apply(nl, observed, d.ops, apply::Batching::Pod);
+                        apply::apply(nl, observed, &d.ops, apply::Batching::Pod);
                     Ok::<_, DataplaneError>((ApplyReport { writes, ..report }, failures))
                 })
                 .map_err(|source| DataplaneError::Observe {
@@ -511,7 +511,8 @@ fn converge(
                     d.ops.iter().filter_map(watch::Deleted::by).collect();
                 let dumped_after = watch::dump_after(&d.ops, observed, bulk_routes)
                     && nl.pause_route_notifications();
-                let (writes, failures) = apply::apply(nl, observed, d.ops, apply::Batching::Phases);
+                let (writes, failures) =
+                    apply::apply(nl, observed, &d.ops, apply::Batching::Phases);
                 let phases = Phases {
                     observe,
                     diff: diffed - observe,

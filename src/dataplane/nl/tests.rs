@@ -480,7 +480,7 @@ fn a_request_that_cannot_be_built_is_answered_with_its_error_and_not_sent() {
         let mut nl = Nl::with_transport(Acking::default());
         let requests: Vec<usize> = (0..n).collect();
         let answers = nl
-            .batch_with(requests, |i| match i % 3 {
+            .batch_with(requests.into_iter(), |i| match i % 3 {
                 2 => Err(format!("no message for {i}")),
                 _ => Ok((link(&format!("l{i}")), 0)),
             })
