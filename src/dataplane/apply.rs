@@ -46,7 +46,8 @@ pub enum Batching {
 /// The operations are read where they are: a fresh node's first apply at 5,000 nodes x 50
 /// Networks has 195,000 routes' (20 MB), and moving them into a list per phase, then into
 /// the list of those sent, had taken 0.36-0.46 s of the test VM's apply before its first
-/// route went out (fresh memory is faulted in page by page).
+/// route went out (fresh memory is faulted in page by page; one timed run: in the install
+/// the kernel's own variation hid it).
 pub fn apply(
     nl: &mut Nl,
     observed: &ObservedNode,
